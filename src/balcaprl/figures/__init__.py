@@ -1,0 +1,1 @@
+"""Figures of the paper, reproduced from the library's own functions."""

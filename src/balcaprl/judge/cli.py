@@ -1,0 +1,9 @@
+"""Judge commands (`balcaprl score`, `balcaprl serve-judge`), registered on the main app."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to ``app`` (filled in by the judge work, issue 3)."""
