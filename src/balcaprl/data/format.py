@@ -1,0 +1,229 @@
+"""The on-disk dataset format (pinned in DESIGN.md): one folder that the synthetic world, the
+ShareGPT4V preparation and re-captioning write, and that the TRL trainer and the verl exporter read.
+
+    DIR/train.parquet, DIR/eval.parquet   columns: id, image, image_sha256, prompt, reference,
+                                          reference_original (nullable), reference_tokens (nullable),
+                                          source
+    DIR/images/...                        image files; `image` is the path relative to DIR
+    DIR/dataset.json                      the card: name, version, counts, tokenizer, rejections
+
+It loads with ``datasets.load_dataset("parquet", data_files=...)`` (see :func:`load_split`).
+Every file is written to a temporary name and renamed, so an interrupted write never leaves a
+half-written dataset that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "COLUMNS",
+    "SPLITS",
+    "DatasetSample",
+    "TokenCounter",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "load_split",
+    "read_card",
+    "read_split_rows",
+    "write_dataset",
+]
+
+SPLITS = ("train", "eval")
+SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("image", pa.string()),
+        ("image_sha256", pa.string()),
+        ("prompt", pa.string()),
+        ("reference", pa.string()),
+        ("reference_original", pa.string()),
+        ("reference_tokens", pa.int64()),
+        ("source", pa.string()),
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+
+@dataclass(frozen=True)
+class DatasetSample:
+    """One training/evaluation sample before it is written.
+
+    ``image`` is either the encoded image bytes (PNG/JPEG; written to ``images/<image_name>``) or the
+    path of an image file already inside the dataset folder (kept where it is).
+    """
+
+    id: str
+    image: bytes | Path
+    prompt: str
+    reference: str
+    reference_original: str | None = None
+    source: str = "unknown"
+    image_name: str | None = None  # file name under images/ for bytes; default "<id>.png"
+
+
+@dataclass(frozen=True)
+class TokenCounter:
+    """Counts reference tokens with a named tokenizer (the name goes into the dataset card)."""
+
+    name: str
+    count: Callable[[Sequence[str]], list[int]]
+
+    @classmethod
+    def from_hf(cls, tokenizer: Any, name: str | None = None) -> TokenCounter:
+        """Wrap a Hugging Face tokenizer or processor (its ``tokenizer`` is used if it has one)."""
+        tok = getattr(tokenizer, "tokenizer", tokenizer)
+        label = name or getattr(tok, "name_or_path", None) or type(tok).__name__
+
+        def count(texts: Sequence[str]) -> list[int]:
+            return [len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]]
+
+        return cls(name=str(label), count=count)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _image_row(root: Path, sample: DatasetSample) -> tuple[str, str]:
+    if isinstance(sample.image, bytes):
+        rel = Path("images") / (sample.image_name or f"{sample.id}.png")
+        target = root / rel
+        if not target.exists():
+            atomic_write_bytes(target, sample.image)
+        data = sample.image
+    else:
+        target = Path(sample.image)
+        target = target if target.is_absolute() else root / target
+        try:
+            rel = target.resolve().relative_to(root.resolve())
+        except ValueError:
+            raise ValueError(
+                f"sample {sample.id!r}: image {sample.image} is outside the dataset folder {root}; "
+                "pass its bytes instead so it is copied under images/"
+            ) from None
+        data = target.read_bytes()
+    return rel.as_posix(), hashlib.sha256(data).hexdigest()
+
+
+def _write_split(root: Path, split: str, samples: Iterable[DatasetSample], counter: TokenCounter | None) -> int:
+    rows: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    seen: set[str] = set()
+    for sample in samples:
+        if sample.id in seen:
+            raise ValueError(f"{split}: duplicate sample id {sample.id!r}; ids must be unique per dataset")
+        seen.add(sample.id)
+        image, digest = _image_row(root, sample)
+        for name, value in (
+            ("id", sample.id),
+            ("image", image),
+            ("image_sha256", digest),
+            ("prompt", sample.prompt),
+            ("reference", sample.reference),
+            ("reference_original", sample.reference_original),
+            ("source", sample.source),
+        ):
+            rows[name].append(value)
+    rows["reference_tokens"] = counter.count(rows["reference"]) if counter and rows["reference"] else [None] * len(
+        rows["reference"]
+    )
+    table = pa.Table.from_pydict(rows, schema=SCHEMA)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    atomic_write_bytes(root / f"{split}.parquet", buffer.getvalue().to_pybytes())
+    return table.num_rows
+
+
+def write_dataset(
+    out_dir: Path | str,
+    train: Iterable[DatasetSample],
+    eval: Iterable[DatasetSample],
+    *,
+    name: str,
+    version: str = "1",
+    token_counter: TokenCounter | None = None,
+    rejections: dict[str, int] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a dataset folder; the card (``dataset.json``) is written last, so its presence means done."""
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dataset.json").unlink(missing_ok=True)  # an old card must not vouch for new, partial files
+    ids: set[str] = set()
+    counts = {}
+    for split, samples in (("train", train), ("eval", eval)):
+        materialized = list(samples)
+        overlap = ids & {s.id for s in materialized}
+        if overlap:
+            raise ValueError(f"ids in both train and eval: {sorted(overlap)[:5]}")
+        ids |= {s.id for s in materialized}
+        counts[split] = _write_split(root, split, materialized, token_counter)
+    card = {
+        "name": name,
+        "version": version,
+        "counts": counts,
+        "tokenizer": token_counter.name if token_counter else None,
+        "rejections": dict(rejections or {}),
+        **(extra or {}),
+    }
+    atomic_write_text(root / "dataset.json", json.dumps(card, indent=2, sort_keys=True) + "\n")
+    return root
+
+
+def read_card(dataset_dir: Path | str) -> dict[str, Any]:
+    card = Path(dataset_dir) / "dataset.json"
+    if not card.is_file():
+        raise FileNotFoundError(
+            f"{card} not found: {dataset_dir} is not a finished balcaprl dataset "
+            "(build one with `balcaprl synthetic build` or `balcaprl prepare sharegpt4v`)"
+        )
+    return json.loads(card.read_text())
+
+
+def _split_path(dataset_dir: Path | str, split: str) -> Path:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    read_card(dataset_dir)
+    return Path(dataset_dir) / f"{split}.parquet"
+
+
+def read_split_rows(dataset_dir: Path | str, split: str) -> list[dict[str, Any]]:
+    """The rows of one split as dicts, with ``image_path`` (absolute) added for convenience."""
+    root = Path(dataset_dir)
+    rows = pq.read_table(_split_path(root, split)).to_pylist()
+    for row in rows:
+        row["image_path"] = str(root / row["image"])
+    return rows
+
+
+def load_split(dataset_dir: Path | str, split: str):  # -> datasets.Dataset
+    """Load one split through Hugging Face ``datasets`` (the path trainers use)."""
+    import datasets
+
+    path = _split_path(dataset_dir, split)
+    return datasets.load_dataset("parquet", data_files={split: str(path)}, split=split)
