@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["c_gdpo_advantages", "grpo_advantages", "group_normalize"]
+__all__ = ["c_gdpo_advantages", "decoupled_group_advantages", "grpo_advantages", "group_normalize"]
 
 
 def _as_inputs(
@@ -36,7 +36,9 @@ def _as_inputs(
         )
     weights = torch.as_tensor(weights, dtype=rewards.dtype, device=rewards.device)
     if weights.shape != (k,):
-        raise ValueError(f"weights must have K={k} entries (one per reward column), got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must have K={k} entries (one per reward column), got shape {tuple(weights.shape)}"
+        )
     return rewards, group_index, weights
 
 
@@ -66,6 +68,20 @@ def group_normalize(values: torch.Tensor, group_index: torch.Tensor, eps: float)
     return torch.where(informative, normalized, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
+def decoupled_group_advantages(
+    rewards: torch.Tensor,
+    group_index: torch.Tensor | Sequence[int],
+    weights: torch.Tensor | Sequence[float],
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """c-GDPO before its batch step: the weighted sum of per-group, per-reward normalised rewards."""
+    rewards, group_index, weights = _as_inputs(rewards, group_index, weights)
+    # Eq. 2.4: A_k^(j) = (R_k^(j) - mu_k) / sigma_k, per group and per reward (+ eps, per DESIGN.md).
+    per_reward = group_normalize(rewards, group_index, eps)
+    # Eq. 2.5: A_sum^(j) = sum_k w_k A_k^(j).
+    return per_reward @ weights
+
+
 def c_gdpo_advantages(
     rewards: torch.Tensor,
     group_index: torch.Tensor | Sequence[int],
@@ -77,13 +93,9 @@ def c_gdpo_advantages(
     Returns the ``(N,)`` advantages in the rewards' dtype. A rollout whose rewards are all NaN is
     left out of the batch statistics and gets exactly 0.
     """
-    rewards, group_index, weights = _as_inputs(rewards, group_index, weights)
-    # Eq. 2.4: A_k^(j) = (R_k^(j) - mu_k) / sigma_k, per group and per reward (+ eps, per DESIGN.md).
-    per_reward = group_normalize(rewards, group_index, eps)
-    # Eq. 2.5: A_sum^(j) = sum_k w_k A_k^(j).
-    summed = per_reward @ weights
+    summed = decoupled_group_advantages(rewards, group_index, weights, eps)
     # Eq. 2.6: A^_sum = (A_sum - mu_batch) / (sigma_batch + eps), over rollouts (not tokens).
-    judged = ~torch.isnan(rewards).all(dim=1)
+    judged = ~torch.isnan(torch.as_tensor(rewards)).all(dim=1)
     kept = summed[judged]
     if kept.numel() == 0:
         return torch.zeros_like(summed)

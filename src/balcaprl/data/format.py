@@ -131,7 +131,9 @@ def _image_row(root: Path, sample: DatasetSample) -> tuple[str, str]:
     return rel.as_posix(), hashlib.sha256(data).hexdigest()
 
 
-def _write_split(root: Path, split: str, samples: Iterable[DatasetSample], counter: TokenCounter | None) -> int:
+def _write_split(
+    root: Path, split: str, samples: Iterable[DatasetSample], counter: TokenCounter | None
+) -> int:
     rows: dict[str, list[Any]] = {name: [] for name in COLUMNS}
     seen: set[str] = set()
     for sample in samples:
@@ -149,8 +151,8 @@ def _write_split(root: Path, split: str, samples: Iterable[DatasetSample], count
             ("source", sample.source),
         ):
             rows[name].append(value)
-    rows["reference_tokens"] = counter.count(rows["reference"]) if counter and rows["reference"] else [None] * len(
-        rows["reference"]
+    rows["reference_tokens"] = (
+        counter.count(rows["reference"]) if counter and rows["reference"] else [None] * len(rows["reference"])
     )
     table = pa.Table.from_pydict(rows, schema=SCHEMA)
     buffer = pa.BufferOutputStream()

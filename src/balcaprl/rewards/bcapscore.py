@@ -12,12 +12,10 @@ __all__ = ["b_capscore"]
 def b_capscore(precision: Any, recall: Any, linguistic: Any) -> Any:
     """3 / (1/p + 1/r + 1/l), in [0, 1]; 0 when any component is 0. Numbers, arrays or tensors.
 
-    Written as 3prl / (rl + pl + pr) so a zero component gives 0 without dividing by zero.
+    Zero components are swapped for 1 before taking reciprocals (then the result is set to 0), so
+    nothing divides by zero; subnormal inputs overflow 1/x to inf and give 0, as they should.
     Dataset-level b-CapScore (as the paper reports it) is 100 x the mean of the per-caption values.
     """
-    p, r, l = precision, recall, linguistic
-    numerator = 3 * p * r * l
-    denominator = r * l + p * l + p * r
-    any_zero = (p == 0) | (r == 0) | (l == 0)
-    safe_denominator = where(any_zero, 1.0, denominator)
-    return where(any_zero, 0.0, numerator / safe_denominator)
+    any_zero = (precision == 0) | (recall == 0) | (linguistic == 0)
+    p, r, g = (where(any_zero, 1.0, x) for x in (precision, recall, linguistic))
+    return where(any_zero, 0.0, 3 / (1 / p + 1 / r + 1 / g))

@@ -39,7 +39,9 @@ def mask_linguistic_by_length(
     return where(in_range, linguistic, 0.0)
 
 
-def linear_length_penalty(pred_len: Any, ref_len: Any, tau_low: float, tau_high: float, strength: float) -> Any:
+def linear_length_penalty(
+    pred_len: Any, ref_len: Any, tau_low: float, tau_high: float, strength: float
+) -> Any:
     """p_len = lambda_len * d(rho), d(rho) = max(rho - tau_u, 0) + max(tau_l - rho, 0) (eqs. A.3-A.4).
 
     The caller subtracts it from the normalised advantage: A~ = A - p_len (eq. A.5).
