@@ -43,9 +43,11 @@ def advantage_collapse(
 def _register_areas() -> None:
     from balcaprl.judge.cli import register as register_judge
     from balcaprl.synthetic.cli import register as register_synthetic
+    from balcaprl.train.cli import register as register_train
 
     register_judge(app)
     register_synthetic(app)
+    register_train(app)
 
 
 _register_areas()

@@ -1,0 +1,231 @@
+"""Per-step metrics: what is computed from a scored batch, and where it is written.
+
+Every step's metrics go to ``OUTPUT/metrics.jsonl`` (one JSON object a line, appended and fsynced, so
+a crash loses at most the line being written), and to TensorBoard / W&B when the recipe names them
+(through TRL's ``report_to``). TRL already logs each reward's mean and std (``rewards/<name>/mean``,
+``.../std``; linguistic after the length mask), the loss, clip ratios and completion lengths; the
+metrics below add what the paper's method needs watched:
+
+    rewards/linguistic_unmasked/mean   the judge's linguistic score before the length mask
+    length/caption_tokens_mean         caption length in the policy's tokens
+    length/reference_tokens_mean
+    length/ratio_mean                  rho = caption / reference tokens
+    length/out_of_band_share           share of rollouts with rho outside [tau_low, tau_high]
+    length/masked_share                share of judged rollouts whose linguistic reward the mask zeroed
+    length/penalty_mean                linear length penalty (mode "linear")
+    assertions/non_pointable_share     meta-commentary (mean over judged rollouts)
+    assertions/non_visible_share       hallucination (pointable but not visible)
+    assertions/per_caption_mean
+    judge/calls, judge/requests        judge_batch calls and rollouts sent this step (one call per rollout batch)
+    judge/failures, judge/failure_share, judge/failures/<reason>
+    judge/truncated_input_share
+    judge/usage/<counter>              tokens, cost, ... when the judge reports them
+    advantages/mean, advantages/std, advantages/zero_share
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, get_args
+
+import torch
+from transformers import TrainerCallback
+
+from balcaprl.judge.protocol import FailureReason
+
+__all__ = [
+    "MetricsJsonlCallback",
+    "RichProgressCallback",
+    "RolloutLog",
+    "append_jsonl",
+    "batch_metrics",
+    "read_jsonl",
+]
+
+KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else math.nan
+
+
+def batch_metrics(
+    records: Sequence[Mapping[str, Any]],
+    advantages: torch.Tensor,
+    length_penalties: torch.Tensor,
+    *,
+    length_mode: str,
+    judge_calls: int,
+    usage: Mapping[str, float],
+) -> dict[str, float]:
+    """Metrics of one generation batch (all processes gathered). NaN where undefined (TRL drops NaN)."""
+    judged = [r for r in records if r["failure"] is None]
+    n = len(records)
+    metrics: dict[str, float] = {
+        "rewards/linguistic_unmasked/mean": _mean([r["linguistic_raw"] for r in judged]),
+        "length/caption_tokens_mean": _mean([r["caption_tokens"] for r in records]),
+        "length/reference_tokens_mean": _mean([r["reference_tokens"] for r in records]),
+        "length/ratio_mean": _mean([r["length_ratio"] for r in records]),
+        "length/out_of_band_share": _mean([0.0 if r["in_band"] else 1.0 for r in records]),
+        "length/masked_share": _mean([1.0 if r["masked"] else 0.0 for r in judged])
+        if length_mode == "mask"
+        else 0.0,
+        "length/penalty_mean": float(length_penalties.float().mean()) if n else math.nan,
+        "assertions/non_pointable_share": _mean([r["non_pointable_share"] for r in judged]),
+        "assertions/non_visible_share": _mean([r["non_visible_share"] for r in judged]),
+        "assertions/per_caption_mean": _mean([r["n_caption_assertions"] for r in judged]),
+        "judge/calls": float(judge_calls),
+        "judge/requests": float(n),
+        "judge/failures": float(n - len(judged)),
+        "judge/failure_share": (n - len(judged)) / n if n else math.nan,
+        "judge/truncated_input_share": _mean([1.0 if r["truncated_input"] else 0.0 for r in judged]),
+        "advantages/mean": float(advantages.float().mean()) if n else math.nan,
+        "advantages/std": float(advantages.float().std()) if n > 1 else math.nan,
+        "advantages/zero_share": float((advantages == 0).float().mean()) if n else math.nan,
+    }
+    reasons = {r["failure"] for r in records if r["failure"] is not None}
+    for reason in sorted(set(KNOWN_FAILURE_REASONS) | reasons):
+        metrics[f"judge/failures/{reason}"] = float(sum(r["failure"] == reason for r in records))
+    for key, value in usage.items():
+        metrics[f"judge/usage/{key}"] = float(value)
+    return metrics
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+
+def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one JSON line and fsync it: a crash never leaves a half-written earlier line."""
+    line = json.dumps(record, allow_nan=False, default=str) + "\n"
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSONL file (a torn last line, from a crash, is skipped)."""
+    if not Path(path).exists():
+        return []
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsJsonlCallback(TrainerCallback):
+    """Writes each TRL log (one per optimizer step with logging_steps=1) to ``metrics.jsonl``."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        kind = "summary" if "train_runtime" in logs else "step"
+        record = {"step": state.global_step, "kind": kind, "epoch": state.epoch, "time": time.time()}
+        record.update({k: _finite(v) for k, v in logs.items()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        append_jsonl(self.path, record)
+
+
+class RolloutLog:
+    """``rollouts.jsonl``: every rollout of every Nth step (caption, rewards, failure, advantage)."""
+
+    def __init__(self, path: Path, every: int):
+        self.path = Path(path)
+        self.every = every
+
+    def wants(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def write(
+        self, step: int, records: Sequence[Mapping[str, Any]], advantages: torch.Tensor, groups: torch.Tensor
+    ):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for record, advantage, group in zip(records, advantages.tolist(), groups.tolist(), strict=True):
+            row = {"step": step, "group": int(group), "advantage": float(advantage)}
+            row.update({k: _finite(v) for k, v in record.items()})
+            lines.append(json.dumps(row, default=str))
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+# -- progress ------------------------------------------------------------------------------------------
+
+
+def _fmt(logs: Mapping[str, Any], key: str, spec: str = ".3f") -> str:
+    value = logs.get(key)
+    return "-" if value is None else format(value, spec)
+
+
+class RichProgressCallback(TrainerCallback):
+    """A rich progress bar over optimizer steps, and one summary line per logged step."""
+
+    def __init__(self):
+        self.progress = None
+        self.task = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]balcaprl train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs or "train_runtime" in logs:
+            return
+        line = (
+            f"step {state.global_step:>5}  "
+            f"P {_fmt(logs, 'rewards/precision/mean')}  R {_fmt(logs, 'rewards/recall/mean')}  "
+            f"L {_fmt(logs, 'rewards/linguistic/mean')}  "
+            f"len {_fmt(logs, 'length/caption_tokens_mean', '.0f')} tok (x{_fmt(logs, 'length/ratio_mean', '.2f')})  "
+            f"masked {_fmt(logs, 'length/masked_share', '.0%')}  "
+            f"fail {_fmt(logs, 'judge/failures', '.0f')}  loss {_fmt(logs, 'loss', '.4f')}"
+        )
+        self.progress.console.print(line, highlight=False)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,487 @@
+"""The paper's recipe on TRL's GRPOTrainer (one machine, one or many GPUs through ``accelerate``).
+
+One training step, in the order it happens (TRL does everything not listed):
+
+1. TRL samples ``rollout.rollouts_per_prompt`` captions for each of ``train.prompts_per_batch`` images
+   (transformers generate, or vLLM in colocate/server mode).
+2. Rewards (``_calculate_rewards``): TRL calls the three reward functions precision, recall and
+   linguistic; they share one judge verdict per rollout (``train/rewards.py``), the length mask gates
+   the linguistic reward (Sec. 2.3), a failed judge is NaN. TRL gathers the (N, 3) tensor over
+   processes; we keep it.
+3. Advantages (``_generate_and_score_completions``): TRL's are replaced by ``balcaprl.c_gdpo_advantages``
+   (eqs. 2.4-2.6) on that same tensor, grouped by prompt id, or ``grpo_advantages`` for the ablation,
+   minus the linear length penalty (eq. A.5) when chosen (``train/advantages.py``). Metrics are logged.
+4. Loss and update: TRL's ``luspo`` loss with token-level ratios and ``delta = c`` is exactly the
+   paper's dual-clip PPO with token-sum-sequence-mean aggregation, no KL (``train/loss.py`` proves it).
+
+Entry points: :func:`train` (a run folder with checkpoints, ``--resume``, metrics) and
+:func:`build_trainer` (the configured ``BalancedGRPOTrainer``, for tests and embedding).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+from balcaprl.config import Recipe, RecipeError
+from balcaprl.judge.protocol import Judge
+from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
+from balcaprl.train.checkpointing import (
+    StopAfterStep,
+    check_resumable,
+    checkpoint_step,
+    resolve_resume,
+    truncate_logs,
+    write_recipe_snapshot,
+)
+from balcaprl.train.data import prepare_train_dataset
+from balcaprl.train.loss import trl_loss_settings
+from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
+from balcaprl.train.modeling import load_processor, model_init_kwargs, peft_config
+from balcaprl.train.rewards import SharedVerdictScorer
+
+__all__ = [
+    "BalancedGRPOTrainer",
+    "EpochSeededRepeatSampler",
+    "TrainResult",
+    "batch_layout",
+    "build_trainer",
+    "grpo_config",
+    "train",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class _DropKnownTrlNoise(logging.Filter):
+    """TRL warnings that do not apply here, dropped so real ones stand out.
+
+    - "All reward functions returned None ...": a failed judge, which we count by reason in the
+      metrics; TRL would print the whole row (reference text, image) at every failure.
+    - "When using 'luspo' loss, importance_sampling_level should be 'sequence'": token-level ratios
+      are what makes luspo the paper's loss (train/loss.py).
+    """
+
+    PREFIXES = ("All reward functions returned None", "When using `'luspo'` loss")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.getMessage())
+        return not any(prefix in message for prefix in self.PREFIXES)
+
+
+logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropKnownTrlNoise())
+
+
+# ------------------------------------------------------------------------------------ data order
+
+
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler with the permutation seeded by (seed + epoch).
+
+    TRL's sampler seeds its generator once, so epoch e's order depends on having iterated epochs
+    0..e-1 in the same process; a run resumed in epoch e >= 1 would see epoch 0's order again. Seeding
+    per epoch (``set_epoch``, which the Trainer calls before every epoch) makes the order a function of
+    the epoch alone, and epoch 0 keeps TRL's order.
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle and self.seed is not None:
+            self.generator.manual_seed(self.seed + epoch)
+
+
+# ------------------------------------------------------------------------------------- the trainer
+
+
+class BalancedGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
+
+    Args:
+        scorer: the shared-verdict scorer whose three reward functions are passed to TRL.
+        advantage_step: the recipe's advantage estimator.
+        rollout_log: optional per-rollout log.
+        Everything else: as ``GRPOTrainer`` (``reward_funcs`` comes from ``scorer``).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        scorer: SharedVerdictScorer,
+        advantage_step: AdvantageStep,
+        rollout_log: RolloutLog | None = None,
+        **kwargs: Any,
+    ):
+        if "reward_funcs" in kwargs:
+            raise TypeError(
+                "BalancedGRPOTrainer builds its reward functions from `scorer`; do not pass reward_funcs"
+            )
+        self.scorer = scorer
+        self.advantage_step = advantage_step
+        self.rollout_log = rollout_log
+        self._gathered_rewards: torch.Tensor | None = None
+        self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
+        super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
+
+    # 0. Which prompts a batch holds: TRL's sampler, resumable across epochs.
+    def _get_train_sampler(self, dataset=None):
+        return EpochSeededRepeatSampler(
+            data_source=dataset if dataset is not None else self.train_dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    # 1. Rollouts: TRL samples the captions (unchanged).
+
+    # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge
+        return rewards
+
+    # 3. Advantages: TRL's are replaced by the contract's, on the same gathered rewards.
+    def _generate_and_score_completions(self, inputs):
+        self.scorer.begin_batch()
+        output = super()._generate_and_score_completions(inputs)  # steps 1 and 2, and TRL's advantages
+        rewards, local = self._gathered_rewards, self.scorer.last_batch
+        if rewards is None or local is None:
+            raise RuntimeError("internal: the reward functions were not called for this batch")
+        # What each process scored, in the order TRL gathered the rewards (process 0 first).
+        parts = gather_object(
+            [
+                {
+                    "rollouts": [r.as_dict() for r in local.rollouts],
+                    "judge_calls": local.judge_calls,
+                    "usage": local.usage,
+                }
+            ]
+        )
+        records = [record for part in parts for record in part["rollouts"]]
+        failed = torch.tensor([r["failure"] is not None for r in records], dtype=torch.bool)
+        if len(records) != rewards.shape[0] or not torch.equal(failed, torch.isnan(rewards).all(dim=1).cpu()):
+            raise RuntimeError(
+                "internal: the gathered rewards and the scored rollouts disagree (rows or failures); "
+                "the shared verdict memo served another batch"
+            )
+        group_index = group_index_from_ids([r["id"] for r in records])
+        caption_tokens = torch.tensor([float(r["caption_tokens"]) for r in records])
+        reference_tokens = torch.tensor([float(r["reference_tokens"]) for r in records])
+
+        # Eqs. 2.4-2.6 (or the GRPO ablation), then eq. A.5 for the linear length penalty.
+        advantages = self.advantage_step(rewards.cpu(), group_index, caption_tokens, reference_tokens)
+        self.last_advantages = advantages
+        start = self.accelerator.process_index * len(inputs)
+        output["advantages"] = advantages[start : start + len(inputs)].to(
+            device=output["advantages"].device, dtype=output["advantages"].dtype
+        )
+        # TRL's completion log holds its own advantages for this batch; show ours instead.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(advantages), len(logged))):
+            logged.pop()
+        logged.extend(advantages.tolist())
+
+        # Metrics of this batch (metrics.py), and every rollout when the recipe asks for it.
+        usage: dict[str, float] = {}
+        for part in parts:
+            for key, value in part["usage"].items():
+                usage[key] = usage.get(key, 0.0) + value
+        metrics = batch_metrics(
+            records,
+            advantages,
+            self.advantage_step.length_penalty(caption_tokens, reference_tokens),
+            length_mode=self.advantage_step.length_mode,
+            judge_calls=sum(part["judge_calls"] for part in parts),
+            usage=usage,
+        )
+        mode = "train" if self.model.training else "eval"
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+        step = self.state.global_step + 1  # the optimizer step this batch feeds
+        if self.rollout_log is not None and self.accelerator.is_main_process and self.rollout_log.wants(step):
+            self.rollout_log.write(step, records, advantages, group_index)
+        return output
+
+    # 4. Loss and update: TRL's, configured by train/loss.py (unchanged).
+
+    # Resuming: load the checkpoint's weights through from_pretrained.
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Restore weights from a checkpoint; fixes a silent no-op in transformers 5.23's Trainer.
+
+        ``save_pretrained`` writes checkpoints with the architecture's *checkpoint* key names (for
+        Qwen2.5-VL ``model.layers.*`` and ``visual.*``), but ``Trainer._load_from_checkpoint`` reads
+        them back with a plain non-strict ``load_state_dict``, which matches none of them and only
+        warns: the run would go on from the initial weights. ``from_pretrained`` applies the key
+        conversion, so the weights are loaded through it and copied in strictly. FSDP, DeepSpeed and
+        PEFT checkpoints have their own formats and keep the Trainer's path.
+        """
+        from peft import PeftModel
+
+        model = model if model is not None else self.model
+        weights = Path(resume_from_checkpoint) / "model.safetensors"
+        sharded = Path(resume_from_checkpoint) / "model.safetensors.index.json"
+        plain = not (self.is_fsdp_enabled or self.is_deepspeed_enabled or isinstance(model, PeftModel))
+        if not plain or not (weights.is_file() or sharded.is_file()):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        dtype = next(model.parameters()).dtype
+        loaded = type(model).from_pretrained(resume_from_checkpoint, dtype=dtype, device_map=None)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+        del loaded
+
+
+# ---------------------------------------------------------------------------------- configuration
+
+
+def batch_layout(recipe: Recipe, world_size: int) -> dict[str, int]:
+    """Gradient accumulation and steps per generation for the recipe's batch, or a clear error.
+
+    One RL batch = prompts_per_batch x rollouts_per_prompt captions, split into updates_per_batch
+    optimizer steps of (per_device_batch_size x world_size x gradient_accumulation_steps) captions.
+    """
+    t, g = recipe.train, recipe.rollout.rollouts_per_prompt
+    captions = t.prompts_per_batch * g
+    if captions % t.updates_per_batch:
+        raise RecipeError(
+            f"train.prompts_per_batch x rollout.rollouts_per_prompt ({captions} captions) must split evenly into "
+            f"train.updates_per_batch ({t.updates_per_batch}) optimizer steps"
+        )
+    per_update = captions // t.updates_per_batch
+    micro = t.per_device_batch_size * world_size
+    if per_update % micro:
+        raise RecipeError(
+            f"{per_update} captions per optimizer step do not split into micro-batches of train.per_device_batch_size "
+            f"({t.per_device_batch_size}) x {world_size} process(es); choose a per_device_batch_size dividing "
+            f"{per_update // world_size if per_update % world_size == 0 else per_update}"
+        )
+    accumulation = per_update // micro
+    return {
+        "gradient_accumulation_steps": accumulation,
+        "steps_per_generation": accumulation * t.updates_per_batch,
+    }
+
+
+def _check_report_to(report_to: Sequence[str]) -> None:
+    import importlib.util
+
+    packages = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+    for sink in report_to:
+        if importlib.util.find_spec(packages[sink]) is None:
+            raise RecipeError(
+                f"run.report_to includes {sink!r} but the {packages[sink]} package is not installed"
+            )
+
+
+def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
+    """The ``GRPOConfig`` that realises the recipe (all values explicit; TRL defaults are not relied on)."""
+    t, r, run = recipe.train, recipe.rollout, recipe.run
+    # cpu= matters: a bare PartialState() on CPU reads torchrun's environment as a single process.
+    world_size = world_size if world_size is not None else PartialState(cpu=t.use_cpu).num_processes
+    _check_report_to(run.report_to)
+    vllm = r.vllm
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(Path(run.output_dir).expanduser()),
+        # Model loading.
+        model_init_kwargs=model_init_kwargs(recipe.model),
+        trust_remote_code=recipe.model.trust_remote_code,
+        activation_checkpointing=recipe.model.gradient_checkpointing,
+        gradient_checkpointing=recipe.model.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False}
+        if recipe.model.gradient_checkpointing
+        else None,
+        # Batch: prompts_per_batch x G captions per RL batch.
+        num_generations=r.rollouts_per_prompt,
+        per_device_train_batch_size=t.per_device_batch_size,
+        **batch_layout(recipe, world_size),
+        num_iterations=t.ppo_epochs,
+        shuffle_dataset=recipe.data.shuffle,
+        # Sampling.
+        max_completion_length=r.max_caption_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        repetition_penalty=r.repetition_penalty,
+        mask_truncated_completions=t.mask_truncated_completions,
+        # Rewards: three functions, weights of eq. 2.5 (TRL's own aggregation is replaced, see above).
+        reward_weights=recipe.rewards.weights.as_list(),
+        multi_objective_aggregation="normalize_then_sum"
+        if recipe.advantage.estimator == "c_gdpo"
+        else "sum_then_normalize",
+        # Loss: dual-clip PPO, token-sum-sequence-mean, no KL.
+        **trl_loss_settings(
+            t.loss_aggregation, t.clip_epsilon, t.clip_epsilon_high, t.dual_clip_c, t.kl_beta
+        ),
+        # Optimisation.
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=int(t.warmup) if t.warmup >= 1 else t.warmup,
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps if t.max_steps is not None else -1,
+        optim=t.optimizer,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        bf16=t.precision == "bf16",
+        fp16=t.precision == "fp16",
+        use_cpu=t.use_cpu,
+        seed=t.seed,
+        data_seed=t.seed,
+        dataloader_num_workers=t.dataloader_num_workers,
+        remove_unused_columns=False,
+        # Checkpoints and logs: every step is logged (metrics.jsonl), progress is ours (rich).
+        save_strategy="steps",
+        save_steps=run.save_steps,
+        save_total_limit=run.save_total_limit,
+        save_only_model=False,
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to=list(run.report_to) or "none",
+        run_name=run.run_name or recipe.name or Path(run.output_dir).name,
+        disable_tqdm=True,
+        log_completions=False,
+        # Rollouts with vLLM.
+        use_vllm=vllm.mode != "off",
+    )
+    if vllm.mode != "off":
+        kwargs.update(
+            vllm_mode=vllm.mode,
+            vllm_gpu_memory_utilization=vllm.gpu_memory_utilization,
+            vllm_tensor_parallel_size=vllm.tensor_parallel_size,
+            vllm_enable_sleep_mode=vllm.enable_sleep_mode,
+            vllm_max_model_length=vllm.max_model_length,
+            vllm_server_base_url=vllm.server_base_url,
+            vllm_server_host=vllm.server_host,
+            vllm_server_port=vllm.server_port,
+            vllm_server_timeout=vllm.server_timeout,
+            vllm_importance_sampling_correction=vllm.importance_sampling_correction,
+        )
+    return GRPOConfig(**kwargs)
+
+
+def build_trainer(
+    recipe: Recipe,
+    judge: Judge,
+    *,
+    callbacks: Sequence[TrainerCallback] = (),
+    train_dataset: Any = None,
+    processor: Any = None,
+) -> BalancedGRPOTrainer:
+    """A ready ``BalancedGRPOTrainer`` for ``recipe`` with ``judge`` (no files written but the run's own).
+
+    ``train_dataset`` / ``processor`` default to the recipe's dataset folder and the policy's processor.
+    """
+    processor = processor if processor is not None else load_processor(recipe.model)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if train_dataset is None:
+        names = [recipe.model.path, str(getattr(tokenizer, "name_or_path", ""))]
+        train_dataset = prepare_train_dataset(recipe.data, recipe.model.image, tokenizer, names)
+    if len(train_dataset) < recipe.train.prompts_per_batch:
+        raise RecipeError(
+            f"the dataset has {len(train_dataset)} training rows, fewer than train.prompts_per_batch "
+            f"({recipe.train.prompts_per_batch}): not one batch can be formed"
+        )
+    args = grpo_config(recipe)
+    length = recipe.rewards.length
+    scorer = SharedVerdictScorer(
+        judge,
+        special_token_ids=tokenizer.all_special_ids,
+        pointability=recipe.rewards.pointability,
+        length_mode=length.mode,
+        tau_low=length.tau_low,
+        tau_high=length.tau_high,
+        max_failed_batches_in_a_row=recipe.rewards.max_failed_batches_in_a_row,
+    )
+    advantage_step = AdvantageStep(
+        weights=tuple(recipe.rewards.weights.as_list()),
+        estimator=recipe.advantage.estimator,
+        eps=recipe.advantage.eps,
+        length_mode=length.mode,
+        tau_low=length.tau_low,
+        tau_high=length.tau_high,
+        linear_strength=length.linear_strength,
+    )
+    output_dir = Path(args.output_dir)
+    rollout_log = RolloutLog(output_dir / "rollouts.jsonl", recipe.run.log_rollouts_every)
+    trainer = BalancedGRPOTrainer(
+        model=recipe.model.path,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=processor,
+        peft_config=peft_config(recipe.model),
+        scorer=scorer,
+        advantage_step=advantage_step,
+        rollout_log=rollout_log if recipe.run.log_rollouts_every else None,
+    )
+    # Logging: metrics.jsonl always; rich progress instead of tqdm and printed dicts.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(MetricsJsonlCallback(output_dir / "metrics.jsonl"))
+    if recipe.run.progress:
+        trainer.add_callback(RichProgressCallback())
+    if recipe.train.stop_after_step is not None:
+        trainer.add_callback(StopAfterStep(recipe.train.stop_after_step))
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    return trainer
+
+
+# ------------------------------------------------------------------------------------------ a run
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    output_dir: Path
+    global_step: int
+    metrics_path: Path
+    final_model_dir: Path | None  # None when the run stopped early (train.stop_after_step)
+    resumed_from: Path | None
+
+
+def train(
+    recipe: Recipe,
+    judge: Judge,
+    *,
+    resume: bool | str | Path = False,
+    allow_recipe_change: bool = False,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> TrainResult:
+    """Run the recipe in ``recipe.run.output_dir``: checkpoints, metrics.jsonl, final model.
+
+    ``resume``: False for a fresh run (refused if the folder already holds checkpoints), True for the
+    newest checkpoint in the folder, or a checkpoint path.
+    """
+    output_dir = Path(recipe.run.output_dir).expanduser()
+    checkpoint = resolve_resume(output_dir, resume)
+    state = PartialState(cpu=recipe.train.use_cpu)
+    if checkpoint is not None:
+        check_resumable(output_dir, recipe, allow_recipe_change)
+        if state.is_main_process:
+            truncate_logs(output_dir, checkpoint_step(checkpoint))
+    elif state.is_main_process:
+        write_recipe_snapshot(output_dir, recipe)
+    state.wait_for_everyone()
+
+    trainer = build_trainer(recipe, judge, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+
+    finished = trainer.state.global_step >= trainer.state.max_steps
+    final_dir = None
+    if finished and recipe.run.save_final_model:
+        final_dir = output_dir / "final"
+        trainer.save_model(str(final_dir))
+    return TrainResult(
+        output_dir=output_dir,
+        global_step=trainer.state.global_step,
+        metrics_path=output_dir / "metrics.jsonl",
+        final_model_dir=final_dir,
+        resumed_from=checkpoint,
+    )

@@ -1,0 +1,153 @@
+"""`balcaprl train`, and the paper's 3B recipe run up to its first optimizer step on a tiny checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+import yaml
+from conftest import ScriptedJudge
+from typer.testing import CliRunner
+
+import balcaprl.judge
+from balcaprl.config import load_recipe
+from balcaprl.train.cli import judge_for_recipe, register
+from balcaprl.train.metrics import read_jsonl
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+RECIPE_3B = CONFIGS / "qwen2_5_vl_3b.yaml"
+
+
+def app() -> typer.Typer:
+    application = typer.Typer()
+
+    @application.callback()
+    def main() -> None:
+        """balcaprl (test app)."""
+
+    register(application)
+    return application
+
+
+def tiny_overrides(tiny_policy, tiny_dataset, out) -> list[str]:
+    """Only what a CPU and a tiny checkpoint force: paths, CPU, a 2-prompt batch, short captions, one step."""
+    return [
+        f"model.path={tiny_policy}",
+        f"data.path={tiny_dataset}",
+        f"run.output_dir={out}",
+        "run.report_to=[]",
+        "train.use_cpu=true",
+        "train.prompts_per_batch=2",
+        "rollout.max_caption_tokens=8",
+        "train.stop_after_step=1",
+    ]
+
+
+def test_print_config_resolves_base_and_overrides():
+    result = CliRunner().invoke(
+        app(),
+        [
+            "train",
+            str(CONFIGS / "ablations/leave_one_out/no_cgdpo.yaml"),
+            "train.learning_rate=1e-5",
+            "--print-config",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    printed = yaml.safe_load(result.output)
+    assert printed["advantage"]["estimator"] == "grpo"
+    assert printed["rewards"]["weights"] == {"precision": 0.3, "recall": 0.3, "linguistic": 0.3}
+    assert printed["train"]["learning_rate"] == 1e-5
+
+
+def test_bad_override_exits_with_the_key_named():
+    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B), "rewards.length.tau_hgih=3"])
+    assert result.exit_code == 2
+    assert "rewards.length.tau_hgih: unknown key" in result.output
+
+
+def test_without_a_judge_factory_the_cli_says_what_to_do(monkeypatch):
+    monkeypatch.delattr(balcaprl.judge, "build_judge", raising=False)
+    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B)])
+    assert result.exit_code == 2
+    assert "build_judge" in result.output and "balcaprl.train.train(recipe, judge)" in result.output
+
+
+def test_the_recipes_judge_reaches_the_judge_client(monkeypatch):
+    """The shipped recipe's judge: section is a valid judge config; a missing API key is a clear error."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B)])
+    assert result.exit_code == 2
+    assert "OPENAI_API_KEY" in result.output
+
+
+def test_judge_yaml_paths_resolve_relative_to_the_recipe(tmp_path, monkeypatch):
+    seen = {}
+
+    def factory(cfg, image_root=None):
+        seen.update(cfg=cfg, image_root=image_root)
+        return ScriptedJudge()
+
+    monkeypatch.setattr(balcaprl.judge, "build_judge", factory)
+    (tmp_path / "judge.yaml").write_text("model: local-judge\n")
+    judge_for_recipe("judge.yaml", tmp_path, image_root=tmp_path)
+    assert seen == {"cfg": tmp_path / "judge.yaml", "image_root": tmp_path}
+    judge_for_recipe({"model": "m"})
+    assert seen["cfg"] == {"model": "m"}
+    with pytest.raises(Exception, match="no judge"):
+        judge_for_recipe(None)
+    with pytest.raises(Exception, match="judge config not found"):
+        judge_for_recipe("missing.yaml", tmp_path)
+
+
+def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
+    tiny_policy, tiny_dataset, tmp_path, monkeypatch
+):
+    """configs/qwen2_5_vl_3b.yaml as shipped (bf16, gradient checkpointing, sdpa, c-GDPO, dual-clip,
+    8 rollouts, max_pixels) on a tiny local Qwen2.5-VL checkpoint, through `balcaprl train`."""
+    judges = []
+
+    def factory(cfg, image_root=None):
+        assert cfg["model"] == "gpt-4o-mini"  # the recipe's judge section reaches the judge factory
+        assert image_root == Path(tiny_dataset).resolve()
+        judges.append(ScriptedJudge(fail_every=5))
+        return judges[-1]
+
+    monkeypatch.setattr(balcaprl.judge, "build_judge", factory)
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_policy, tiny_dataset, out)
+    recipe = load_recipe(RECIPE_3B, overrides)
+    assert recipe.model.gradient_checkpointing and recipe.train.precision == "bf16"
+    assert recipe.rollout.rollouts_per_prompt == 8 and recipe.train.per_device_batch_size == 16
+
+    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B), *overrides])
+    assert result.exit_code == 0, result.output
+    assert "done: 1 steps" in result.output
+
+    judge = judges[0]
+    assert judge.calls == 1 and len(judge.requests) == 16  # 2 prompts x 8 rollouts, one judge call
+    steps = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1] and steps[0]["judge/requests"] == 16
+    assert (out / "checkpoint-1").is_dir() and (out / "recipe.yaml").is_file()
+    assert not (out / "final").exists()  # stopped early: no final model
+
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    before = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_policy).state_dict()
+    after = Qwen2_5_VLForConditionalGeneration.from_pretrained(out / "checkpoint-1").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the optimizer step changed nothing"
+
+
+def test_llava_recipe_runs_to_its_first_optimizer_step(tiny_llava, tiny_dataset, tmp_path):
+    """configs/llava_1_5_7b.yaml on a tiny local LLaVA checkpoint (the synthetic demo's architecture)."""
+    from balcaprl.train import train
+
+    out = tmp_path / "llava"
+    recipe = load_recipe(CONFIGS / "llava_1_5_7b.yaml", tiny_overrides(tiny_llava, tiny_dataset, out))
+    judge = ScriptedJudge(fail_every=4)
+    result = train(recipe, judge)
+    assert result.global_step == 1 and judge.calls == 1 and len(judge.requests) == 16
+    rollouts = read_jsonl(out / "metrics.jsonl")
+    assert rollouts[0]["judge/requests"] == 16
