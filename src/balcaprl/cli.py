@@ -41,11 +41,13 @@ def advantage_collapse(
 
 
 def _register_areas() -> None:
+    from balcaprl.data.cli import register as register_data
     from balcaprl.judge.cli import register as register_judge
     from balcaprl.synthetic.cli import register as register_synthetic
     from balcaprl.train.cli import register as register_train
 
     register_judge(app)
+    register_data(app)
     register_synthetic(app)
     register_train(app)
 

@@ -70,6 +70,9 @@ class DatasetSample:
     reference_original: str | None = None
     source: str = "unknown"
     image_name: str | None = None  # file name under images/ for bytes; default "<id>.png"
+    # sha256 of the image file when the producer already knows it (ShareGPT4V preparation hashes
+    # every image while validating it); with a path image this spares reading the file again.
+    image_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,27 @@ class TokenCounter:
             return [len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]]
 
         return cls(name=str(label), count=count)
+
+    @classmethod
+    def load(cls, name_or_path: str) -> TokenCounter:
+        """Load a tokenizer by hub name or local folder (``AutoTokenizer``, else ``AutoProcessor``).
+
+        The card records ``name_or_path`` exactly as given, so pass the policy's model name: the
+        trainer reuses the stored lengths only when the names match (``balcaprl.train.data``).
+        """
+        from transformers import AutoProcessor, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        except Exception as first:  # some multimodal checkpoints only ship a processor
+            try:
+                tokenizer = AutoProcessor.from_pretrained(name_or_path)
+            except Exception:
+                raise ValueError(
+                    f"cannot load a tokenizer from {name_or_path!r}: {first}; pass a hub name or a "
+                    "local folder holding tokenizer files"
+                ) from first
+        return cls.from_hf(tokenizer, name=name_or_path)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -127,38 +151,82 @@ def _image_row(root: Path, sample: DatasetSample) -> tuple[str, str]:
                 f"sample {sample.id!r}: image {sample.image} is outside the dataset folder {root}; "
                 "pass its bytes instead so it is copied under images/"
             ) from None
+        if sample.image_sha256 is not None:
+            if not target.is_file():
+                raise FileNotFoundError(f"sample {sample.id!r}: image {target} does not exist")
+            return rel.as_posix(), sample.image_sha256
         data = target.read_bytes()
     return rel.as_posix(), hashlib.sha256(data).hexdigest()
 
 
+WRITE_BATCH_ROWS = 8192  # rows per parquet row group: bounded memory for the 1.2M-entry ShareCaptioner file
+
+
 def _write_split(
-    root: Path, split: str, samples: Iterable[DatasetSample], counter: TokenCounter | None
-) -> int:
-    rows: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    root: Path,
+    split: str,
+    samples: Iterable[DatasetSample],
+    counter: TokenCounter | None,
+    other_ids: set[str],
+) -> tuple[int, set[str]]:
+    """Stream ``samples`` into ``<split>.parquet`` in row groups; returns (rows, ids).
+
+    Written to a temporary file and renamed, so a failure (duplicate id, id also in the other
+    split, unreadable image) leaves the previous file, if any, untouched.
+    """
     seen: set[str] = set()
-    for sample in samples:
-        if sample.id in seen:
-            raise ValueError(f"{split}: duplicate sample id {sample.id!r}; ids must be unique per dataset")
-        seen.add(sample.id)
-        image, digest = _image_row(root, sample)
-        for name, value in (
-            ("id", sample.id),
-            ("image", image),
-            ("image_sha256", digest),
-            ("prompt", sample.prompt),
-            ("reference", sample.reference),
-            ("reference_original", sample.reference_original),
-            ("source", sample.source),
-        ):
-            rows[name].append(value)
-    rows["reference_tokens"] = (
-        counter.count(rows["reference"]) if counter and rows["reference"] else [None] * len(rows["reference"])
-    )
-    table = pa.Table.from_pydict(rows, schema=SCHEMA)
-    buffer = pa.BufferOutputStream()
-    pq.write_table(table, buffer)
-    atomic_write_bytes(root / f"{split}.parquet", buffer.getvalue().to_pybytes())
-    return table.num_rows
+    target = root / f"{split}.parquet"
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=root)
+    os.close(fd)
+    rows = 0
+    try:
+        with pq.ParquetWriter(tmp, SCHEMA) as writer:
+            batch: list[DatasetSample] = []
+
+            def flush() -> None:
+                columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+                overlap = sorted(s.id for s in batch if s.id in other_ids)
+                if overlap:
+                    raise ValueError(f"ids in both train and eval: {overlap[:5]}")
+                for sample in batch:
+                    image, digest = _image_row(root, sample)
+                    for name, value in (
+                        ("id", sample.id),
+                        ("image", image),
+                        ("image_sha256", digest),
+                        ("prompt", sample.prompt),
+                        ("reference", sample.reference),
+                        ("reference_original", sample.reference_original),
+                        ("source", sample.source),
+                    ):
+                        columns[name].append(value)
+                references = columns["reference"]
+                columns["reference_tokens"] = (
+                    counter.count(references) if counter and references else [None] * len(references)
+                )
+                writer.write_table(pa.Table.from_pydict(columns, schema=SCHEMA))
+
+            for sample in samples:
+                if sample.id in seen:
+                    raise ValueError(
+                        f"{split}: duplicate sample id {sample.id!r}; ids must be unique per dataset"
+                    )
+                seen.add(sample.id)
+                batch.append(sample)
+                if len(batch) >= WRITE_BATCH_ROWS:
+                    flush()
+                    rows += len(batch)
+                    batch = []
+            if batch or rows == 0:
+                flush()  # an empty split still gets a file with the schema
+                rows += len(batch)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return rows, seen
 
 
 def write_dataset(
@@ -172,19 +240,19 @@ def write_dataset(
     rejections: dict[str, int] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a dataset folder; the card (``dataset.json``) is written last, so its presence means done."""
+    """Write a dataset folder; the card (``dataset.json``) is written last, so its presence means done.
+
+    ``train`` and ``eval`` may be lazy iterables: rows are written in row groups of
+    ``WRITE_BATCH_ROWS``, so a million-row split never sits in memory as one Arrow table.
+    """
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     (root / "dataset.json").unlink(missing_ok=True)  # an old card must not vouch for new, partial files
     ids: set[str] = set()
     counts = {}
     for split, samples in (("train", train), ("eval", eval)):
-        materialized = list(samples)
-        overlap = ids & {s.id for s in materialized}
-        if overlap:
-            raise ValueError(f"ids in both train and eval: {sorted(overlap)[:5]}")
-        ids |= {s.id for s in materialized}
-        counts[split] = _write_split(root, split, materialized, token_counter)
+        counts[split], split_ids = _write_split(root, split, samples, token_counter, ids)
+        ids |= split_ids
     card = {
         "name": name,
         "version": version,

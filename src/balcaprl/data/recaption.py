@@ -1,0 +1,660 @@
+"""`balcaprl recaption`: new reference captions from a strong model, through the judge's machinery.
+
+The paper re-captions ShareGPT4V with GPT-5-mini, reusing each sample's original captioning prompt;
+better references beat the originals (Table 3, "w/o recap"). Per row:
+
+    image + original prompt --(recaption rubric, judge endpoint)--> new ``reference``
+    ``reference_original`` keeps the original; a failed call keeps the original as ``reference``.
+
+What comes from ``balcaprl.judge`` and ``balcaprl.rewards`` (nothing of it is rewritten here): the
+judge config (endpoint, API-key variable, concurrency, rate limits, timeouts, SDK retries, sampling,
+``max_image_side``, cache path, prices), :class:`~balcaprl.judge.images.ImageLoader` (downscaling,
+hashing, refusing paths out of the dataset), the ``recaption`` rubric and
+:func:`~balcaprl.judge.prompt.build_recaption_messages`, the sqlite :class:`~balcaprl.judge.JudgeCache`
+and :func:`~balcaprl.judge.cache_key`, :class:`~balcaprl.judge.JudgeStats` (tokens, latency, cost),
+:class:`~balcaprl.judge.JudgeFailure` reasons and :func:`~balcaprl.judge.transport.redact`.
+
+What this module adds, because the judge client only makes *structured* (JSON-schema) calls:
+:class:`Recaptioner`, a thin free-text call over the same pieces (one ``AsyncOpenAI`` whose own
+retries/backoff/timeouts are used, an ``asyncio.Semaphore`` of ``concurrency``, ``aiolimiter`` request
+and token limits), and the classification of a free-text answer.
+
+Resuming: every finished call is appended at once to ``DIR/.recaption/progress.jsonl`` (id, the
+call's cache key, caption or failure, tokens), and successful captions also go to the judge cache.
+A re-run skips every row whose key already has a caption, so nothing paid for is asked again (at
+most the ``concurrency`` calls in flight at the moment of an interruption are lost). Failures are
+asked again on the next run. The dataset files are rewritten only at the end, card last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import typer
+
+from balcaprl.data.format import (
+    SPLITS,
+    DatasetSample,
+    TokenCounter,
+    atomic_write_text,
+    write_dataset,
+)
+
+__all__ = [
+    "RecaptionOutcome",
+    "RecaptionReport",
+    "Recaptioner",
+    "recaption_command",
+    "recaption_dataset",
+]
+
+log = logging.getLogger("balcaprl.recaption")
+
+WORK_DIR = ".recaption"
+PROGRESS_FILE = "progress.jsonl"
+FAILURES_FILE = "recaption_failures.jsonl"
+_CARD_KEYS = {"name", "version", "counts", "tokenizer", "rejections"}  # written by write_dataset itself
+_ABORT_AFTER = 16  # this many failures in a row before any success: the set-up is wrong, stop paying
+
+
+@dataclass(frozen=True)
+class RecaptionOutcome:
+    """One row's result: ``caption`` or ``failure`` (a :class:`~balcaprl.judge.JudgeFailure`)."""
+
+    caption: str | None
+    failure: Any = None  # JudgeFailure | None
+    cached: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Recaptioner:
+    """Image + original prompt -> a reference caption, from the endpoint of a judge config.
+
+    ``model`` overrides the config's model (re-captioning uses a stronger model than judging).
+    ``image_root``: image paths are resolved inside it. ``cache``: a ``JudgeCache``, None for none,
+    or (default) the config's ``cache_path``. Use ``async with``.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        image_root: Path | str,
+        model: str | None = None,
+        cache: Any = "config",
+        http_client: Any = None,
+    ) -> None:
+        from balcaprl.judge import JudgeCache, JudgeStats
+        from balcaprl.judge.images import ImageLoader
+        from balcaprl.rewards.rubrics import load_rubric
+
+        self.config = config.model_copy(update={"model": model}) if model else config
+        self._api_key = self.config.resolve_api_key()
+        self.rubric = load_rubric("recaption")
+        self.images = ImageLoader(self.config.max_image_side, root=image_root)
+        if cache == "config":
+            cache = JudgeCache(self.config.cache_path) if self.config.cache_path is not None else None
+        self.cache = cache
+        self.stats = JudgeStats()
+        self._http_client = http_client
+        self._client: Any = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._rpm: Any = None
+        self._tpm: Any = None
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    async def __aenter__(self) -> Recaptioner:
+        import openai
+        from aiolimiter import AsyncLimiter
+
+        cfg = self.config
+        self._client = openai.AsyncOpenAI(
+            api_key=self._api_key,
+            base_url=cfg.base_url,
+            timeout=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            http_client=self._http_client,
+        )
+        self._semaphore = asyncio.Semaphore(cfg.concurrency)
+        self._rpm = AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None
+        self._tpm = AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self.cache is not None:
+            self.cache.close()
+
+    def key(self, image_sha256: str, prompt: str) -> str:
+        """The cache key of one call: everything that changes the answer."""
+        from balcaprl.judge import cache_key
+
+        cfg = self.config
+        return cache_key(
+            kind="recaption",
+            model=cfg.model,
+            rubric_version=self.rubric.version,
+            image_sha256=image_sha256,
+            max_image_side=cfg.max_image_side,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            prompt=prompt,
+        )
+
+    async def recaption(
+        self, image: Path | str, prompt: str, image_sha256: str | None = None
+    ) -> tuple[str, RecaptionOutcome]:
+        """``(cache key, outcome)`` for one image; never raises for a failed call (only for a broken
+        configuration: :class:`~balcaprl.judge.JudgeConfigError`). ``image_sha256``, when known,
+        lets a cached caption be returned without reading the image."""
+        from balcaprl.judge import JudgeFailure
+        from balcaprl.judge.images import ImageError
+        from balcaprl.judge.prompt import build_recaption_messages
+
+        self.stats.requests += 1
+        if image_sha256 is not None:  # known: the cache can answer without loading the image
+            key = self.key(image_sha256, prompt)
+            hit = self._cached(key)
+            if hit is not None:
+                return key, hit
+        try:
+            prepared = await asyncio.to_thread(self.images.load, image)
+        except ImageError as error:
+            self.stats.rejected += 1
+            return "", RecaptionOutcome(None, JudgeFailure("bad_input", str(error)[:300]))
+        key = self.key(prepared.sha256, prompt)
+        hit = self._cached(key) if prepared.sha256 != image_sha256 else None
+        if hit is not None:
+            return key, hit
+        self.stats.judged += 1
+        outcome = await self._call(build_recaption_messages(self.rubric, prepared, prompt))
+        if outcome.failure is not None:
+            self.stats.failures[outcome.failure.reason] += 1
+        elif self.cache is not None:
+            self.cache.put(key, {"caption": outcome.caption, "model": self.config.model})
+        return key, outcome
+
+    def _cached(self, key: str) -> RecaptionOutcome | None:
+        value = self.cache.get(key) if self.cache is not None else None
+        if value and isinstance(value.get("caption"), str) and value["caption"].strip():
+            self.stats.cache_hits += 1
+            return RecaptionOutcome(value["caption"], cached=True)
+        return None
+
+    async def _call(self, messages: list[dict[str, Any]]) -> RecaptionOutcome:
+        import openai
+
+        from balcaprl.judge import JudgeFailure
+        from balcaprl.judge.prompt import approx_image_tokens, approx_tokens
+
+        cfg = self.config
+        if self._rpm is not None:
+            await self._rpm.acquire(1)
+        if self._tpm is not None:
+            text = sum(
+                approx_tokens(p["text"]) for m in messages for p in _parts(m) if p.get("type") == "text"
+            )
+            estimate = text + approx_image_tokens(cfg.max_image_side, cfg.max_image_side) + cfg.max_tokens
+            await self._tpm.acquire(min(estimate, cfg.tokens_per_minute))
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": messages,
+            "max_completion_tokens": cfg.max_tokens,
+        }
+        if cfg.temperature is not None:
+            body["temperature"] = cfg.temperature
+        assert self._semaphore is not None and self._client is not None, "use `async with Recaptioner(...)`"
+        async with self._semaphore:
+            start = time.perf_counter()
+            try:
+                completion = await self._client.chat.completions.create(**body)
+            except openai.OpenAIError as error:
+                self.stats.record_call(time.perf_counter() - start, 0, 0)
+                return RecaptionOutcome(None, self._classify(error))
+            latency = time.perf_counter() - start
+        usage = completion.usage
+        tokens = {
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0,
+        }
+        self.stats.record_call(latency, tokens["prompt_tokens"], tokens["completion_tokens"])
+        if not completion.choices:
+            return RecaptionOutcome(None, JudgeFailure("invalid_json", "the answer has no choices"), **tokens)
+        choice = completion.choices[0]
+        content = (choice.message.content or "").strip()
+        if choice.finish_reason == "length":  # a caption cut mid-sentence is not a reference
+            return RecaptionOutcome(
+                None,
+                JudgeFailure(
+                    "truncated_output", f"the caption hit max_tokens ({cfg.max_tokens}) and was cut off"
+                ),
+                **tokens,
+            )
+        if choice.finish_reason == "content_filter":
+            return RecaptionOutcome(
+                None, JudgeFailure("refused", "stopped by the server's content filter"), **tokens
+            )
+        refusal = getattr(choice.message, "refusal", None)
+        if refusal:
+            return RecaptionOutcome(
+                None, JudgeFailure("refused", f"the model refused: {refusal}"[:300]), **tokens
+            )
+        if not content:
+            return RecaptionOutcome(None, JudgeFailure("invalid_json", "the answer is empty"), **tokens)
+        return RecaptionOutcome(content, **tokens)
+
+    def _classify(self, error: Exception) -> Any:
+        """A failure reason for an SDK error (after the SDK's own retries); a broken set-up raises."""
+        import openai
+
+        from balcaprl.judge import JudgeConfigError, JudgeFailure
+        from balcaprl.judge.transport import redact
+
+        message = redact(f"{type(error).__name__}: {error}", self._api_key)[:300]
+        if isinstance(
+            error, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError
+        ):
+            raise JudgeConfigError(
+                f"the endpoint {self.config.base_url} rejected the request with HTTP {error.status_code}: check "
+                f"base_url, the model name {self.config.model!r} and the API key variable ({message})"
+            ) from None
+        if isinstance(error, openai.APITimeoutError):
+            return JudgeFailure("timeout", message)
+        if isinstance(error, openai.RateLimitError):
+            return JudgeFailure("rate_limited", message)
+        if (
+            isinstance(error, openai.APIStatusError)
+            and error.status_code < 500
+            and error.status_code not in (408, 409)
+        ):
+            return JudgeFailure("bad_input", message)
+        return JudgeFailure("server_error", message)
+
+
+def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+# --------------------------------------------------------------------------------------------------
+# The dataset run
+
+
+@dataclass
+class RecaptionReport:
+    out: Path
+    model: str
+    rubric_version: str
+    rows: int = 0
+    requested: int = 0  # rows asked for in this run (all, or --limit)
+    recaptioned: int = 0  # rows whose reference is now the model's caption
+    from_progress: int = 0  # of those, finished by an earlier (interrupted) run
+    from_cache: int = 0
+    failed: Counter = field(default_factory=Counter)  # reason -> rows that kept the original
+    calls: int = 0  # paid calls made in this run
+    prompt_tokens: int = 0  # this run
+    completion_tokens: int = 0
+    cost_usd: float | None = None  # this run, when the config has prices
+    total_prompt_tokens: int = 0  # every call behind the current references, earlier runs included
+    total_completion_tokens: int = 0
+    total_cost_usd: float | None = None
+    tokenizer: str | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class _Progress:
+    """``DIR/.recaption/progress.jsonl``: one line per finished call, appended and flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}  # (id, key) -> the latest record
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):  # a line cut by an interruption
+                data = data[: data.rfind(b"\n") + 1]
+                with path.open("r+b") as handle:
+                    handle.truncate(len(data))
+            for line in data.decode("utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                    self.done[(record["id"], record["key"])] = record
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = path.open("a", encoding="utf-8")
+
+    def caption(self, sample_id: str, key: str) -> dict[str, Any] | None:
+        record = self.done.get((sample_id, key))
+        return record if record and record.get("caption") else None
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.done[(record["id"], record["key"])] = record
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+
+
+def _load_card(root: Path) -> dict[str, Any]:
+    """The dataset's card, or the copy kept while an interrupted rewrite was under way."""
+    card, stash = root / "dataset.json", root / WORK_DIR / "card.json"
+    if card.is_file():
+        return json.loads(card.read_text())
+    if stash.is_file():
+        return json.loads(stash.read_text())
+    from balcaprl.data.format import read_card
+
+    return read_card(root)  # raises the format's "not a finished dataset" error
+
+
+class _Run:
+    """One pass over the rows: each row's caption comes from the progress file, or from a call."""
+
+    def __init__(
+        self,
+        recaptioner: Recaptioner,
+        store: _Progress,
+        report: RecaptionReport,
+        on_result: Callable[[str, RecaptionOutcome], None] | None,
+    ) -> None:
+        self.recaptioner, self.store, self.report, self.on_result = recaptioner, store, report, on_result
+        self.captions: dict[str, dict[str, Any]] = {}  # id -> progress record with the caption
+        self.failures: dict[str, Any] = {}  # id -> JudgeFailure
+        self.successes = 0
+        self.failures_in_a_row = 0
+
+    async def all(self, rows: list[dict[str, Any]], workers: int, progress: bool) -> None:
+        from balcaprl.data.sharegpt4v import make_progress
+
+        queue = iter(rows)  # shared by the workers: each row is taken once
+        async with self.recaptioner:
+            with make_progress(progress) as bars:
+                task = bars.add_task(f"re-captioning with {self.recaptioner.model}", total=len(rows))
+
+                async def worker() -> None:
+                    for row in queue:
+                        outcome = await self.one(row)
+                        bars.advance(task)
+                        if self.on_result is not None:
+                            self.on_result(row["id"], outcome)
+
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        for _ in range(workers):
+                            group.create_task(worker())
+                except BaseExceptionGroup as errors:
+                    raise errors.exceptions[0] from None
+
+    async def one(self, row: dict[str, Any]) -> RecaptionOutcome:
+        from balcaprl.judge import JudgeConfigError
+
+        recaptioner, sample_id = self.recaptioner, row["id"]
+        done = self.store.caption(sample_id, recaptioner.key(row["image_sha256"], row["prompt"]))
+        if done is not None:  # finished by an earlier, interrupted run
+            self.report.from_progress += 1
+            self.captions[sample_id] = done
+            return RecaptionOutcome(done["caption"], cached=True)
+        key, outcome = await recaptioner.recaption(row["image"], row["prompt"], row["image_sha256"])
+        record = {
+            "id": sample_id,
+            "key": key,
+            "caption": outcome.caption,
+            "failure": None if outcome.failure is None else [outcome.failure.reason, outcome.failure.detail],
+            "model": recaptioner.model,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+        }
+        self.store.add(record)
+        if outcome.failure is None:
+            self.captions[sample_id] = record
+            self.report.from_cache += outcome.cached
+            self.successes += 1
+            return outcome
+        self.failures[sample_id] = outcome.failure
+        self.failures_in_a_row = 0 if self.successes else self.failures_in_a_row + 1
+        if self.failures_in_a_row >= _ABORT_AFTER:
+            raise JudgeConfigError(
+                f"the first {self.failures_in_a_row} re-caption calls all failed, e.g. "
+                f"{outcome.failure.reason}: {outcome.failure.detail}; fix the judge config (model "
+                f"{recaptioner.model!r}; reasoning models such as gpt-5-mini need `temperature: null`) "
+                "and run again"
+            )
+        return outcome
+
+
+def recaption_dataset(
+    data_dir: Path | str,
+    judge_config: Any,
+    *,
+    model: str | None = None,
+    limit: int | None = None,
+    tokenizer: str | None = None,
+    cache_path: Path | str | None = None,
+    no_cache: bool = False,
+    http_client: Any = None,
+    on_result: Callable[[str, RecaptionOutcome], None] | None = None,
+    progress: bool = False,
+) -> RecaptionReport:
+    """Re-caption the references of ``data_dir`` in place; see the module docstring.
+
+    ``judge_config``: a ``JudgeConfig``, a YAML path or a mapping. ``tokenizer``: recount
+    ``reference_tokens`` with it (default: the card's tokenizer). ``on_result(id, outcome)`` is
+    called as each row finishes (progress bars, tests). Raises ``JudgeConfigError`` for a config
+    the endpoint rejects, and when the first calls all fail the same way.
+    """
+    from balcaprl.judge import JudgeConfig, load_judge_config
+
+    root = Path(data_dir).expanduser().resolve()
+    card = _load_card(root)
+    cfg = judge_config if isinstance(judge_config, JudgeConfig) else load_judge_config(judge_config)
+    if cache_path is not None:
+        cfg = cfg.model_copy(update={"cache_path": Path(cache_path).expanduser()})
+    if no_cache:
+        cfg = cfg.model_copy(update={"cache_path": None})
+    rows = {split: pq.read_table(root / f"{split}.parquet").to_pylist() for split in SPLITS}
+    ordered = [row for split in SPLITS for row in rows[split]]
+    for row in ordered:  # the original is kept once, before anything replaces `reference`
+        if row["reference_original"] is None:
+            row["reference_original"] = row["reference"]
+    wanted = ordered if limit is None else ordered[:limit]
+
+    work = root / WORK_DIR
+    work.mkdir(exist_ok=True)
+    stash = work / "card.json"
+    if (root / "dataset.json").is_file():
+        shutil.copyfile(root / "dataset.json", stash)
+    store = _Progress(work / PROGRESS_FILE)
+    recaptioner = Recaptioner(cfg, image_root=root, model=model, http_client=http_client)
+    report = RecaptionReport(
+        out=root,
+        model=recaptioner.model,
+        rubric_version=recaptioner.rubric.version,
+        rows=len(ordered),
+        requested=len(wanted),
+    )
+    run = _Run(recaptioner, store, report, on_result)
+    try:
+        asyncio.run(run.all(wanted, workers=max(1, min(cfg.concurrency, len(wanted))), progress=progress))
+    finally:
+        store.close()
+    captions, failures = run.captions, run.failures
+
+    # Rows outside --limit keep a caption an earlier run made with the same model and rubric.
+    for row in ordered[len(wanted) :]:
+        if row["image_sha256"]:
+            done = store.caption(row["id"], recaptioner.key(row["image_sha256"], row["prompt"]))
+            if done is not None:
+                captions[row["id"]] = done
+
+    stats = recaptioner.stats
+    prices = cfg.price_per_million_tokens
+    report.calls = stats.calls
+    report.prompt_tokens, report.completion_tokens = stats.prompt_tokens, stats.completion_tokens
+    report.cost_usd = stats.cost_usd(prices)
+    report.failed = Counter(f.reason for f in failures.values())
+    report.recaptioned = len(captions)
+    report.total_prompt_tokens = sum(int(c.get("prompt_tokens") or 0) for c in captions.values())
+    report.total_completion_tokens = sum(int(c.get("completion_tokens") or 0) for c in captions.values())
+    if prices is not None:
+        report.total_cost_usd = (
+            report.total_prompt_tokens * prices.prompt + report.total_completion_tokens * prices.completion
+        ) / 1e6
+    report.stats = stats.as_dict(prices)
+
+    counter = _token_counter(tokenizer or card.get("tokenizer"))
+    report.tokenizer = counter.name if counter else None
+    atomic_write_text(
+        root / FAILURES_FILE,
+        "".join(
+            json.dumps({"id": i, "reason": f.reason, "detail": f.detail}, ensure_ascii=False) + "\n"
+            for i, f in failures.items()
+        ),
+    )
+
+    def samples(split: str) -> Iterator[DatasetSample]:
+        for row in rows[split]:
+            done = captions.get(row["id"])
+            yield DatasetSample(
+                id=row["id"],
+                image=root / row["image"],
+                image_sha256=row["image_sha256"],
+                prompt=row["prompt"],
+                reference=done["caption"] if done else row["reference_original"],
+                reference_original=row["reference_original"],
+                source=row["source"],
+            )
+
+    extra = {k: v for k, v in card.items() if k not in _CARD_KEYS}
+    extra["recaption"] = {
+        "model": recaptioner.model,
+        "rubric": "recaption",
+        "rubric_version": recaptioner.rubric.version,
+        "max_image_side": cfg.max_image_side,
+        "temperature": cfg.temperature,
+        "rows": report.rows,
+        "recaptioned": report.recaptioned,
+        "failed": sum(report.failed.values()),
+        "failures": dict(report.failed),
+        "not_requested": report.rows - report.requested,
+        "limit": limit,
+        "prompt_tokens": report.total_prompt_tokens,
+        "completion_tokens": report.total_completion_tokens,
+        "estimated_cost_usd": report.total_cost_usd,
+        "failures_file": FAILURES_FILE,
+    }
+    write_dataset(
+        root,
+        samples("train"),
+        samples("eval"),
+        name=card["name"],
+        version=card.get("version", "1"),
+        token_counter=counter,
+        rejections=card.get("rejections"),
+        extra=extra,
+    )
+    stash.unlink(missing_ok=True)
+    return report
+
+
+def _token_counter(name: str | None) -> TokenCounter | None:
+    if not name:
+        return None
+    try:
+        return TokenCounter.load(name)
+    except ValueError as error:
+        log.warning("reference_tokens left empty: %s (the trainer recounts them)", error)
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+
+
+def recaption_command(
+    data: Path = typer.Option(..., "--data", help="A balcaprl dataset folder; rewritten in place."),
+    model: str = typer.Option(..., "--model", help="The re-captioning model (the paper: gpt-5-mini)."),
+    judge_config: Path = typer.Option(
+        ...,
+        "--judge-config",
+        help="Judge config YAML: endpoint, key variable, concurrency, limits, cache, prices.",
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Re-caption only the first N rows (trial run)."
+    ),
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="Recount reference_tokens with this tokenizer (default: the one the card names).",
+    ),
+    cache: Path | None = typer.Option(
+        None, "--cache", help="Cache file (overrides the config's cache_path)."
+    ),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="No judge cache (the progress file still resumes)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Re-caption every reference with a strong model, reusing each sample's original prompt.
+
+    Keeps `reference_original`; a failed call keeps the original reference and is listed in
+    recaption_failures.jsonl. Re-running resumes without paying twice for a finished row.
+    """
+    from rich.console import Console
+
+    from balcaprl.judge import JudgeConfigError
+
+    try:
+        report = recaption_dataset(
+            data,
+            judge_config,
+            model=model,
+            limit=limit,
+            tokenizer=tokenizer,
+            cache_path=cache,
+            no_cache=no_cache,
+            progress=progress,
+        )
+    except (JudgeConfigError, FileNotFoundError) as error:
+        typer.secho(f"error: {error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    console = Console()
+    failed = sum(report.failed.values())
+    console.print(
+        f"[bold]{report.recaptioned}[/] of {report.rows} references re-captioned by {report.model} "
+        f"(rubric {report.rubric_version}); asked for {report.requested}; "
+        f"{report.from_progress} finished by an earlier run, {report.from_cache} from the cache"
+    )
+    reasons = ", ".join(f"{k} {v}" for k, v in report.failed.most_common()) or "none"
+    console.print(f"failed (kept the original reference): {failed} ({reasons})")
+    cost = "" if report.cost_usd is None else f", ~${report.cost_usd:.4f}"
+    total = "" if report.total_cost_usd is None else f", ~${report.total_cost_usd:.4f}"
+    console.print(
+        f"this run: {report.calls} calls, tokens {report.prompt_tokens} in / "
+        f"{report.completion_tokens} out{cost}"
+    )
+    console.print(
+        f"all re-captions in the dataset: tokens {report.total_prompt_tokens} in / "
+        f"{report.total_completion_tokens} out{total}"
+    )
+    console.print(f"reference_tokens counted with: {report.tokenizer or 'none (the trainer recounts)'}")
+    console.print(f"wrote {report.out}")

@@ -1,0 +1,135 @@
+"""The data commands through typer: `prepare sharegpt4v` and `data info` (recaption has its own file)."""
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from balcaprl.data.cli import register
+from balcaprl.data.format import read_card, read_split_rows
+
+
+def app() -> typer.Typer:
+    application = typer.Typer()
+    register(application)
+    return application
+
+
+def invoke(*args):
+    return CliRunner().invoke(app(), [str(a) for a in args])
+
+
+def test_commands_are_registered():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for name in ("prepare", "recaption", "data"):
+        assert name in result.output
+    assert "sharegpt4v" in invoke("prepare", "--help").output
+    assert "info" in invoke("data", "--help").output
+
+
+def test_prepare_then_info(fixture_template, tiny_tokenizer_dir, tmp_path):
+    out = tmp_path / "ds"
+    result = invoke(
+        "prepare",
+        "sharegpt4v",
+        "--json",
+        fixture_template.json_path,
+        "--image-root",
+        fixture_template.image_root,
+        "--out",
+        out,
+        "--tokenizer",
+        tiny_tokenizer_dir,
+        "--eval-size",
+        "3",
+        "--seed",
+        "5",
+        "--workers",
+        "2",
+        "--no-progress",
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        f"{len(fixture_template.good)} of {len(fixture_template.good) + len(fixture_template.bad)} entries kept"
+        in " ".join(result.output.split())
+    )
+    assert "truncated_image" in result.output and "rejections.jsonl" in result.output
+    card = read_card(out)
+    assert card["tokenizer"] == str(tiny_tokenizer_dir) and card["split"]["seed"] == 5
+    assert all(r["reference_tokens"] > 0 for r in read_split_rows(out, "train"))
+
+    result = invoke("data", "info", out)
+    assert result.exit_code == 0, result.output
+    assert (
+        "train" in result.output and "reference_original" in result.output and "unsafe_path" in result.output
+    )
+    assert (out / "reference_lengths.png").stat().st_size > 1000
+
+    result = invoke(
+        "data", "info", out, "--json", "--png", tmp_path / "h.png", "--tokenizer", tiny_tokenizer_dir
+    )
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["counts"]["eval"] == 3 and info["rejections"]["truncated_image"] == 2
+    assert set(info["length_stats"]["tokens"]) == {"prompt", "reference_original", "reference"}
+    assert (tmp_path / "h.png").exists()
+
+
+def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
+    result = invoke(
+        "prepare",
+        "sharegpt4v",
+        "--json",
+        tmp_path / "nope.json",
+        "--image-root",
+        fixture_template.image_root,
+        "--out",
+        tmp_path / "o",
+    )
+    assert result.exit_code == 2 and "is not a file" in result.output
+    result = invoke(
+        "prepare",
+        "sharegpt4v",
+        "--json",
+        fixture_template.json_path,
+        "--image-root",
+        fixture_template.image_root,
+        "--out",
+        tmp_path / "o",
+        "--images",
+        "symlink",
+    )
+    assert result.exit_code == 2 and "choose auto, hardlink, copy or reencode" in result.output
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"id": 1}, {"id"')
+    result = invoke(
+        "prepare",
+        "sharegpt4v",
+        "--json",
+        broken,
+        "--image-root",
+        fixture_template.image_root,
+        "--out",
+        tmp_path / "o",
+        "--no-progress",
+    )
+    assert result.exit_code == 2 and "download it again" in result.output
+    result = invoke(
+        "prepare",
+        "sharegpt4v",
+        "--json",
+        fixture_template.json_path,
+        "--image-root",
+        fixture_template.image_root,
+        "--out",
+        tmp_path / "o",
+        "--tokenizer",
+        tmp_path / "none",
+    )
+    assert result.exit_code == 2 and "cannot load a tokenizer" in result.output
+
+
+def test_info_on_a_folder_that_is_not_a_dataset(tmp_path):
+    result = invoke("data", "info", tmp_path)
+    assert result.exit_code == 2 and "not a finished balcaprl dataset" in result.output
