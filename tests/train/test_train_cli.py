@@ -8,7 +8,7 @@ import pytest
 import torch
 import typer
 import yaml
-from conftest import ScriptedJudge
+from train_testkit import ScriptedJudge
 from typer.testing import CliRunner
 
 import balcaprl.judge

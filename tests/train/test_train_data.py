@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SIDE, build_tiny_dataset
 from PIL import Image
+from train_testkit import SIDE, build_tiny_dataset
 
 from balcaprl.config import DataConfig, ImageConfig, ModelConfig, RecipeError
 from balcaprl.data.format import DatasetSample, write_dataset

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import ScriptedJudge, tiny_recipe_dict
+from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty
 from balcaprl.config import recipe_from_dict

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import ScriptedJudge, tiny_recipe_dict
+from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl.config import recipe_from_dict
 from balcaprl.train.loss import LOSS_TYPES, reference_policy_loss, trl_loss_settings

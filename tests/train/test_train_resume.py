@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ScriptedJudge, tiny_recipe_dict
+from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl.config import RecipeError, recipe_from_dict
 from balcaprl.train import train

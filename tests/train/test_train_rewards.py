@@ -6,7 +6,7 @@ import asyncio
 import math
 
 import pytest
-from conftest import ScriptedJudge
+from train_testkit import ScriptedJudge
 
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.rewards import REWARD_NAMES

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accelerate import PartialState  # noqa: E402
-from conftest import ScriptedJudge, tiny_recipe_dict  # noqa: E402
+from train_testkit import ScriptedJudge, tiny_recipe_dict  # noqa: E402
 
 from balcaprl.config import recipe_from_dict  # noqa: E402
 from balcaprl.train import build_trainer  # noqa: E402
