@@ -1,5 +1,54 @@
-"""Judges: the interface, and (soon) the OpenAI-compatible client, its cache and a loopback server."""
+"""Judges: the interface, the OpenAI-compatible client with its cache and accounting, and helpers.
 
-from balcaprl.judge.protocol import FailureReason, Judge, JudgeFailure, JudgeOutcome, JudgeRequest, Judgement
+Typical use in a trainer::
 
-__all__ = ["FailureReason", "Judge", "JudgeFailure", "JudgeOutcome", "JudgeRequest", "Judgement"]
+    from balcaprl.judge import JudgeRequest, SyncJudge, build_judge, rewards_tensor
+
+    judge = build_judge("configs/judge.yaml")            # or a JudgeConfig / a dict
+    with SyncJudge(judge) as sync:                        # or `await judge.judge_batch(...)`
+        outcomes = sync.judge_batch([JudgeRequest(image, caption, reference) for ...])
+    rewards = rewards_tensor(outcomes)                    # (N, 3), NaN rows for failures
+
+The loopback server (``balcaprl.judge.server``) needs the ``[serve]`` extra and is not imported here.
+"""
+
+from balcaprl.judge.accounting import JudgeStats
+from balcaprl.judge.cache import JudgeCache, cache_key
+from balcaprl.judge.client import BatchResult, OpenAICompatibleJudge, build_judge
+from balcaprl.judge.config import JudgeConfig, JudgeConfigError, PriceTable, load_judge_config
+from balcaprl.judge.outcomes import empty_caption_judgement, rewards_tensor
+from balcaprl.judge.protocol import (
+    FailureReason,
+    Judge,
+    JudgeFailure,
+    Judgement,
+    JudgeOutcome,
+    JudgeRequest,
+    SupportsFixedReference,
+)
+from balcaprl.judge.scripted import ScriptedJudge
+from balcaprl.judge.sync import SyncJudge
+
+__all__ = [
+    "BatchResult",
+    "FailureReason",
+    "Judge",
+    "JudgeCache",
+    "JudgeConfig",
+    "JudgeConfigError",
+    "JudgeFailure",
+    "JudgeOutcome",
+    "JudgeRequest",
+    "JudgeStats",
+    "Judgement",
+    "OpenAICompatibleJudge",
+    "PriceTable",
+    "ScriptedJudge",
+    "SupportsFixedReference",
+    "SyncJudge",
+    "build_judge",
+    "cache_key",
+    "empty_caption_judgement",
+    "load_judge_config",
+    "rewards_tensor",
+]

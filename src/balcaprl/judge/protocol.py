@@ -14,7 +14,16 @@ from typing import Literal, Protocol, runtime_checkable
 
 from balcaprl.rewards import RewardVector, Verdict
 
-__all__ = ["FailureReason", "Judge", "JudgeFailure", "JudgeOutcome", "JudgeRequest", "Judgement", "Rubric"]
+__all__ = [
+    "FailureReason",
+    "Judge",
+    "JudgeFailure",
+    "JudgeOutcome",
+    "JudgeRequest",
+    "Judgement",
+    "Rubric",
+    "SupportsFixedReference",
+]
 
 Rubric = Literal["training", "evaluation"]
 FailureReason = Literal[
@@ -67,3 +76,23 @@ class Judge(Protocol):
     """Anything that turns requests into outcomes, one outcome per request, in order."""
 
     async def judge_batch(self, requests: Sequence[JudgeRequest]) -> list[JudgeOutcome]: ...
+
+
+@runtime_checkable
+class SupportsFixedReference(Protocol):
+    """Optional extension for judges served behind `balcaprl serve-judge` in cached-reference mode.
+
+    A judge that implements it decomposes a reference once and then marks coverage of that fixed
+    list; a judge that does not is served through ``judge_batch`` alone (the server takes the
+    judge's own reference assertions as the decomposition and matches coverage by position/text).
+    """
+
+    async def decompose_references(self, requests: Sequence[JudgeRequest]) -> list[list[str] | JudgeFailure]:
+        """Each request's reference split into assertion texts (the caption is ignored)."""
+        ...
+
+    async def judge_against_fixed_reference(
+        self, requests: Sequence[JudgeRequest], reference_assertions: Sequence[Sequence[str]]
+    ) -> list[JudgeOutcome]:
+        """Like ``judge_batch``, but the verdict's reference assertions are exactly the given texts."""
+        ...

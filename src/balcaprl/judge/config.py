@@ -1,0 +1,131 @@
+"""The judge configuration: what `--judge CONFIG` and a recipe's `judge:` section hold (DESIGN.md).
+
+Unknown keys are an error (a typo must not silently fall back to a default that costs money). The
+API key itself never sits in a config: only the *name* of the environment variable that holds it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+__all__ = ["JudgeConfig", "JudgeConfigError", "PriceTable", "load_judge_config"]
+
+
+class JudgeConfigError(ValueError):
+    """A judge configuration that cannot work (bad file, bad key, missing API key, rejected by the server)."""
+
+
+class PriceTable(BaseModel):
+    """USD per one million tokens, for the cost estimate in the accounting (not billing-exact)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: float = Field(ge=0, description="USD per 1M prompt (input) tokens.")
+    completion: float = Field(ge=0, description="USD per 1M completion (output) tokens.")
+
+
+class JudgeConfig(BaseModel):
+    """Settings of the OpenAI-compatible judge client. Defaults reproduce the paper's set-up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str = Field(
+        "https://api.openai.com/v1",
+        description="Any OpenAI-compatible endpoint (OpenAI, vLLM, SGLang, loopback).",
+    )
+    model: str = Field("gpt-4o-mini", min_length=1, description="Model name the endpoint serves.")
+    api_key_env: str | None = Field(
+        "OPENAI_API_KEY",
+        description="Name of the environment variable holding the API key; null for servers without auth.",
+    )
+    reference_mode: Literal["joint", "cached-reference"] = Field(
+        "joint",
+        description="joint: one call decomposes caption and reference (the paper). cached-reference: the "
+        "reference is decomposed once per (image, reference) and each rollout only marks coverage.",
+    )
+    concurrency: int = Field(256, ge=1, description="Most judge calls in flight at once.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-attempt HTTP timeout in seconds.")
+    max_retries: int = Field(4, ge=0, description="The SDK's retries on timeouts, 408/409/429 and 5xx.")
+    temperature: float | None = Field(0.0, ge=0, description="Sampling temperature; null omits it.")
+    max_tokens: int = Field(4096, ge=16, description="Most completion tokens per call.")
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="Client-side request rate cap; null = none."
+    )
+    tokens_per_minute: int | None = Field(None, ge=1, description="Client-side token rate cap; null = none.")
+    max_image_side: int = Field(
+        1024, ge=16, description="Longest image side sent; larger images are downscaled."
+    )
+    caption_char_cap: int = Field(
+        4000, ge=1, description="Captions longer than this are cut (truncated_input)."
+    )
+    cache_path: Path | None = Field(
+        Path("~/.cache/balcaprl/judge.sqlite"),
+        validate_default=True,  # so the default's ~ is expanded too
+        description="SQLite verdict cache; null disables it.",
+    )
+    price_per_million_tokens: PriceTable | None = Field(
+        None, description="USD per 1M prompt/completion tokens, for cost estimates; null = no estimate."
+    )
+
+    @field_validator("cache_path")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return None if value is None else Path(os.path.expanduser(str(value)))
+
+    def resolve_api_key(self) -> str:
+        """The API key from the environment. Raises :class:`JudgeConfigError` if it is not set.
+
+        Servers without auth (a local vLLM started without ``--api-key``) accept any key: set
+        ``api_key_env: null`` and a placeholder is sent.
+        """
+        if self.api_key_env is None:
+            return "EMPTY"
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise JudgeConfigError(
+                f"the judge's API key variable {self.api_key_env} is not set: export it "
+                f"(export {self.api_key_env}=...), or set `api_key_env: null` for a server without auth"
+            )
+        return key
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "<config>"
+        if item["type"] == "extra_forbidden":
+            parts.append(f"unknown key '{where}' (allowed: {', '.join(JudgeConfig.model_fields)})")
+        else:
+            parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def load_judge_config(source: Path | str | dict[str, Any]) -> JudgeConfig:
+    """A validated :class:`JudgeConfig` from a YAML file (path) or an already-parsed mapping.
+
+    Raises :class:`JudgeConfigError` that names the file and every offending key.
+    """
+    where = "judge config"
+    if isinstance(source, dict):
+        data: Any = source
+    else:
+        path = Path(source)
+        where = f"judge config {path}"
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise JudgeConfigError(f"{where}: cannot read it ({error.strerror})") from None
+        except yaml.YAMLError as error:
+            raise JudgeConfigError(f"{where}: not valid YAML ({error})") from None
+        data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise JudgeConfigError(f"{where}: expected a mapping of keys to values, got {type(data).__name__}")
+    try:
+        return JudgeConfig.model_validate(data)
+    except ValidationError as error:
+        raise JudgeConfigError(f"{where}: {_describe(error)}") from None

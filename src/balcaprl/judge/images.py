@@ -1,0 +1,156 @@
+"""Images for the judge: load once, validate, downscale only when needed, hash once.
+
+Why not always re-encode: the synthetic oracle judge recognises a scene by the exact bytes of its
+image, and re-encoding a PNG or JPEG that is already small enough only costs time and fidelity. So a
+PNG/JPEG within ``max_image_side`` travels as its original bytes; only larger images (or other
+formats) are re-encoded (PNG stays PNG, everything else becomes JPEG unless it has transparency).
+
+The sha256 of the original bytes is computed once per image: the loader remembers paths (keyed by
+their size and modification time), and callers group a batch's rollouts by image before loading.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+__all__ = ["ImageError", "ImageLoader", "PreparedImage", "decode_data_url", "sha256_hex"]
+
+_MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
+
+
+class ImageError(ValueError):
+    """An image that cannot be sent to the judge (missing, unreadable, corrupt, outside the image root)."""
+
+
+def sha256_hex(data: bytes) -> str:
+    """sha256 of ``data`` (a function of its own so tests can count how often images are hashed)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedImage:
+    """An image ready to send: the bytes on the wire, their MIME type, and the original's sha256."""
+
+    sha256: str  # of the original bytes: identifies the image in cache keys
+    mime: str
+    data: bytes  # what is sent: the original bytes, or a downscaled re-encoding
+    width: int  # of what is sent
+    height: int
+    reencoded: bool
+
+    @cached_property
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+def decode_data_url(url: str) -> tuple[str, bytes]:
+    """``(mime, bytes)`` of a ``data:<mime>;base64,<payload>`` URL; ``ValueError`` otherwise."""
+    if not url.startswith("data:") or ";base64," not in url:
+        raise ValueError("expected a base64 data URL (data:image/png;base64,...)")
+    header, payload = url[5:].split(";base64,", 1)
+    try:
+        return header, base64.b64decode(payload, validate=True)
+    except ValueError:
+        raise ValueError("the data URL's base64 payload is corrupt") from None
+
+
+class ImageLoader:
+    """Turns a path or encoded bytes into a :class:`PreparedImage`; thread-safe; remembers paths.
+
+    ``root``: when given, relative paths are resolved against it and no path may leave it (symlinks
+    included) — image paths in caption files are untrusted input.
+    """
+
+    def __init__(self, max_side: int, root: Path | str | None = None, remember: int = 4096):
+        self.max_side = max_side
+        self.root = Path(root).resolve() if root is not None else None
+        self._remember = remember
+        self._known: OrderedDict[tuple, PreparedImage] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def resolve(self, image: Path | str) -> Path:
+        """The file an image path names, checked against the root. Raises :class:`ImageError`."""
+        path = Path(image)
+        if self.root is not None:
+            full = (path if path.is_absolute() else self.root / path).resolve()
+            if not full.is_relative_to(self.root):
+                raise ImageError(
+                    f"image path '{image}' escapes the image root {self.root}; "
+                    "use a path relative to --images that stays inside it"
+                )
+            return full
+        return path
+
+    def load(self, image: Path | str | bytes) -> PreparedImage:
+        """Prepare ``image`` (a path, or PNG/JPEG/... bytes). Raises :class:`ImageError`."""
+        if isinstance(image, bytes | bytearray | memoryview):
+            return self._prepare(bytes(image), where="<image bytes>")
+        if not isinstance(image, str | os.PathLike):
+            raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
+        path = self.resolve(image)
+        try:
+            stat = path.stat()
+        except OSError as error:
+            raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
+        key = (str(path), stat.st_size, stat.st_mtime_ns, self.max_side)
+        with self._lock:
+            known = self._known.get(key)
+            if known is not None:
+                self._known.move_to_end(key)
+                return known
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
+        prepared = self._prepare(data, where=f"image '{image}'")
+        with self._lock:
+            self._known[key] = prepared
+            while len(self._known) > self._remember:
+                self._known.popitem(last=False)
+        return prepared
+
+    def _prepare(self, data: bytes, where: str) -> PreparedImage:
+        if not data:
+            raise ImageError(f"{where} is empty (0 bytes)")
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                probe.verify()  # catches truncated/corrupt files without a full decode
+            image = Image.open(io.BytesIO(data))
+            image.load()
+        except (
+            UnidentifiedImageError,
+            OSError,
+            SyntaxError,
+            ValueError,
+            Image.DecompressionBombError,
+        ) as error:
+            raise ImageError(f"{where} is not a readable image ({error})") from None
+        digest = sha256_hex(data)
+        fmt = image.format or ""
+        if fmt in _MIME and max(image.size) <= self.max_side:
+            return PreparedImage(digest, _MIME[fmt], data, image.width, image.height, reencoded=False)
+        return self._reencode(image, fmt, digest)
+
+    def _reencode(self, image: Image.Image, fmt: str, digest: str) -> PreparedImage:
+        image = ImageOps.exif_transpose(image)
+        if max(image.size) > self.max_side:
+            image.thumbnail((self.max_side, self.max_side), Image.Resampling.LANCZOS)
+        has_alpha = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
+        buffer = io.BytesIO()
+        if fmt == "PNG" or has_alpha:
+            image.save(buffer, format="PNG", optimize=False)
+            mime = "image/png"
+        else:
+            image.convert("RGB").save(buffer, format="JPEG", quality=90)
+            mime = "image/jpeg"
+        return PreparedImage(digest, mime, buffer.getvalue(), image.width, image.height, reencoded=True)

@@ -1,0 +1,55 @@
+"""Outcomes -> numbers: the (N, 3) reward tensor, with NaN for a failed judge (never 0).
+
+NaN, not 0, because a failure says nothing about the caption: c-GDPO leaves a NaN reward out of its
+group statistics and gives it advantage 0, whereas a 0 would punish the rollout for the judge's
+timeout. An *empty* caption is different: it is a real, maximally bad caption, so it scores 0 on all
+three rewards, without a judge call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome
+from balcaprl.rewards import REWARD_NAMES, ReferenceAssertion, Verdict, score_verdict
+
+__all__ = ["EMPTY_CAPTION_EXPLANATION", "empty_caption_judgement", "judgement_from_verdict", "rewards_tensor"]
+
+EMPTY_CAPTION_EXPLANATION = "empty caption: scored 0 on every reward without a judge call"
+
+
+def judgement_from_verdict(verdict: Verdict, truncated_input: bool = False) -> Judgement:
+    return Judgement(verdict=verdict, rewards=score_verdict(verdict), truncated_input=truncated_input)
+
+
+def empty_caption_judgement(reference: str) -> Judgement:
+    """precision 0 (no assertion), recall 0, linguistic 0 (all three scores at the scale's floor, 1).
+
+    The reference is not decomposed (that would need a call); it stands as one uncovered assertion,
+    so ``rewards.n_reference_assertions`` is 1 here and means "not decomposed".
+    """
+    verdict = Verdict(
+        caption_assertions=[],
+        reference_assertions=[
+            ReferenceAssertion(text=reference.strip() or "(empty reference)", covered=False)
+        ],
+        clarity=1,
+        fluency=1,
+        coherency=1,
+        explanation=EMPTY_CAPTION_EXPLANATION,
+    )
+    return judgement_from_verdict(verdict)
+
+
+def rewards_tensor(outcomes: Sequence[JudgeOutcome], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(N, 3)`` rewards in the column order of ``REWARD_NAMES`` (precision, recall, linguistic);
+    a :class:`JudgeFailure` row is all NaN."""
+    rows = torch.full((len(outcomes), len(REWARD_NAMES)), float("nan"), dtype=dtype)
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, Judgement):
+            rows[i] = torch.tensor([getattr(outcome.rewards, name) for name in REWARD_NAMES], dtype=dtype)
+        elif not isinstance(outcome, JudgeFailure):
+            raise TypeError(f"outcome {i} is a {type(outcome).__name__}, expected Judgement or JudgeFailure")
+    return rows

@@ -1,0 +1,167 @@
+"""What the judge is asked to return, per kind of call, and the JSON schema sent as `response_format`.
+
+Three kinds of call:
+- ``verdict`` (joint mode, the paper): the full :class:`~balcaprl.rewards.Verdict`.
+- ``reference_assertions`` (cached-reference mode, once per (image, reference)): the reference split
+  into assertions, :class:`ReferenceAssertions`.
+- ``coverage`` (cached-reference mode, once per rollout): caption assertions, the linguistic scores and
+  one coverage mark per *given* reference assertion, :class:`CoverageVerdict`; assembled into a
+  full ``Verdict`` by :func:`assemble_verdict`.
+
+The wire schema is the portable subset of JSON schema that strict structured outputs accept
+everywhere (OpenAI, vLLM/xgrammar, SGLang): every field required, no extra properties, and no
+length or numeric bounds (some servers reject them). The bounds still hold: every answer is
+validated locally with pydantic, and a violation is a ``schema_violation`` after one re-ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Annotated, Any, Literal
+
+from openai.lib._parsing import type_to_response_format_param
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from balcaprl.rewards import CaptionAssertion, ReferenceAssertion, Verdict
+from balcaprl.rewards.verdict import LinguisticScore
+
+__all__ = [
+    "CallKind",
+    "CoverageMark",
+    "CoverageVerdict",
+    "ReferenceAssertions",
+    "ReferenceText",
+    "assemble_verdict",
+    "response_format",
+    "schema_for",
+]
+
+CallKind = Literal["verdict", "reference_assertions", "coverage"]
+_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ReferenceText(_Strict):
+    """One reference assertion, not yet judged."""
+
+    text: _Text = Field(description="The atomic claim, in a few words.")
+
+
+class ReferenceAssertions(_Strict):
+    """The reference split into atomic assertions (cached-reference mode)."""
+
+    reference_assertions: list[ReferenceText] = Field(
+        min_length=1, description="Every atomic assertion of the reference, in order (never empty)."
+    )
+
+
+class CoverageMark(_Strict):
+    """Whether the caption covers the given reference assertion number ``id`` (1-based)."""
+
+    id: int = Field(description="The number of the reference assertion, as listed.")
+    covered: bool = Field(description="The caption states it or clearly implies it.")
+
+
+class CoverageVerdict(_Strict):
+    """A rollout's answer in cached-reference mode: like a verdict, but coverage of a fixed list."""
+
+    caption_assertions: list[CaptionAssertion] = Field(
+        description="Every atomic assertion of the caption, meta-commentary included (may be empty)."
+    )
+    reference_coverage: list[CoverageMark] = Field(
+        description="Exactly one mark per numbered reference assertion, in order."
+    )
+    clarity: LinguisticScore = Field(description="Readability and absence of ambiguity, 1..10.")
+    fluency: LinguisticScore = Field(description="Grammar and natural phrasing, 1..10.")
+    coherency: LinguisticScore = Field(description="Logical flow and unified structure, 1..10.")
+    explanation: str = Field(description="A short reason for the three linguistic scores.")
+
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "verdict": Verdict,
+    "reference_assertions": ReferenceAssertions,
+    "coverage": CoverageVerdict,
+}
+# The schema name tells a loopback judge server which kind of call it is serving.
+_SCHEMA_NAMES = {
+    "verdict": "balcaprl_verdict",
+    "reference_assertions": "balcaprl_reference_assertions",
+    "coverage": "balcaprl_coverage_verdict",
+}
+_UNPORTABLE = {"minLength", "maxLength", "minimum", "maximum", "minItems", "maxItems", "title"}
+
+
+def schema_for(kind: CallKind) -> type[BaseModel]:
+    """The pydantic model that validates answers of this kind of call."""
+    return _MODELS[kind]
+
+
+def _portable(node: Any) -> Any:
+    if isinstance(node, dict):
+        # Keep keys that are property *names* (inside "properties") even if they match a keyword.
+        return {
+            k: (
+                {name: _portable(sub) for name, sub in v.items()}
+                if k in ("properties", "$defs")
+                else _portable(v)
+            )
+            for k, v in node.items()
+            if k not in _UNPORTABLE
+        }
+    if isinstance(node, list):
+        return [_portable(v) for v in node]
+    return node
+
+
+@cache
+def response_format(kind: CallKind) -> dict[str, Any]:
+    """The ``response_format`` for a chat-completions call of this kind (strict json_schema).
+
+    Cached: generating the schema costs milliseconds, and the judge makes thousands of calls a step.
+    Treat the returned dict as read-only.
+    """
+    param = type_to_response_format_param(_MODELS[kind])
+    schema = _portable(param["json_schema"]["schema"])  # type: ignore[index]
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": _SCHEMA_NAMES[kind], "schema": schema, "strict": True},
+    }
+
+
+def kind_from_schema_name(name: str | None) -> CallKind | None:
+    """Inverse of the schema naming, for the loopback server; None for a foreign name."""
+    for kind, schema_name in _SCHEMA_NAMES.items():
+        if schema_name == name:
+            return kind  # type: ignore[return-value]
+    return None
+
+
+def assemble_verdict(coverage: CoverageVerdict, reference_assertions: Sequence[str]) -> Verdict:
+    """A full verdict from a coverage answer and the fixed reference list it marked.
+
+    Raises ``ValueError`` when the marks are not exactly the ids 1..M, one each (a schema violation:
+    a mark for a missing or repeated number would silently change the recall denominator).
+    """
+    expected = list(range(1, len(reference_assertions) + 1))
+    ids = [mark.id for mark in coverage.reference_coverage]
+    if sorted(ids) != expected:
+        raise ValueError(
+            f"reference_coverage must mark each of the ids 1..{len(reference_assertions)} exactly once, "
+            f"got ids {ids}"
+        )
+    covered = {mark.id: mark.covered for mark in coverage.reference_coverage}
+    return Verdict(
+        caption_assertions=list(coverage.caption_assertions),
+        reference_assertions=[
+            ReferenceAssertion(text=text, covered=covered[i])
+            for i, text in enumerate(reference_assertions, 1)
+        ],
+        clarity=coverage.clarity,
+        fluency=coverage.fluency,
+        coherency=coverage.coherency,
+        explanation=coverage.explanation,
+    )

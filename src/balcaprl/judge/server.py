@@ -1,0 +1,423 @@
+"""`balcaprl serve-judge`: any :class:`Judge` behind an OpenAI-compatible `/v1/chat/completions`.
+
+What it is for: tests and the offline demo drive the *real* judge client over *real* HTTP against a
+local judge (the scripted judge, or the synthetic oracle judge), so the code path is the one a
+training run takes against OpenAI or vLLM. It reads the image, reference and caption back out of the
+request the client built (:func:`~balcaprl.judge.prompt.parse_judge_messages`), asks the judge, and
+returns the verdict JSON as the assistant message.
+
+Fault injection (:class:`FaultScript`) reproduces what real endpoints do: 429 with ``retry-after``,
+500/503, answers slower than the client's timeout, invalid JSON, JSON cut off with finish_reason
+``length``, schema violations, refusals, content filtering, dropped connections.
+
+Binds to 127.0.0.1 by default (port 0 picks a free port); it has no authentication unless ``api_key``
+is given, so do not expose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from balcaprl.judge.prompt import ParsedJudgeMessages, approx_tokens, parse_judge_messages
+from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
+from balcaprl.judge.schemas import kind_from_schema_name
+
+__all__ = ["FAULTS", "FaultScript", "JudgeServer", "ServerCounters", "create_app", "serve_forever"]
+
+FAULTS = (
+    "ok",
+    "rate_limit",  # 429 with retry-after (seconds)
+    "server_error",  # 500
+    "unavailable",  # 503
+    "slow",  # sleep FaultScript.slow_s (or "slow:<seconds>") before answering
+    "invalid_json",
+    "truncated",  # half the JSON, finish_reason "length"
+    "schema_violation",  # valid JSON, clarity 11 (or an empty reference list)
+    "wrong_ids",  # coverage answer whose ids are not 1..M
+    "refusal",  # message.refusal set, no content
+    "content_filter",  # finish_reason "content_filter"
+    "drop",  # the connection is closed in the middle of the response
+    "unauthorized",  # 401
+    "echo_auth",  # 500 whose body repeats the Authorization header (tests secret redaction)
+)
+
+_IMAGE_TOKENS = 85  # a flat estimate; the usage this server reports is approximate by design
+
+
+@dataclass
+class FaultScript:
+    """Which fault to inject for which request.
+
+    ``rules`` maps a substring of the caption (or, for a reference decomposition, of the reference)
+    to a list of faults: each matching hit takes the next one; when the list is used up, "ok".
+    ``always`` is applied to every request without a matching rule (e.g. "slow" for a benchmark).
+    """
+
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    always: str = "ok"
+    retry_after_s: float = 0.02
+    slow_s: float = 2.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        for fault in [self.always, *itertools.chain.from_iterable(self.rules.values())]:
+            if fault.split(":")[0] not in FAULTS:
+                raise ValueError(f"unknown fault '{fault}'; choose from {', '.join(FAULTS)}")
+
+    def next_fault(self, text: str) -> str:
+        with self._lock:
+            for needle, faults in self.rules.items():
+                if needle in text:
+                    return faults.pop(0) if faults else "ok"
+        return self.always
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FaultScript:
+        allowed = {"rules", "always", "retry_after_s", "slow_s"}
+        unknown = set(data) - allowed
+        if unknown:
+            raise ValueError(f"unknown fault-script keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        return cls(**{k: (dict(v) if k == "rules" else v) for k, v in data.items()})
+
+
+@dataclass
+class ServerCounters:
+    """How often the server was hit: in total, per call kind and per caption/reference text."""
+
+    total: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0  # the most chat requests being handled at once (checks client concurrency)
+    by_kind: Counter = field(default_factory=Counter)
+    by_text: Counter = field(default_factory=Counter)
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _completion(
+    model: str, content: str | None, finish_reason: str, prompt_tokens: int, refusal: str | None = None
+):
+    completion_tokens = approx_tokens(content or refusal or "")
+    return {
+        "id": f"chatcmpl-balcaprl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": refusal},
+                "finish_reason": finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """Approximate prompt tokens: ~4 characters a token, plus a flat cost per image."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += approx_tokens(content)
+        elif isinstance(content, list):
+            for part in content:
+                total += approx_tokens(part.get("text", "")) if part.get("type") == "text" else _IMAGE_TOKENS
+    return total
+
+
+def _request(parsed: ParsedJudgeMessages, caption: str, reference: str) -> JudgeRequest:
+    rubric = parsed.rubric if parsed.rubric in ("training", "evaluation") else "training"
+    return JudgeRequest(image=parsed.image, caption=caption, reference=reference, rubric=rubric)  # type: ignore[arg-type]
+
+
+async def _answer(judge: Judge, kind: str, parsed: ParsedJudgeMessages) -> dict[str, Any] | JudgeFailure:
+    """The answer object for one call, computed by the served judge."""
+    if kind == "reference_assertions":
+        reference = parsed.reference or ""
+        if isinstance(judge, SupportsFixedReference):
+            texts = (await judge.decompose_references([_request(parsed, "", reference)]))[0]
+        else:  # any judge: its own split of the reference is the decomposition
+            outcome = (await judge.judge_batch([_request(parsed, reference, reference)]))[0]
+            texts = (
+                outcome
+                if isinstance(outcome, JudgeFailure)
+                else [a.text for a in outcome.verdict.reference_assertions]
+            )
+        if isinstance(texts, JudgeFailure):
+            return texts
+        return {"reference_assertions": [{"text": t} for t in texts]}
+
+    caption = parsed.caption or ""
+    if kind == "coverage":
+        given = parsed.reference_assertions or []
+        if isinstance(judge, SupportsFixedReference):
+            outcome = (
+                await judge.judge_against_fixed_reference(
+                    [_request(parsed, caption, " . ".join(given))], [given]
+                )
+            )[0]
+        else:
+            outcome = (await judge.judge_batch([_request(parsed, caption, " . ".join(given))]))[0]
+        if isinstance(outcome, JudgeFailure):
+            return outcome
+        verdict = outcome.verdict
+        own = verdict.reference_assertions
+        if len(own) == len(given):  # same split: match by position
+            covered = [a.covered for a in own]
+        else:  # a different split: match by text, anything unmatched is not covered
+            by_text = {a.text.strip().lower(): a.covered for a in own}
+            covered = [by_text.get(t.strip().lower(), False) for t in given]
+        data = verdict.model_dump(mode="json", exclude={"reference_assertions"})
+        data["reference_coverage"] = [{"id": i, "covered": c} for i, c in enumerate(covered, 1)]
+        return data
+
+    outcome = (await judge.judge_batch([_request(parsed, caption, parsed.reference or "")]))[0]
+    if isinstance(outcome, JudgeFailure):
+        return outcome
+    assert isinstance(outcome, Judgement)
+    return outcome.verdict.model_dump(mode="json")
+
+
+def _failure_response(failure: JudgeFailure, model: str, prompt_tokens: int):
+    if failure.reason == "bad_input":
+        return _error(400, failure.detail or "bad input", "invalid_request_error")
+    if failure.reason == "rate_limited":
+        return _error(429, failure.detail or "rate limited", "rate_limit_error", {"retry-after-ms": "50"})
+    if failure.reason == "timeout":
+        return _error(504, failure.detail or "judge timed out", "server_error")
+    if failure.reason == "refused":
+        return JSONResponse(
+            _completion(model, None, "stop", prompt_tokens, refusal=failure.detail or "refused")
+        )
+    if failure.reason == "truncated_output":
+        return JSONResponse(_completion(model, "{", "length", prompt_tokens))
+    return _error(500, failure.detail or failure.reason, "server_error")
+
+
+def _dropping_response():
+    """Start a response, then fail inside it: uvicorn closes the connection mid-body."""
+
+    async def body():
+        yield b'{"id": "chatcmpl-'
+        raise ConnectionAbortedError("fault injection: dropping the connection")
+
+    return StreamingResponse(body(), media_type="application/json")
+
+
+def create_app(
+    judge: Judge,
+    faults: FaultScript | None = None,
+    *,
+    api_key: str | None = None,
+    counters: ServerCounters | None = None,
+):
+    """The FastAPI app serving ``judge``. ``api_key``: when set, requests must carry it (else 401)."""
+    faults = faults or FaultScript()
+    counters = counters or ServerCounters()
+    app = FastAPI(title="balcaprl judge server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.counters = counters
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": "balcaprl-local-judge", "object": "model", "owned_by": "balcaprl"}],
+        }
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        counters.total += 1
+        counters.in_flight += 1
+        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
+        try:
+            return await _handle(request)
+        finally:
+            counters.in_flight -= 1
+
+    async def _handle(request: Request):
+        authorization = request.headers.get("authorization", "")
+        if api_key is not None and authorization != f"Bearer {api_key}":
+            return _error(401, "invalid API key", "invalid_request_error")
+        try:
+            body = await request.json()
+            model = str(body.get("model", "balcaprl-local-judge"))
+            schema_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
+            kind = kind_from_schema_name(schema_name) or "verdict"
+            parsed = parse_judge_messages(body["messages"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
+        text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
+        counters.by_kind[kind] += 1
+        counters.by_text[text] += 1
+        prompt_tokens = _prompt_tokens(body["messages"])
+
+        fault = faults.next_fault(text)
+        name, _, arg = fault.partition(":")
+        # retry-after on 5xx too, so the SDK's retries in tests wait milliseconds, not its 0.5 s backoff
+        wait = {"retry-after-ms": str(max(1, int(faults.retry_after_s * 1000)))}
+        if name == "rate_limit":
+            return _error(
+                429,
+                "rate limited (fault injection)",
+                "rate_limit_error",
+                {"retry-after": f"{faults.retry_after_s:g}"},
+            )
+        if name == "server_error":
+            return _error(500, "internal error (fault injection)", "server_error", wait)
+        if name == "unavailable":
+            return _error(503, "overloaded (fault injection)", "server_error", wait)
+        if name == "unauthorized":
+            return _error(401, "invalid API key (fault injection)", "invalid_request_error")
+        if name == "echo_auth":
+            return _error(
+                500, f"upstream failed for request with header Authorization: {authorization}", "server_error"
+            )
+        if name == "slow":
+            await asyncio.sleep(float(arg) if arg else faults.slow_s)
+        if name == "drop":
+            return _dropping_response()
+        if name == "refusal":
+            return JSONResponse(
+                _completion(model, None, "stop", prompt_tokens, refusal="I can't help with that.")
+            )
+        if name == "content_filter":
+            return JSONResponse(_completion(model, None, "content_filter", prompt_tokens))
+
+        answer = await _answer(judge, kind, parsed)
+        if isinstance(answer, JudgeFailure):
+            return _failure_response(answer, model, prompt_tokens)
+        if name == "schema_violation":
+            if "clarity" in answer:
+                answer["clarity"] = 11
+            else:
+                answer["reference_assertions"] = []
+        if name == "wrong_ids" and "reference_coverage" in answer:
+            for mark in answer["reference_coverage"]:
+                mark["id"] += 1
+        content = json.dumps(answer)
+        if name == "invalid_json":
+            return JSONResponse(
+                _completion(model, "Here is the verdict: {caption_assertions: [", "stop", prompt_tokens)
+            )
+        if name == "truncated":
+            return JSONResponse(_completion(model, content[: len(content) // 2], "length", prompt_tokens))
+        return JSONResponse(_completion(model, content, "stop", prompt_tokens))
+
+    return app
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _uvicorn_server(app, log_level: str, graceful_s: float = 1.0):
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=graceful_s,
+        backlog=2048, timeout_keep_alive=30,
+    )  # fmt: skip
+    return uvicorn.Server(config)
+
+
+class JudgeServer:
+    """The app on a background thread (tests, benchmarks, the demo): ``with JudgeServer(judge) as s:``
+    then point a judge config's ``base_url`` at ``s.base_url``. ``s.counters`` counts the hits."""
+
+    def __init__(
+        self,
+        judge: Judge,
+        faults: FaultScript | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        log_level: str = "critical",
+    ):
+        self.counters = ServerCounters()
+        self.faults = faults or FaultScript()
+        self._app = create_app(judge, self.faults, api_key=api_key, counters=self.counters)
+        self._host, self._port, self._log_level = host, port, log_level
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self._port}/v1"
+
+    def start(self) -> JudgeServer:
+        sock = _bind(self._host, self._port)
+        self._port = sock.getsockname()[1]
+        # Stopping does not wait for deliberately slow answers (fault injection) to finish.
+        self._server = _uvicorn_server(self._app, self._log_level, graceful_s=0.1)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="balcaprl-judge-server", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the judge server on {self.base_url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> JudgeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_forever(
+    judge: Judge,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    faults: FaultScript | None = None,
+    api_key: str | None = None,
+    on_ready: Callable[[str], None] = print,
+    log_level: str = "warning",
+) -> None:
+    """Serve in the foreground until interrupted (the `serve-judge` command); ``on_ready(base_url)``
+    is called once the socket is bound, so scripts can read the port when 0 was asked for."""
+    sock = _bind(host, port)
+    base_url = f"http://{host}:{sock.getsockname()[1]}/v1"
+    server = _uvicorn_server(create_app(judge, faults, api_key=api_key), log_level)
+    on_ready(base_url)
+    server.run(sockets=[sock])

@@ -1,0 +1,57 @@
+"""Dataset-level figures for `balcaprl score`: means with 95% percentile-bootstrap intervals.
+
+Means are over the captions the judge scored; failures are left out (and counted), never scored 0.
+b-CapScore is reported x100, as the paper does; the per-caption values stay in [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bootstrap_mean_ci", "summarise_scores"]
+
+METRICS = ("precision", "recall", "linguistic", "b_capscore")
+
+
+def bootstrap_mean_ci(
+    values: Sequence[float], resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float] | None:
+    """``(mean, low, high)``: the sample mean and its percentile-bootstrap interval; None if empty."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(x.mean()), float(low), float(high)
+
+
+def summarise_scores(rows: Sequence[dict[str, Any]], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Summary of score rows (``precision``, ``recall``, ``linguistic``, ``b_capscore``, ``failure``)."""
+    scored = [r for r in rows if r["failure"] is None]
+    failures: dict[str, int] = {}
+    for r in rows:
+        if r["failure"] is not None:
+            failures[r["failure"]] = failures.get(r["failure"], 0) + 1
+    metrics: dict[str, Any] = {}
+    for name in METRICS:
+        scale = 100.0 if name == "b_capscore" else 1.0
+        ci = bootstrap_mean_ci([r[name] for r in scored], resamples=resamples, seed=seed)
+        metrics[name] = (
+            None
+            if ci is None
+            else {"mean": ci[0] * scale, "ci95_low": ci[1] * scale, "ci95_high": ci[2] * scale}
+        )
+    return {
+        "n_captions": len(rows),
+        "n_scored": len(scored),
+        "n_failed": len(rows) - len(scored),
+        "failures": dict(sorted(failures.items())),
+        "metrics": metrics,
+        "b_capscore_scale": "x100 (per-caption values in scores.jsonl are in [0, 1])",
+        "bootstrap": {"resamples": resamples, "seed": seed, "interval": "percentile, 95%"},
+    }

@@ -1,0 +1,172 @@
+"""One chat-completions call and what came of it: a validated answer, or a failure reason.
+
+Retries, backoff (honouring ``retry-after``) and timeouts are the `openai` SDK's own
+(``AsyncOpenAI(max_retries=, timeout=)``); this module only classifies the end result.
+
+Why not ``chat.completions.parse()``:
+``.parse()`` raises on invalid JSON *inside* the SDK, which loses the token usage of that answer (we
+pay for it, so the accounting must see it) and blurs "not JSON" with "JSON of the wrong shape".
+Here both are told apart and either one is worth one re-ask.
+
+Authentication, permission and not-found errors (401/403/404) are not failures of one request but
+a broken configuration that would fail every request; they raise :class:`JudgeConfigError` instead
+of filling a training run with NaN rewards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+from openai.types.chat import ChatCompletion
+from pydantic import BaseModel, ValidationError
+
+from balcaprl.judge.config import JudgeConfigError
+from balcaprl.judge.protocol import FailureReason, JudgeFailure
+from balcaprl.judge.schemas import CallKind, response_format, schema_for
+
+__all__ = ["CallAnswer", "call_judge", "redact", "reask_messages"]
+
+_DETAIL_CHARS = 300
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced (API keys must not reach logs or files)."""
+    if secret and len(secret) >= 4:
+        text = text.replace(secret, "[REDACTED]")
+    return text
+
+
+@dataclass(frozen=True)
+class CallAnswer:
+    """The result of one call: ``parsed`` or ``failure``; ``content`` kept for a re-ask."""
+
+    parsed: BaseModel | None
+    failure: JudgeFailure | None
+    content: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def worth_reasking(self) -> bool:
+        return self.failure is not None and self.failure.reason in ("invalid_json", "schema_violation")
+
+
+def _fail(reason: FailureReason, detail: str, secret: str | None, **usage: Any) -> CallAnswer:
+    return CallAnswer(None, JudgeFailure(reason, redact(detail, secret)[:_DETAIL_CHARS]), **usage)
+
+
+def _classify(error: openai.OpenAIError, secret: str | None, where: str) -> CallAnswer:
+    name = type(error).__name__
+    message = redact(str(error), secret)
+    if isinstance(error, openai.APITimeoutError):
+        return _fail("timeout", f"{name}: no answer within the timeout, after the SDK's retries", secret)
+    if isinstance(error, openai.APIConnectionError):
+        return _fail("server_error", f"{name}: connection failed or dropped ({message})", secret)
+    if isinstance(error, openai.RateLimitError):
+        return _fail(
+            "rate_limited", f"{name}: still rate limited after the SDK's retries ({message})", secret
+        )
+    if isinstance(error, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError):
+        raise JudgeConfigError(
+            f"the judge endpoint {where} rejected the request with HTTP {error.status_code} ({name}): "
+            "check base_url, model and the API key variable named by api_key_env"
+        ) from None
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        if status == 408:
+            return _fail("timeout", f"HTTP 408 from the server: {message}", secret)
+        if status >= 500 or status == 409:
+            return _fail("server_error", f"HTTP {status} from the server: {message}", secret)
+        return _fail("bad_input", f"HTTP {status}: the server rejected the request: {message}", secret)
+    return _fail("server_error", f"{name}: {message}", secret)
+
+
+async def call_judge(
+    client: openai.AsyncOpenAI,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    kind: CallKind,
+    temperature: float | None,
+    max_tokens: int,
+    secret: str | None = None,
+    check: Callable[[BaseModel], None] | None = None,
+) -> CallAnswer:
+    """Make one call and classify it. ``check`` may raise ``ValueError`` for answers that validate
+    against the schema but are still unusable (a schema violation, too)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "response_format": response_format(kind),
+        "max_completion_tokens": max_tokens,
+    }
+    if temperature is not None:
+        body["temperature"] = temperature
+    try:
+        # The SDK's generic `post` (its documented way to send a body as is), not
+        # `chat.completions.create`: same endpoint, same retries, backoff and timeouts, same typed
+        # ChatCompletion back, but without `create`'s recursive TypedDict transform of the messages
+        # and the schema, which cost ~1 ms of CPU per call (measured; a third of the client's CPU
+        # at 128 calls in flight, enough to miss the concurrency bound).
+        completion = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+    except openai.OpenAIError as error:
+        return _classify(error, secret, where=str(client.base_url))
+
+    usage = completion.usage
+    tokens = {
+        "prompt_tokens": usage.prompt_tokens if usage else 0,
+        "completion_tokens": usage.completion_tokens if usage else 0,
+    }
+    if not completion.choices:
+        return _fail("invalid_json", "the answer has no choices", secret, **tokens)
+    choice = completion.choices[0]
+    message = choice.message
+    content = message.content
+    if choice.finish_reason == "length":
+        return _fail(
+            "truncated_output", f"the answer hit max_tokens ({max_tokens}) and was cut off", secret, **tokens
+        )
+    if choice.finish_reason == "content_filter":
+        return _fail("refused", "the answer was stopped by the server's content filter", secret, **tokens)
+    if getattr(message, "refusal", None):
+        return _fail("refused", f"the judge refused: {message.refusal}", secret, **tokens)
+    if not content or not content.strip():
+        return _fail("invalid_json", "the answer is empty", secret, **tokens)
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError as error:
+        return CallAnswer(None, JudgeFailure("invalid_json", f"not JSON: {error}"), content, **tokens)
+    try:
+        parsed = schema_for(kind).model_validate(data)
+        if check is not None:
+            check(parsed)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<answer>'}: {e['msg']}" for e in error.errors()[:5]
+        )
+        return CallAnswer(None, JudgeFailure("schema_violation", problems[:_DETAIL_CHARS]), content, **tokens)
+    except ValueError as error:
+        return CallAnswer(
+            None, JudgeFailure("schema_violation", str(error)[:_DETAIL_CHARS]), content, **tokens
+        )
+    return CallAnswer(parsed, None, content, **tokens)
+
+
+def reask_messages(messages: list[dict[str, Any]], answer: CallAnswer) -> list[dict[str, Any]]:
+    """The conversation for the one re-ask: the rejected answer, then what was wrong with it."""
+    assert answer.failure is not None
+    extra: list[dict[str, Any]] = []
+    if answer.content:
+        extra.append({"role": "assistant", "content": answer.content[:8000]})
+    extra.append(
+        {
+            "role": "user",
+            "content": f"That answer cannot be used ({answer.failure.reason}: {answer.failure.detail}). "
+            "Judge the same material again and reply with only the JSON object in the required format.",
+        }
+    )
+    return [*messages, *extra]

@@ -1,0 +1,106 @@
+"""Judge rubrics as package data: composed from the small Markdown parts under ``parts/``.
+
+Why parts: the training and evaluation rubrics differ only in how `pointable`/`visible` are decided
+(the paper's Appendix "Training Prompt" vs "Evaluation Prompt (b-CapScore)"), and the two reference
+modes differ only in the recall step and the answer format. Keeping each fact in one file means the
+variants cannot drift apart.
+
+Every composed rubric carries a version, ``<name>-v<declared>-<reference mode>+<hash>``: the declared
+version from ``manifest.toml`` plus the first 10 hex digits of the composed text's sha256. The judge
+cache puts it into its keys, so an edited rubric never reuses verdicts judged under the old text.
+The first line of a rubric names it (``[balcaprl rubric: training v1]``) so that a loopback judge
+server can tell which rubric a request was judged under.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+__all__ = [
+    "REFERENCE_MODES",
+    "RUBRIC_NAMES",
+    "Rubric",
+    "ReferenceMode",
+    "load_rubric",
+    "rubric_name_from_text",
+]
+
+ReferenceMode = Literal["joint", "cached-reference"]
+REFERENCE_MODES: tuple[str, ...] = ("joint", "cached-reference")
+RUBRIC_NAMES: tuple[str, ...] = ("training", "evaluation", "reference_decomposition", "recaption")
+
+_HEADER = "[balcaprl rubric: {name} v{version}]"
+_HEADER_RE = re.compile(r"^\[balcaprl rubric: ([a-z_]+) v([^\]\s]+)\]")
+
+
+@dataclass(frozen=True)
+class Rubric:
+    """One composed rubric: its text (the judge's system message) and the version for cache keys."""
+
+    name: str
+    reference_mode: str
+    version: str
+    text: str
+
+
+def _files():
+    return resources.files(__name__)
+
+
+@cache
+def _manifest() -> dict:
+    return tomllib.loads(_files().joinpath("manifest.toml").read_text(encoding="utf-8"))
+
+
+@cache
+def _part(name: str) -> str:
+    path = _files().joinpath("parts", f"{name}.md")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"rubric part '{name}' is listed in rubrics/manifest.toml but parts/{name}.md does not exist"
+        )
+    return path.read_text(encoding="utf-8").strip()
+
+
+@cache
+def load_rubric(name: str, reference_mode: str = "joint") -> Rubric:
+    """Compose rubric ``name`` for ``reference_mode`` (ignored by rubrics without mode slots).
+
+    Raises ``ValueError`` naming the valid choices for an unknown name or mode.
+    """
+    manifest = _manifest()
+    if name not in RUBRIC_NAMES or name not in manifest:
+        raise ValueError(f"unknown rubric '{name}'; choose one of {', '.join(RUBRIC_NAMES)}")
+    if reference_mode not in REFERENCE_MODES:
+        raise ValueError(
+            f"unknown reference mode '{reference_mode}'; choose one of {', '.join(REFERENCE_MODES)}"
+        )
+    entry = manifest[name]
+    slots = manifest["slots"][reference_mode]
+    texts: list[str] = []
+    uses_slots = False
+    for part in entry["parts"]:
+        if part.startswith("{") and part.endswith("}"):
+            uses_slots = True
+            texts.extend(_part(p) for p in slots[part[1:-1]])
+        else:
+            texts.append(_part(part))
+    mode = reference_mode if uses_slots else "any"
+    body = "\n\n".join(texts)
+    text = _HEADER.format(name=name, version=entry["version"]) + "\n\n" + body + "\n"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
+    return Rubric(
+        name=name, reference_mode=mode, version=f"{name}-v{entry['version']}-{mode}+{digest}", text=text
+    )
+
+
+def rubric_name_from_text(text: str) -> str | None:
+    """The rubric name in a rubric's first line, or None when the text does not start with one."""
+    match = _HEADER_RE.match(text)
+    return match.group(1) if match else None

@@ -1,0 +1,68 @@
+"""Shared helpers for the judge tests (a uniquely named module, imported by the test files)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from PIL import Image
+
+from balcaprl.judge import JudgeConfig, JudgeRequest
+
+# A reference and a caption whose scripted verdict is worked out by hand in test_judge_client_http.py:
+# caption clauses: "a red door on the left"            pointable, visible
+#                  "a purple elephant"                  pointable, not visible (hallucination)
+#                  "the scene has a cozy atmosphere"    not pointable (commentary), not visible
+# reference clauses: "a red door on the left" (covered), "a black cat sits on the step" (not covered)
+# -> precision 1/3, recall 1/2, linguistic ((8-1)+(9-1)+(7-1))/27 = 21/27
+REFERENCE = "A red door on the left. A black cat sits on the step."
+CAPTION = "A red door on the left, a purple elephant, the scene has a cozy atmosphere."
+EXPECTED = (1 / 3, 1 / 2, 21 / 27)
+
+
+def png_bytes(width: int = 32, height: int = 32, colour: tuple[int, int, int] = (200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def jpeg_bytes(width: int = 32, height: int = 32, colour: tuple[int, int, int] = (30, 30, 200)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+IMAGE = png_bytes()
+
+
+def config(base_url: str, **overrides: Any) -> JudgeConfig:
+    """A test config: no auth, no cache, short timeouts, no SDK retries unless asked for."""
+    values: dict[str, Any] = {
+        "base_url": base_url,
+        "model": "scripted",
+        "api_key_env": None,
+        "cache_path": None,
+        "timeout_s": 5.0,
+        "max_retries": 0,
+    }
+    values.update(overrides)
+    return JudgeConfig(**values)
+
+
+def request(
+    caption: str = CAPTION, reference: str = REFERENCE, image: Any = IMAGE, **kw: Any
+) -> JudgeRequest:
+    return JudgeRequest(image=image, caption=caption, reference=reference, **kw)
+
+
+def judge_and_close(judge: Any, requests: list[JudgeRequest]) -> list[Any]:
+    """``judge.judge_batch(requests)`` on a fresh event loop, closing the judge's connections after."""
+    import asyncio
+
+    async def go() -> list[Any]:
+        try:
+            return await judge.judge_batch(requests)
+        finally:
+            await judge.aclose()
+
+    return asyncio.run(go())

@@ -1,0 +1,320 @@
+"""The real judge client over real HTTP against the loopback server: verdicts, faults, coalescing,
+caching, accounting, reference modes. Server hit counts are exact, so a wasted call fails a test."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+from judge_testkit import CAPTION, EXPECTED, IMAGE, REFERENCE, config, png_bytes, request
+
+from balcaprl.judge import (
+    JudgeCache,
+    JudgeConfigError,
+    JudgeFailure,
+    Judgement,
+    OpenAICompatibleJudge,
+    rewards_tensor,
+)
+
+
+def run(judge: OpenAICompatibleJudge, requests):
+    async def go():
+        try:
+            return await judge.judge_batch_with_stats(requests)
+        finally:
+            await judge.aclose()
+
+    return asyncio.run(go())
+
+
+def test_hand_computed_rewards_over_http(judge_server):
+    server = judge_server()
+    result = run(OpenAICompatibleJudge(config(server.base_url)), [request()])
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, Judgement)
+    assert outcome.rewards.as_tuple() == pytest.approx(EXPECTED)
+    assert [a.text for a in outcome.verdict.caption_assertions] == [
+        "a red door on the left",
+        "a purple elephant",
+        "the scene has a cozy atmosphere",
+    ]
+    assert outcome.rewards.non_pointable_share == pytest.approx(1 / 3)
+    assert outcome.rewards.non_visible_share == pytest.approx(1 / 2)  # 1 of 2 pointable is false
+    assert server.counters.total == 1
+    assert result.stats.calls == 1 and result.stats.judged == 1
+    assert result.stats.prompt_tokens > 0 and result.stats.completion_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("faults", "reason", "hits"),
+    [
+        (["invalid_json", "invalid_json"], "invalid_json", 2),  # re-asked once, then a failure
+        (["schema_violation", "schema_violation"], "schema_violation", 2),
+        (["truncated"], "truncated_output", 1),  # finish_reason "length": no re-ask
+        (["refusal"], "refused", 1),
+        (["content_filter"], "refused", 1),
+        (["server_error", "server_error"], "server_error", 2),  # 1 try + 1 SDK retry
+        (["unavailable", "unavailable"], "server_error", 2),
+        (["rate_limit", "rate_limit"], "rate_limited", 2),
+        (["drop", "drop"], "server_error", 2),  # connection dropped mid-response
+    ],
+)
+def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, faults, reason, hits):
+    server = judge_server({"FAULTY": faults})
+    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1))
+    result = run(judge, [request("FAULTY red door"), request()])
+    bad, good = result.outcomes
+    assert isinstance(bad, JudgeFailure) and bad.reason == reason, bad
+    assert isinstance(good, Judgement) and good.rewards.as_tuple() == pytest.approx(EXPECTED)
+    assert server.counters.by_text["FAULTY red door"] == hits
+    assert result.stats.failures == {reason: 1}
+    rewards = rewards_tensor(result.outcomes)
+    assert torch.isnan(rewards[0]).all() and not torch.isnan(rewards[1]).any()
+
+
+@pytest.mark.parametrize("fault", ["invalid_json", "schema_violation", "rate_limit", "server_error", "drop"])
+def test_a_transient_fault_recovers(judge_server, fault):
+    # invalid answers get one re-ask; transport faults one SDK retry (429 honours retry-after).
+    server = judge_server({"FLAKY": [fault]})
+    result = run(OpenAICompatibleJudge(config(server.base_url, max_retries=1)), [request("FLAKY red door")])
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, Judgement)
+    assert server.counters.by_text["FLAKY red door"] == 2
+    assert result.stats.reasks == (1 if fault in ("invalid_json", "schema_violation") else 0)
+
+
+def test_slow_answer_times_out(judge_server):
+    server = judge_server({"SLOW": ["slow:2", "slow:2"]})
+    judge = OpenAICompatibleJudge(config(server.base_url, timeout_s=0.3, max_retries=1))
+    result = run(judge, [request("SLOW red door"), request()])
+    assert isinstance(result.outcomes[0], JudgeFailure) and result.outcomes[0].reason == "timeout"
+    assert isinstance(result.outcomes[1], Judgement)
+    assert server.counters.by_text["SLOW red door"] == 2
+
+
+def test_unauthorized_raises_a_config_error_naming_the_fix(judge_server):
+    server = judge_server({"": ["unauthorized"]})
+    with pytest.raises(JudgeConfigError, match="api_key_env"):
+        run(OpenAICompatibleJudge(config(server.base_url)), [request()])
+
+
+def test_identical_in_flight_requests_are_coalesced_into_one_call(judge_server):
+    from balcaprl.judge.scripted import ScriptedJudge
+
+    server = judge_server(judge=ScriptedJudge(latency_s=0.2))
+    judge = OpenAICompatibleJudge(config(server.base_url))
+    result = run(judge, [request() for _ in range(8)] + [request("a black cat")])
+    assert server.counters.total == 2
+    assert server.counters.by_text[CAPTION] == 1
+    assert result.stats.coalesced == 7 and result.stats.judged == 2 and result.stats.calls == 2
+    first = result.outcomes[0]
+    assert all(o is first for o in result.outcomes[:8])
+
+
+def test_cache_hits_across_batches_and_judges_and_failures_are_not_cached(judge_server, tmp_path):
+    server = judge_server({"ONCE-BROKEN": ["refusal"]})
+    cache_path = tmp_path / "judge.sqlite"
+    requests = [request(), request("ONCE-BROKEN red door")]
+
+    first = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), requests)
+    assert isinstance(first.outcomes[1], JudgeFailure)
+    assert server.counters.total == 2
+
+    # A new judge on the same cache file: the success is a hit, the failure is judged again.
+    second = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), requests)
+    assert server.counters.total == 3
+    assert second.stats.cache_hits == 1 and second.stats.judged == 1
+    assert second.outcomes[0].rewards == first.outcomes[0].rewards
+    assert isinstance(second.outcomes[1], Judgement)
+
+    third = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), requests)
+    assert server.counters.total == 3 and third.stats.cache_hits == 2
+    with JudgeCache(cache_path) as cache:
+        assert len(cache) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"model": "other-model"}, {"temperature": 0.7}, {"max_tokens": 1000}, {"max_image_side": 512},
+     {"reference_mode": "cached-reference"}],
+)  # fmt: skip
+def test_cache_key_covers_model_sampling_image_side_and_mode(judge_server, tmp_path, change):
+    server = judge_server()
+    cache_path = tmp_path / "judge.sqlite"
+    run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), [request()])
+    before = server.counters.total
+    result = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path, **change)), [request()])
+    assert result.stats.cache_hits == 0
+    assert server.counters.total > before
+
+
+def test_cache_key_covers_rubric_image_and_texts(judge_server, tmp_path):
+    server = judge_server()
+    cache_path = tmp_path / "judge.sqlite"
+    run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), [request()])
+    variants = [
+        request(rubric="evaluation"),
+        request(image=png_bytes(colour=(1, 2, 3))),
+        request(caption=CAPTION + " More."),
+        request(reference=REFERENCE + " More."),
+    ]
+    result = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), variants)
+    assert result.stats.cache_hits == 0 and result.stats.judged == 4
+    assert server.counters.total == 5
+
+
+def test_concurrency_limit_is_respected(judge_server):
+    from balcaprl.judge.scripted import ScriptedJudge
+
+    server = judge_server(judge=ScriptedJudge(latency_s=0.1))
+    judge = OpenAICompatibleJudge(config(server.base_url, concurrency=3))
+    result = run(judge, [request(f"caption {i}") for i in range(10)])
+    assert len(result.outcomes) == 10 and server.counters.total == 10
+    assert server.counters.max_in_flight == 3
+
+
+def test_empty_caption_scores_zero_without_a_call_and_failures_are_nan(judge_server):
+    server = judge_server({"BROKEN": ["refusal"]})
+    result = run(
+        OpenAICompatibleJudge(config(server.base_url)),
+        [request(""), request("   \n\t"), request("BROKEN"), request()],
+    )
+    rewards = rewards_tensor(result.outcomes)
+    assert rewards.shape == (4, 3)
+    assert rewards[0].tolist() == [0.0, 0.0, 0.0] and rewards[1].tolist() == [0.0, 0.0, 0.0]
+    assert all(math.isnan(v) for v in rewards[2].tolist())
+    assert rewards[3].tolist() == pytest.approx(list(EXPECTED))
+    assert result.stats.skipped_empty == 2
+    assert server.counters.total == 2  # neither empty caption was sent
+
+
+def test_accounting_per_batch_and_lifetime(judge_server, caplog):
+    import logging
+
+    from balcaprl.judge import PriceTable
+
+    caplog.set_level(logging.INFO, logger="balcaprl.judge")
+    server = judge_server()
+    cfg = config(server.base_url, price_per_million_tokens=PriceTable(prompt=1.0, completion=2.0))
+    judge = OpenAICompatibleJudge(cfg)
+
+    async def go():
+        a = await judge.judge_batch_with_stats([request(), request(), request("")])
+        b = await judge.judge_batch_with_stats([request("a black cat")])
+        await judge.aclose()
+        return a, b
+
+    a, b = asyncio.run(go())
+    assert (a.stats.requests, a.stats.calls, a.stats.coalesced, a.stats.skipped_empty) == (3, 1, 1, 1)
+    summary = a.stats.as_dict(cfg.price_per_million_tokens)
+    expected_cost = (a.stats.prompt_tokens * 1.0 + a.stats.completion_tokens * 2.0) / 1e6
+    assert summary["estimated_cost_usd"] == pytest.approx(expected_cost)
+    assert (
+        summary["latency_s"]["p50"] is not None and summary["latency_s"]["p99"] >= summary["latency_s"]["p50"]
+    )
+    assert judge.stats.requests == 4 and judge.stats.calls == 2
+    assert judge.stats.prompt_tokens == a.stats.prompt_tokens + b.stats.prompt_tokens
+    lines = [r.getMessage() for r in caplog.records if r.name == "balcaprl.judge"]
+    assert len(lines) == 2 and lines[0].startswith(
+        "judge: 3 requests, 1 calls, 0 cache hits, 1 coalesced, 1 empty"
+    )
+    assert "~$" in lines[0]
+
+
+def test_cached_reference_mode_decomposes_each_reference_once(judge_server, tmp_path):
+    server = judge_server()
+    other_image = png_bytes(colour=(9, 9, 9))
+    captions = [f"a red door on the left, rollout {i}" for i in range(8)]
+    requests = [request(c) for c in captions] + [request(c, image=other_image) for c in captions[:2]]
+    cfg = config(server.base_url, reference_mode="cached-reference", cache_path=tmp_path / "c.sqlite")
+    result = run(OpenAICompatibleJudge(cfg), requests)
+    assert server.counters.by_kind == {"reference_assertions": 2, "coverage": 10}
+    assert result.stats.reference_calls == 2 and result.stats.calls == 12
+    for outcome in result.outcomes:
+        assert isinstance(outcome, Judgement)
+        assert [a.text for a in outcome.verdict.reference_assertions] == [
+            "a red door on the left",
+            "a black cat sits on the step",
+        ]
+        assert outcome.rewards.recall == 0.5
+    # A second judge on the same cache: the reference decomposition is cached too.
+    run(OpenAICompatibleJudge(cfg), [request("a brand new caption")])
+    assert server.counters.by_kind["reference_assertions"] == 2
+
+
+def test_cached_reference_mode_matches_joint_rewards(judge_server):
+    server = judge_server()
+    joint = run(OpenAICompatibleJudge(config(server.base_url)), [request()])
+    cached = run(
+        OpenAICompatibleJudge(config(server.base_url, reference_mode="cached-reference")), [request()]
+    )
+    assert cached.outcomes[0].rewards.as_tuple() == pytest.approx(joint.outcomes[0].rewards.as_tuple())
+
+
+def test_cached_reference_mode_rejects_coverage_with_wrong_ids(judge_server):
+    server = judge_server({"WRONG": ["wrong_ids", "wrong_ids"]})
+    cfg = config(server.base_url, reference_mode="cached-reference")
+    result = run(OpenAICompatibleJudge(cfg), [request("WRONG red door")])
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == "schema_violation"
+    assert "exactly once" in outcome.detail
+    assert result.stats.reasks == 1
+
+
+def test_failed_reference_decomposition_fails_its_group_only(judge_server):
+    server = judge_server({"cat sits": ["refusal"]})
+    cfg = config(server.base_url, reference_mode="cached-reference")
+    requests = [request("rollout 1"), request("rollout 2"), request(reference="A blue kite near the top.")]
+    result = run(OpenAICompatibleJudge(cfg), requests)
+    assert [getattr(o, "reason", None) for o in result.outcomes] == ["refused", "refused", None]
+    assert server.counters.by_kind == {"reference_assertions": 2, "coverage": 1}
+
+
+def test_bad_images_are_bad_input_without_a_call(judge_server, tmp_path):
+    server = judge_server()
+    root = tmp_path / "images"
+    root.mkdir()
+    (root / "ok.png").write_bytes(IMAGE)
+    (root / "corrupt.png").write_bytes(IMAGE[:40])
+    (tmp_path / "secret.png").write_bytes(IMAGE)
+    judge = OpenAICompatibleJudge(config(server.base_url), image_root=root)
+    result = run(
+        judge,
+        [
+            request(image="ok.png"),
+            request(image="missing.png"),
+            request(image="corrupt.png"),
+            request(image="../secret.png"),
+            request(image=str(tmp_path / "secret.png")),
+            request(image=b"not an image at all"),
+            request(reference=""),
+        ],
+    )
+    reasons = [getattr(o, "reason", "ok") for o in result.outcomes]
+    assert reasons == ["ok"] + ["bad_input"] * 6
+    details = [o.detail for o in result.outcomes[1:]]
+    assert "cannot be read" in details[0]
+    assert "not a readable image" in details[1]
+    assert "escapes the image root" in details[2] and "escapes the image root" in details[3]
+    assert "empty" in details[5]
+    assert server.counters.total == 1
+    assert result.stats.rejected == 6
+
+
+def test_a_new_event_loop_gets_a_working_client(judge_server):
+    server = judge_server()
+    judge = OpenAICompatibleJudge(config(server.base_url))
+    first = asyncio.run(judge.judge_batch([request()]))
+    second = asyncio.run(judge.judge_batch([request("a black cat")]))  # a new loop: must not break
+    assert isinstance(first[0], Judgement) and isinstance(second[0], Judgement)
+
+
+def test_invalid_utf8_and_control_characters_arrive_cleaned(judge_server):
+    server = judge_server()
+    dirty = b"a red door\x00 on the \x1b[1mleft\xff\r\n"
+    result = run(OpenAICompatibleJudge(config(server.base_url)), [request(caption=dirty)])
+    assert isinstance(result.outcomes[0], Judgement)
+    assert list(server.counters.by_text) == ["a red door on the [1mleft\ufffd"]

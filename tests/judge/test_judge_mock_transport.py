@@ -1,0 +1,176 @@
+"""Unit cases through the SDK with an ``httpx2.MockTransport``: what goes on the wire, and how each
+kind of answer is classified."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx2
+import pytest
+from judge_testkit import CAPTION, REFERENCE, config, request
+
+from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
+from balcaprl.rewards.rubrics import load_rubric
+
+VERDICT = {
+    "caption_assertions": [
+        {"text": "a red door", "pointable": True, "visible": True},
+        {"text": "a cozy feel", "pointable": False, "visible": False},
+    ],
+    "reference_assertions": [
+        {"text": "a red door", "covered": True},
+        {"text": "a cat", "covered": False},
+        {"text": "a step", "covered": True},
+    ],  # fmt: skip
+    "clarity": 10,
+    "fluency": 10,
+    "coherency": 1,
+    "explanation": "ok",
+}
+
+
+def completion(content=None, finish_reason="stop", refusal=None, usage=(120, 30), choices=True):
+    message = {"role": "assistant", "content": content, "refusal": refusal}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}] if choices else [],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+
+
+def judge_with(responses, **overrides):
+    """A judge whose HTTP calls are answered in order by ``responses`` (dicts, or (status, headers, body))."""
+    seen: list[dict] = []
+    queue = list(responses)
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        seen.append(json.loads(req.content))
+        item = queue.pop(0)
+        if isinstance(item, tuple):
+            status, headers, body = item
+            return httpx2.Response(status, headers=headers, json=body)
+        return httpx2.Response(200, json=item)
+
+    client = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    judge = OpenAICompatibleJudge(config("http://judge.invalid/v1", **overrides), http_client=client)
+    return judge, seen
+
+
+def judge_one(judge, req=None):
+    async def go():
+        try:
+            return await judge.judge_batch_with_stats([req or request()])
+        finally:
+            await judge.aclose()
+
+    return asyncio.run(go())
+
+
+def test_request_body_structured_output_sampling_and_layout():
+    judge, seen = judge_with([completion(json.dumps(VERDICT))], temperature=0.0, max_tokens=777)
+    result = judge_one(judge)
+    (body,) = seen
+    assert body["model"] == "scripted"
+    assert body["temperature"] == 0.0 and body["max_completion_tokens"] == 777
+    fmt = body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    schema = fmt["json_schema"]["schema"]
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == set(VERDICT)
+    assert "minLength" not in json.dumps(schema) and "maximum" not in json.dumps(schema)  # portable subset
+    system, user = body["messages"]
+    assert system == {"role": "system", "content": load_rubric("training").text}
+    assert [p["type"] for p in user["content"]] == ["image_url", "text"]  # rubric, then image, then text
+    assert user["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    text = user["content"][1]["text"]
+    assert text.index("<reference>") < text.index("<caption>")  # the per-rollout part comes last
+    assert f"<caption>\n{CAPTION}\n</caption>" in text and f"<reference>\n{REFERENCE}\n</reference>" in text
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, Judgement)
+    # precision 1/2, recall 2/3, linguistic (9 + 9 + 0) / 27
+    assert outcome.rewards.as_tuple() == pytest.approx((0.5, 2 / 3, 18 / 27))
+    assert (result.stats.prompt_tokens, result.stats.completion_tokens) == (120, 30)
+
+
+def test_null_temperature_is_omitted():
+    judge, seen = judge_with([completion(json.dumps(VERDICT))], temperature=None)
+    judge_one(judge)
+    assert "temperature" not in seen[0]
+
+
+def test_reask_carries_the_rejected_answer_and_the_problem():
+    bad = dict(VERDICT, clarity=0)
+    judge, seen = judge_with([completion(json.dumps(bad)), completion(json.dumps(VERDICT))])
+    result = judge_one(judge)
+    assert isinstance(result.outcomes[0], Judgement)
+    first, second = seen
+    assert len(second["messages"]) == len(first["messages"]) + 2
+    assert second["messages"][-2] == {"role": "assistant", "content": json.dumps(bad)}
+    assert (
+        "schema_violation" in second["messages"][-1]["content"]
+        and "clarity" in second["messages"][-1]["content"]
+    )
+    # both calls' tokens are accounted, the rejected one included
+    assert result.stats.calls == 2 and result.stats.reasks == 1 and result.stats.prompt_tokens == 240
+
+
+@pytest.mark.parametrize(
+    ("answers", "reason"),
+    [
+        ([completion('{"caption_assertions": ['), completion("still { not json")], "invalid_json"),
+        ([completion(""), completion(None)], "invalid_json"),
+        ([completion(choices=False), completion(choices=False)], "invalid_json"),
+        ([completion(json.dumps({**VERDICT, "extra": 1}))] * 2, "schema_violation"),
+        ([completion(json.dumps({**VERDICT, "reference_assertions": []}))] * 2, "schema_violation"),
+        ([completion(json.dumps({**VERDICT, "clarity": "8"}))] * 2, "schema_violation"),
+        ([completion(json.dumps(VERDICT)[:50], finish_reason="length")], "truncated_output"),
+        ([completion(None, refusal="I cannot help with that.")], "refused"),
+        ([completion(None, finish_reason="content_filter")], "refused"),
+        ([(400, {}, {"error": {"message": "image too large"}})], "bad_input"),
+        ([(422, {}, {"error": {"message": "bad"}})], "bad_input"),
+    ],
+)
+def test_answers_are_classified(answers, reason):
+    judge, seen = judge_with(answers)
+    result = judge_one(judge)
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == reason
+    assert len(seen) == len(answers)  # exactly one re-ask for invalid answers, none otherwise
+
+
+def test_retry_after_is_honoured_by_the_sdk():
+    judge, seen = judge_with(
+        [(429, {"retry-after": "0.3"}, {"error": {"message": "slow down"}}), completion(json.dumps(VERDICT))],
+        max_retries=1,
+    )
+    start = time.perf_counter()
+    result = judge_one(judge)
+    assert isinstance(result.outcomes[0], Judgement)
+    assert len(seen) == 2 and time.perf_counter() - start >= 0.3
+
+
+def test_rate_limiters_are_acquired_per_call(monkeypatch):
+    acquired: list[tuple[float, float]] = []
+
+    class RecordingLimiter:
+        def __init__(self, max_rate, period):
+            self.max_rate = max_rate
+
+        async def acquire(self, amount=1):
+            acquired.append((self.max_rate, amount))
+
+    monkeypatch.setattr("balcaprl.judge.client.AsyncLimiter", RecordingLimiter)
+    judge, _ = judge_with([completion(json.dumps(VERDICT))], requests_per_minute=500, tokens_per_minute=3000,
+                          max_tokens=1000)  # fmt: skip
+    judge_one(judge)
+    rpm = [a for a in acquired if a[0] == 500]
+    tpm = [a for a in acquired if a[0] == 3000]
+    assert rpm == [(500, 1)]
+    # estimate = prompt text (~4 chars a token) + image + max_tokens, capped at the per-minute budget
+    (amount,) = [a[1] for a in tpm]
+    assert 1000 < amount <= 3000
