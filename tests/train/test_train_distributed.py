@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,13 +38,23 @@ def ranks(tiny_policy, tiny_dataset, tmp_path_factory):
         "127.0.0.1",
     ]
     command += ["--master_port", str(port)]
-    result = subprocess.run(
+    # Own process group, so a hang kills torchrun *and* its workers (subprocess.run's timeout would
+    # only kill torchrun and leave the ranks running).
+    with subprocess.Popen(
         [*command, str(WORKER), str(tiny_policy), str(tiny_dataset), str(out)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
         env=env,
-    )
+        start_new_session=True,
+    ) as process:
+        try:
+            _, stderr = process.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, stderr = process.communicate()
+            pytest.fail(f"torchrun did not finish in 240 s:\n{stderr[-4000:]}")
+    result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
     assert result.returncode == 0, result.stderr[-4000:]
     return {
         case: [json.loads((out / case / f"rank{r}.json").read_text()) for r in (0, 1)]
