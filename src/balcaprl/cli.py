@@ -42,6 +42,7 @@ def advantage_collapse(
 
 def _register_areas() -> None:
     from balcaprl.data.cli import register as register_data
+    from balcaprl.evaluate.cli import register as register_evaluate
     from balcaprl.judge.cli import register as register_judge
     from balcaprl.synthetic.cli import register as register_synthetic
     from balcaprl.train.cli import register as register_train
@@ -50,6 +51,7 @@ def _register_areas() -> None:
     register_data(app)
     register_synthetic(app)
     register_train(app)
+    register_evaluate(app)
 
 
 _register_areas()

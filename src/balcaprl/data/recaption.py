@@ -6,18 +6,14 @@ better references beat the originals (Table 3, "w/o recap"). Per row:
     image + original prompt --(recaption rubric, judge endpoint)--> new ``reference``
     ``reference_original`` keeps the original; a failed call keeps the original as ``reference``.
 
-What comes from ``balcaprl.judge`` and ``balcaprl.rewards`` (nothing of it is rewritten here): the
-judge config (endpoint, API-key variable, concurrency, rate limits, timeouts, SDK retries, sampling,
-``max_image_side``, cache path, prices), :class:`~balcaprl.judge.images.ImageLoader` (downscaling,
-hashing, refusing paths out of the dataset), the ``recaption`` rubric and
-:func:`~balcaprl.judge.prompt.build_recaption_messages`, the sqlite :class:`~balcaprl.judge.JudgeCache`
-and :func:`~balcaprl.judge.cache_key`, :class:`~balcaprl.judge.JudgeStats` (tokens, latency, cost),
-:class:`~balcaprl.judge.JudgeFailure` reasons and :func:`~balcaprl.judge.transport.redact`.
-
-What this module adds, because the judge client only makes *structured* (JSON-schema) calls:
-:class:`Recaptioner`, a thin free-text call over the same pieces (one ``AsyncOpenAI`` whose own
-retries/backoff/timeouts are used, an ``asyncio.Semaphore`` of ``concurrency``, ``aiolimiter`` request
-and token limits), and the classification of a free-text answer.
+Everything about the call comes from ``balcaprl.judge`` (nothing of it is rewritten here): the judge
+config (endpoint, API-key variable, concurrency, rate limits, timeouts, SDK retries, sampling,
+``max_image_side``, cache path, prices) and :class:`~balcaprl.judge.calls.JudgeCaller`, whose free-text
+``call_text`` brings the SDK clients, the concurrency bound, the rate limiters, the sqlite cache, the
+accounting (:class:`~balcaprl.judge.JudgeStats`) and the classification of failures into
+:class:`~balcaprl.judge.JudgeFailure` reasons; :class:`~balcaprl.judge.images.ImageLoader`
+(downscaling, hashing, refusing paths out of the dataset), the ``recaption`` rubric and
+:func:`~balcaprl.judge.prompt.build_recaption_messages`. This module adds the dataset run.
 
 Resuming: every finished call is appended at once to ``DIR/.recaption/progress.jsonl`` (id, the
 call's cache key, caption or failure, tokens), and successful captions also go to the judge cache.
@@ -33,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -96,67 +91,38 @@ class Recaptioner:
         cache: Any = "config",
         http_client: Any = None,
     ) -> None:
-        from balcaprl.judge import JudgeCache, JudgeStats
-        from balcaprl.judge.images import ImageLoader
+        from balcaprl.judge.calls import JudgeCaller
         from balcaprl.rewards.rubrics import load_rubric
 
         self.config = config.model_copy(update={"model": model}) if model else config
-        self._api_key = self.config.resolve_api_key()
         self.rubric = load_rubric("recaption")
-        self.images = ImageLoader(self.config.max_image_side, root=image_root)
-        if cache == "config":
-            cache = JudgeCache(self.config.cache_path) if self.config.cache_path is not None else None
-        self.cache = cache
-        self.stats = JudgeStats()
-        self._http_client = http_client
-        self._client: Any = None
-        self._semaphore: asyncio.Semaphore | None = None
-        self._rpm: Any = None
-        self._tpm: Any = None
+        extra = {} if cache == "config" else {"cache": cache}
+        self.caller = JudgeCaller(self.config, image_root=image_root, http_client=http_client, **extra)
+        self.images = self.caller.images
+        self.cache = self.caller.cache
+        self.stats = self.caller.stats
 
     @property
     def model(self) -> str:
         return self.config.model
 
     async def __aenter__(self) -> Recaptioner:
-        import openai
-        from aiolimiter import AsyncLimiter
-
-        cfg = self.config
-        self._client = openai.AsyncOpenAI(
-            api_key=self._api_key,
-            base_url=cfg.base_url,
-            timeout=cfg.timeout_s,
-            max_retries=cfg.max_retries,
-            http_client=self._http_client,
-        )
-        self._semaphore = asyncio.Semaphore(cfg.concurrency)
-        self._rpm = AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None
-        self._tpm = AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-        if self.cache is not None:
-            self.cache.close()
+        await self.caller.aclose()
+
+    def _identity(self, image_sha256: str, prompt: str) -> dict[str, Any]:
+        return {
+            "rubric_version": self.rubric.version,
+            "image_sha256": image_sha256,
+            "max_image_side": self.config.max_image_side,
+            "prompt": prompt,
+        }
 
     def key(self, image_sha256: str, prompt: str) -> str:
         """The cache key of one call: everything that changes the answer."""
-        from balcaprl.judge import cache_key
-
-        cfg = self.config
-        return cache_key(
-            kind="recaption",
-            model=cfg.model,
-            rubric_version=self.rubric.version,
-            image_sha256=image_sha256,
-            max_image_side=cfg.max_image_side,
-            temperature=cfg.temperature,
-            max_tokens=cfg.max_tokens,
-            prompt=prompt,
-        )
+        return self.caller.key("recaption", identity=self._identity(image_sha256, prompt))
 
     async def recaption(
         self, image: Path | str, prompt: str, image_sha256: str | None = None
@@ -168,129 +134,31 @@ class Recaptioner:
         from balcaprl.judge.images import ImageError
         from balcaprl.judge.prompt import build_recaption_messages
 
-        self.stats.requests += 1
         if image_sha256 is not None:  # known: the cache can answer without loading the image
             key = self.key(image_sha256, prompt)
-            hit = self._cached(key)
-            if hit is not None:
-                return key, hit
+            text = self.caller.cached_text(key)
+            if text is not None:
+                self.stats.requests += 1
+                self.stats.cache_hits += 1
+                return key, RecaptionOutcome(text, cached=True)
         try:
             prepared = await asyncio.to_thread(self.images.load, image)
         except ImageError as error:
+            self.stats.requests += 1
             self.stats.rejected += 1
             return "", RecaptionOutcome(None, JudgeFailure("bad_input", str(error)[:300]))
-        key = self.key(prepared.sha256, prompt)
-        hit = self._cached(key) if prepared.sha256 != image_sha256 else None
-        if hit is not None:
-            return key, hit
-        self.stats.judged += 1
-        outcome = await self._call(build_recaption_messages(self.rubric, prepared, prompt))
-        if outcome.failure is not None:
-            self.stats.failures[outcome.failure.reason] += 1
-        elif self.cache is not None:
-            self.cache.put(key, {"caption": outcome.caption, "model": self.config.model})
-        return key, outcome
-
-    def _cached(self, key: str) -> RecaptionOutcome | None:
-        value = self.cache.get(key) if self.cache is not None else None
-        if value and isinstance(value.get("caption"), str) and value["caption"].strip():
-            self.stats.cache_hits += 1
-            return RecaptionOutcome(value["caption"], cached=True)
-        return None
-
-    async def _call(self, messages: list[dict[str, Any]]) -> RecaptionOutcome:
-        import openai
-
-        from balcaprl.judge import JudgeFailure
-        from balcaprl.judge.prompt import approx_image_tokens, approx_tokens
-
-        cfg = self.config
-        if self._rpm is not None:
-            await self._rpm.acquire(1)
-        if self._tpm is not None:
-            text = sum(
-                approx_tokens(p["text"]) for m in messages for p in _parts(m) if p.get("type") == "text"
-            )
-            estimate = text + approx_image_tokens(cfg.max_image_side, cfg.max_image_side) + cfg.max_tokens
-            await self._tpm.acquire(min(estimate, cfg.tokens_per_minute))
-        body: dict[str, Any] = {
-            "model": cfg.model,
-            "messages": messages,
-            "max_completion_tokens": cfg.max_tokens,
-        }
-        if cfg.temperature is not None:
-            body["temperature"] = cfg.temperature
-        assert self._semaphore is not None and self._client is not None, "use `async with Recaptioner(...)`"
-        async with self._semaphore:
-            start = time.perf_counter()
-            try:
-                completion = await self._client.chat.completions.create(**body)
-            except openai.OpenAIError as error:
-                self.stats.record_call(time.perf_counter() - start, 0, 0)
-                return RecaptionOutcome(None, self._classify(error))
-            latency = time.perf_counter() - start
-        usage = completion.usage
-        tokens = {
-            "prompt_tokens": usage.prompt_tokens if usage else 0,
-            "completion_tokens": usage.completion_tokens if usage else 0,
-        }
-        self.stats.record_call(latency, tokens["prompt_tokens"], tokens["completion_tokens"])
-        if not completion.choices:
-            return RecaptionOutcome(None, JudgeFailure("invalid_json", "the answer has no choices"), **tokens)
-        choice = completion.choices[0]
-        content = (choice.message.content or "").strip()
-        if choice.finish_reason == "length":  # a caption cut mid-sentence is not a reference
-            return RecaptionOutcome(
-                None,
-                JudgeFailure(
-                    "truncated_output", f"the caption hit max_tokens ({cfg.max_tokens}) and was cut off"
-                ),
-                **tokens,
-            )
-        if choice.finish_reason == "content_filter":
-            return RecaptionOutcome(
-                None, JudgeFailure("refused", "stopped by the server's content filter"), **tokens
-            )
-        refusal = getattr(choice.message, "refusal", None)
-        if refusal:
-            return RecaptionOutcome(
-                None, JudgeFailure("refused", f"the model refused: {refusal}"[:300]), **tokens
-            )
-        if not content:
-            return RecaptionOutcome(None, JudgeFailure("invalid_json", "the answer is empty"), **tokens)
-        return RecaptionOutcome(content, **tokens)
-
-    def _classify(self, error: Exception) -> Any:
-        """A failure reason for an SDK error (after the SDK's own retries); a broken set-up raises."""
-        import openai
-
-        from balcaprl.judge import JudgeConfigError, JudgeFailure
-        from balcaprl.judge.transport import redact
-
-        message = redact(f"{type(error).__name__}: {error}", self._api_key)[:300]
-        if isinstance(
-            error, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError
-        ):
-            raise JudgeConfigError(
-                f"the endpoint {self.config.base_url} rejected the request with HTTP {error.status_code}: check "
-                f"base_url, the model name {self.config.model!r} and the API key variable ({message})"
-            ) from None
-        if isinstance(error, openai.APITimeoutError):
-            return JudgeFailure("timeout", message)
-        if isinstance(error, openai.RateLimitError):
-            return JudgeFailure("rate_limited", message)
-        if (
-            isinstance(error, openai.APIStatusError)
-            and error.status_code < 500
-            and error.status_code not in (408, 409)
-        ):
-            return JudgeFailure("bad_input", message)
-        return JudgeFailure("server_error", message)
-
-
-def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
-    content = message["content"]
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+        result = await self.caller.call_text(
+            build_recaption_messages(self.rubric, prepared, prompt),
+            kind="recaption",
+            identity=self._identity(prepared.sha256, prompt),
+        )
+        return result.key, RecaptionOutcome(
+            result.value,
+            result.failure,
+            cached=result.cached,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+        )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,11 +9,18 @@ Typical use in a trainer::
         outcomes = sync.judge_batch([JudgeRequest(image, caption, reference) for ...])
     rewards = rewards_tensor(outcomes)                    # (N, 3), NaN rows for failures
 
+Generic calls (evaluation protocols, re-captioning) go through the same endpoint machinery::
+
+    async with JudgeCaller("configs/judge.yaml") as caller:
+        result = await caller.call_json(messages, MySchema, kind="my_step")   # or call_text(...)
+        value = result.value if result.ok else None                          # result.failure.reason
+
 The loopback server (``balcaprl.judge.server``) needs the ``[serve]`` extra and is not imported here.
 """
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache, cache_key
+from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.client import BatchResult, OpenAICompatibleJudge, build_judge
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError, PriceTable, load_judge_config
 from balcaprl.judge.outcomes import empty_caption_judgement, rewards_tensor
@@ -31,9 +38,11 @@ from balcaprl.judge.sync import SyncJudge
 
 __all__ = [
     "BatchResult",
+    "CallResult",
     "FailureReason",
     "Judge",
     "JudgeCache",
+    "JudgeCaller",
     "JudgeConfig",
     "JudgeConfigError",
     "JudgeFailure",

@@ -19,37 +19,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import httpx2
-import openai
 import torch
-from aiolimiter import AsyncLimiter
 from pydantic import ValidationError
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache, cache_key
+from balcaprl.judge.calls import Endpoint, JudgeCaller, _Runtime
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError
 from balcaprl.judge.images import ImageError, ImageLoader, PreparedImage
-from balcaprl.judge.inflight import InFlight
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
-from balcaprl.judge.prompt import (
-    approx_image_tokens,
-    approx_tokens,
-    build_judge_messages,
-    clean_caption,
-    clean_text,
-)
+from balcaprl.judge.prompt import build_judge_messages, clean_caption, clean_text
 from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome, JudgeRequest
-from balcaprl.judge.schemas import CallKind, CoverageVerdict, ReferenceAssertions, assemble_verdict
-from balcaprl.judge.transport import CallAnswer, call_judge, reask_messages, redact
+from balcaprl.judge.schemas import (
+    CallKind,
+    CoverageVerdict,
+    ReferenceAssertions,
+    assemble_verdict,
+    response_format,
+    schema_for,
+)
+from balcaprl.judge.transport import CallAnswer, reask_messages, redact
 from balcaprl.rewards import Verdict
 from balcaprl.rewards.rubrics import Rubric, load_rubric
 
@@ -58,14 +54,8 @@ __all__ = ["BatchResult", "OpenAICompatibleJudge", "build_judge"]
 log = logging.getLogger("balcaprl.judge")
 
 _USE_CONFIG = object()
-_CONNECTIONS_PER_CLIENT = 32
 _JUDGE_RUBRICS = ("training", "evaluation")
 _REFERENCE_MEMO_SIZE = 65536  # reference decompositions kept in memory (cached-reference mode)
-
-
-@cache
-def _shared_ssl_context() -> Any:
-    return httpx2.create_ssl_context()
 
 
 @dataclass(frozen=True)
@@ -78,23 +68,6 @@ class BatchResult:
     def rewards(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``(N, 3)`` precision/recall/linguistic, NaN rows for failures (see :func:`rewards_tensor`)."""
         return rewards_tensor(self.outcomes, dtype=dtype)
-
-
-@dataclass
-class _Runtime:
-    """State bound to one event loop (the SDK's connection pool, asyncio primitives, limiters)."""
-
-    loop: asyncio.AbstractEventLoop
-    clients: list[openai.AsyncOpenAI]
-    semaphore: asyncio.Semaphore
-    rpm: AsyncLimiter | None
-    tpm: AsyncLimiter | None
-    inflight: InFlight
-    calls_started: int = 0
-
-    def next_client(self) -> openai.AsyncOpenAI:
-        self.calls_started += 1
-        return self.clients[self.calls_started % len(self.clients)]
 
 
 class OpenAICompatibleJudge:
@@ -114,14 +87,13 @@ class OpenAICompatibleJudge:
         http_client: Any = None,
     ):
         self.config = config
-        self._api_key = config.resolve_api_key()
+        self._endpoint = Endpoint(config, http_client=http_client)
+        self._api_key = self._endpoint.api_key
         self.images = ImageLoader(config.max_image_side, root=image_root)
         if cache is _USE_CONFIG:
             cache = JudgeCache(config.cache_path) if config.cache_path is not None else None
         self.cache: JudgeCache | None = cache
         self.stats = JudgeStats()  # lifetime total; each batch also returns its own
-        self._http_client = http_client
-        self._runtime_state: _Runtime | None = None
         self._reference_memo: OrderedDict[str, list[str]] = OrderedDict()
         mode = config.reference_mode
         self._rubrics: dict[str, Rubric] = {name: load_rubric(name, mode) for name in _JUDGE_RUBRICS}
@@ -132,6 +104,16 @@ class OpenAICompatibleJudge:
 
     def rubric_version(self, rubric: str = "training") -> str:
         return self._rubrics[rubric].version
+
+    @property
+    def _runtime_state(self) -> _Runtime | None:
+        return self._endpoint.state
+
+    def caller(self) -> JudgeCaller:
+        """A :class:`~balcaprl.judge.calls.JudgeCaller` for generic calls on this judge's endpoint:
+        same connections, concurrency bound, rate limits, coalescing and cache. It has its own
+        ``stats``; closing the judge closes both (closing the caller closes nothing)."""
+        return JudgeCaller(self.config, cache=self.cache, endpoint=self._endpoint)
 
     # ----------------------------------------------------------------------------- public API
 
@@ -171,10 +153,7 @@ class OpenAICompatibleJudge:
 
     async def aclose(self) -> None:
         """Close the HTTP connections and the cache."""
-        if self._runtime_state is not None:
-            for client in self._runtime_state.clients:
-                await client.close()
-            self._runtime_state = None
+        await self._endpoint.aclose()
         if self.cache is not None:
             self.cache.close()
 
@@ -187,45 +166,7 @@ class OpenAICompatibleJudge:
     # ----------------------------------------------------------------------------- internals
 
     def _runtime(self) -> _Runtime:
-        loop = asyncio.get_running_loop()
-        state = self._runtime_state
-        if state is not None and state.loop is loop:
-            return state
-        # First use, or a new event loop (asyncio.run called again): asyncio primitives and the
-        # connection pool belong to one loop, so build fresh ones.
-        cfg = self.config
-        if self._http_client is not None:
-            http_clients = [self._http_client]
-        else:
-            # Several SDK clients, each with its own pool of about _CONNECTIONS_PER_CLIENT connections:
-            # the HTTP pool scans all its connections on every request, which at 128+ calls in flight
-            # was the largest CPU item of a call (cProfile). Our own httpx clients rather than the
-            # SDK's default: they share one TLS context (building one costs ~60 ms), and unlike the
-            # SDK's wrapper they do not try to close themselves on whatever loop is running when
-            # garbage-collected (which fails loudly after a loop change).
-            shards = -(-cfg.concurrency // _CONNECTIONS_PER_CLIENT)
-            http_clients = [
-                openai.DefaultAsyncHttpxClient(verify=_shared_ssl_context()) for _ in range(shards)
-            ]
-        clients = [
-            openai.AsyncOpenAI(
-                api_key=self._api_key,
-                base_url=cfg.base_url,
-                timeout=cfg.timeout_s,
-                max_retries=cfg.max_retries,
-                http_client=http_client,
-            )
-            for http_client in http_clients
-        ]
-        self._runtime_state = _Runtime(
-            loop=loop,
-            clients=clients,
-            semaphore=asyncio.Semaphore(cfg.concurrency),
-            rpm=AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None,
-            tpm=AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None,
-            inflight=InFlight(),
-        )
-        return self._runtime_state
+        return self._endpoint.runtime()
 
     async def _judge_one(
         self, request: JudgeRequest, stats: JudgeStats, images: dict[tuple, asyncio.Task], runtime: _Runtime
@@ -440,45 +381,13 @@ class OpenAICompatibleJudge:
         reference_call: bool,
     ) -> CallAnswer:
         cfg = self.config
-        if runtime.rpm is not None:
-            await runtime.rpm.acquire(1)
-        if runtime.tpm is not None:
-            # Providers count max_tokens against the token budget up front; so do we.
-            await runtime.tpm.acquire(
-                min(self._estimate_tokens(messages) + cfg.max_tokens, cfg.tokens_per_minute)
-            )
-        async with runtime.semaphore:
-            start = time.perf_counter()
-            answer = await call_judge(
-                runtime.next_client(),
-                model=cfg.model,
-                messages=messages,
-                kind=kind,
-                temperature=cfg.temperature,
-                max_tokens=cfg.max_tokens,
-                secret=self._api_key,
-                check=check,
-            )
-            latency = time.perf_counter() - start
-        stats.record_call(latency, answer.prompt_tokens, answer.completion_tokens)
+        answer = await self._endpoint.send(
+            messages, stats, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+            response_format=response_format(kind), schema=schema_for(kind), check=check,
+        )  # fmt: skip
         if reference_call:
             stats.reference_calls += 1
         return answer
-
-    def _estimate_tokens(self, messages: list[dict[str, Any]]) -> int:
-        total = 0
-        for message in messages:
-            content = message["content"]
-            if isinstance(content, str):
-                total += approx_tokens(content)
-                continue
-            for part in content:
-                if part["type"] == "text":
-                    total += approx_tokens(part["text"])
-                else:  # an upper bound: the image is at most max_image_side on each side
-                    side = self.config.max_image_side
-                    total += approx_image_tokens(side, side)
-        return total
 
 
 def build_judge(

@@ -10,6 +10,12 @@ Fault injection (:class:`FaultScript`) reproduces what real endpoints do: 429 wi
 500/503, answers slower than the client's timeout, invalid JSON, JSON cut off with finish_reason
 ``length``, schema violations, refusals, content filtering, dropped connections.
 
+Generic calls (:class:`~balcaprl.judge.calls.JudgeCaller`: evaluation protocols, re-captioning) are
+answered by a scripted ``handler``: any request whose ``response_format`` is not one of the verdict
+judge's own schemas goes to ``handler(GenericCall)``, which returns the answer (a JSON-able object
+or a text) or a :class:`~balcaprl.judge.protocol.JudgeFailure`. The same fault script applies,
+matched against the request's user text.
+
 Binds to 127.0.0.1 by default (port 0 picks a free port); it has no authentication unless ``api_key``
 is given, so do not expose it.
 """
@@ -17,24 +23,36 @@ is given, so do not expose it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from balcaprl.judge.images import decode_data_url
 from balcaprl.judge.prompt import ParsedJudgeMessages, approx_tokens, parse_judge_messages
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
 from balcaprl.judge.schemas import kind_from_schema_name
+from balcaprl.rewards.rubrics import rubric_name_from_text
 
-__all__ = ["FAULTS", "FaultScript", "JudgeServer", "ServerCounters", "create_app", "serve_forever"]
+__all__ = [
+    "FAULTS",
+    "FaultScript",
+    "GenericCall",
+    "GenericHandler",
+    "JudgeServer",
+    "ServerCounters",
+    "create_app",
+    "serve_forever",
+]
 
 FAULTS = (
     "ok",
@@ -101,6 +119,67 @@ class ServerCounters:
     max_in_flight: int = 0  # the most chat requests being handled at once (checks client concurrency)
     by_kind: Counter = field(default_factory=Counter)
     by_text: Counter = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class GenericCall:
+    """A request that is not a verdict-judge call, as a scripted handler sees it."""
+
+    kind: str | None  # the rubric named in the system message's first line, if any
+    schema_name: str | None  # response_format.json_schema.name; None for a free-text request
+    schema: dict[str, Any] | None
+    system: str  # the system message's text ("" when there is none)
+    text: str  # the first user message's text parts, joined with newlines
+    images: list[bytes]  # the first user message's data-URL images, decoded
+    messages: list[dict[str, Any]]  # the whole conversation (a re-ask appends two messages)
+    model: str
+    temperature: float | None
+    max_tokens: int | None
+    body: dict[str, Any]
+
+
+GenericHandler = Callable[[GenericCall], "Awaitable[Any] | Any"]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def generic_call(body: dict[str, Any]) -> GenericCall:
+    """Read a chat-completions body as a :class:`GenericCall`; ``ValueError`` for a malformed one."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("the request has no messages")
+    system = next((m for m in messages if m.get("role") == "system"), None)
+    user = next((m for m in messages if m.get("role") == "user"), None)
+    if user is None:
+        raise ValueError("the request has no user message")
+    system_text = _text_of(system["content"]) if system is not None else ""
+    images = []
+    if isinstance(user.get("content"), list):
+        for part in user["content"]:
+            if part.get("type") == "image_url":
+                images.append(decode_data_url(part["image_url"]["url"])[1])
+    json_schema = (body.get("response_format") or {}).get("json_schema") or {}
+    return GenericCall(
+        kind=rubric_name_from_text(system_text),
+        schema_name=json_schema.get("name"),
+        schema=json_schema.get("schema"),
+        system=system_text,
+        text=_text_of(user.get("content")),
+        images=images,
+        messages=messages,
+        model=str(body.get("model", "balcaprl-local-judge")),
+        temperature=body.get("temperature"),
+        max_tokens=body.get("max_completion_tokens", body.get("max_tokens")),
+        body=body,
+    )
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
@@ -226,13 +305,15 @@ def _dropping_response():
 
 
 def create_app(
-    judge: Judge,
+    judge: Judge | None,
     faults: FaultScript | None = None,
     *,
     api_key: str | None = None,
     counters: ServerCounters | None = None,
+    handler: GenericHandler | None = None,
 ):
-    """The FastAPI app serving ``judge``. ``api_key``: when set, requests must carry it (else 401)."""
+    """The FastAPI app serving ``judge`` (verdict calls) and ``handler`` (generic calls; see the
+    module docstring). ``api_key``: when set, requests must carry it (else 401)."""
     faults = faults or FaultScript()
     counters = counters or ServerCounters()
     app = FastAPI(title="balcaprl judge server", docs_url=None, redoc_url=None, openapi_url=None)
@@ -267,10 +348,17 @@ def create_app(
             body = await request.json()
             model = str(body.get("model", "balcaprl-local-judge"))
             schema_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
-            kind = kind_from_schema_name(schema_name) or "verdict"
-            parsed = parse_judge_messages(body["messages"])
+            judge_kind = kind_from_schema_name(schema_name)
+            call = generic_call(body) if judge_kind is None and handler is not None else None
+            if call is None:
+                if judge is None:
+                    raise ValueError("this server answers generic calls only (it has no verdict judge)")
+                kind = judge_kind or "verdict"
+                parsed = parse_judge_messages(body["messages"])
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
+        if call is not None:
+            return await _handle_generic(call, authorization)
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
@@ -278,6 +366,46 @@ def create_app(
 
         fault = faults.next_fault(text)
         name, _, arg = fault.partition(":")
+        early = await _transport_fault(name, arg, model, prompt_tokens, authorization)
+        if early is not None:
+            return early
+
+        answer = await _answer(judge, kind, parsed)
+        if isinstance(answer, JudgeFailure):
+            return _failure_response(answer, model, prompt_tokens)
+        if name == "schema_violation":
+            if "clarity" in answer:
+                answer["clarity"] = 11
+            else:
+                answer["reference_assertions"] = []
+        if name == "wrong_ids" and "reference_coverage" in answer:
+            for mark in answer["reference_coverage"]:
+                mark["id"] += 1
+        return _content_response(name, json.dumps(answer), model, prompt_tokens)
+
+    async def _handle_generic(call: GenericCall, authorization: str):
+        counters.by_kind[call.kind or "generic"] += 1
+        counters.by_text[call.text] += 1
+        prompt_tokens = _prompt_tokens(call.messages)
+        fault = faults.next_fault(call.text)
+        name, _, arg = fault.partition(":")
+        early = await _transport_fault(name, arg, call.model, prompt_tokens, authorization)
+        if early is not None:
+            return early
+        assert handler is not None
+        answer = handler(call)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if isinstance(answer, JudgeFailure):
+            return _failure_response(answer, call.model, prompt_tokens)
+        if isinstance(answer, str):
+            content = answer
+        else:
+            content = json.dumps({"unexpected": True} if name == "schema_violation" else answer)
+        return _content_response(name, content, call.model, prompt_tokens)
+
+    async def _transport_fault(name: str, arg: str, model: str, prompt_tokens: int, authorization: str):
+        """The response for a fault that replaces the answer (None: answer, then maybe spoil it)."""
         # retry-after on 5xx too, so the SDK's retries in tests wait milliseconds, not its 0.5 s backoff
         wait = {"retry-after-ms": str(max(1, int(faults.retry_after_s * 1000)))}
         if name == "rate_limit":
@@ -307,19 +435,9 @@ def create_app(
             )
         if name == "content_filter":
             return JSONResponse(_completion(model, None, "content_filter", prompt_tokens))
+        return None
 
-        answer = await _answer(judge, kind, parsed)
-        if isinstance(answer, JudgeFailure):
-            return _failure_response(answer, model, prompt_tokens)
-        if name == "schema_violation":
-            if "clarity" in answer:
-                answer["clarity"] = 11
-            else:
-                answer["reference_assertions"] = []
-        if name == "wrong_ids" and "reference_coverage" in answer:
-            for mark in answer["reference_coverage"]:
-                mark["id"] += 1
-        content = json.dumps(answer)
+    def _content_response(name: str, content: str, model: str, prompt_tokens: int):
         if name == "invalid_json":
             return JSONResponse(
                 _completion(model, "Here is the verdict: {caption_assertions: [", "stop", prompt_tokens)
@@ -352,21 +470,23 @@ def _uvicorn_server(app, log_level: str, graceful_s: float = 1.0):
 
 class JudgeServer:
     """The app on a background thread (tests, benchmarks, the demo): ``with JudgeServer(judge) as s:``
-    then point a judge config's ``base_url`` at ``s.base_url``. ``s.counters`` counts the hits."""
+    then point a judge config's ``base_url`` at ``s.base_url``. ``s.counters`` counts the hits.
+    ``handler`` answers generic calls (see the module docstring)."""
 
     def __init__(
         self,
-        judge: Judge,
+        judge: Judge | None,
         faults: FaultScript | None = None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
         log_level: str = "critical",
+        handler: GenericHandler | None = None,
     ):
         self.counters = ServerCounters()
         self.faults = faults or FaultScript()
-        self._app = create_app(judge, self.faults, api_key=api_key, counters=self.counters)
+        self._app = create_app(judge, self.faults, api_key=api_key, counters=self.counters, handler=handler)
         self._host, self._port, self._log_level = host, port, log_level
         self._server = None
         self._thread: threading.Thread | None = None
@@ -405,7 +525,7 @@ class JudgeServer:
 
 
 def serve_forever(
-    judge: Judge,
+    judge: Judge | None,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -413,11 +533,12 @@ def serve_forever(
     api_key: str | None = None,
     on_ready: Callable[[str], None] = print,
     log_level: str = "warning",
+    handler: GenericHandler | None = None,
 ) -> None:
     """Serve in the foreground until interrupted (the `serve-judge` command); ``on_ready(base_url)``
     is called once the socket is bound, so scripts can read the port when 0 was asked for."""
     sock = _bind(host, port)
     base_url = f"http://{host}:{sock.getsockname()[1]}/v1"
-    server = _uvicorn_server(create_app(judge, faults, api_key=api_key), log_level)
+    server = _uvicorn_server(create_app(judge, faults, api_key=api_key, handler=handler), log_level)
     on_ready(base_url)
     server.run(sockets=[sock])

@@ -28,7 +28,7 @@ from balcaprl.judge.config import JudgeConfigError
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
 from balcaprl.judge.schemas import CallKind, response_format, schema_for
 
-__all__ = ["CallAnswer", "call_judge", "redact", "reask_messages"]
+__all__ = ["CallAnswer", "call_endpoint", "call_judge", "redact", "reask_messages"]
 
 _DETAIL_CHARS = 300
 
@@ -44,7 +44,7 @@ def redact(text: str, secret: str | None) -> str:
 class CallAnswer:
     """The result of one call: ``parsed`` or ``failure``; ``content`` kept for a re-ask."""
 
-    parsed: BaseModel | None
+    parsed: Any
     failure: JudgeFailure | None
     content: str | None = None
     prompt_tokens: int = 0
@@ -85,27 +85,36 @@ def _classify(error: openai.OpenAIError, secret: str | None, where: str) -> Call
     return _fail("server_error", f"{name}: {message}", secret)
 
 
-async def call_judge(
+async def call_endpoint(
     client: openai.AsyncOpenAI,
     *,
     model: str,
     messages: list[dict[str, Any]],
-    kind: CallKind,
     temperature: float | None,
     max_tokens: int,
+    response_format: dict[str, Any] | None = None,
+    schema: type[BaseModel] | None = None,
+    check: Callable[[Any], None] | None = None,
+    extra_body: dict[str, Any] | None = None,
     secret: str | None = None,
-    check: Callable[[BaseModel], None] | None = None,
+    truncated_ok: bool = False,
 ) -> CallAnswer:
-    """Make one call and classify it. ``check`` may raise ``ValueError`` for answers that validate
-    against the schema but are still unusable (a schema violation, too)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "response_format": response_format(kind),
-        "max_completion_tokens": max_tokens,
-    }
+    """Make one chat-completions call and classify what came back.
+
+    With ``schema`` the answer must be a JSON object that validates against it (``parsed`` is the
+    model instance); without, the answer is free text (``parsed`` is the stripped string). ``check``
+    may raise ``ValueError`` for answers that parse but are still unusable (a schema violation too,
+    worth one re-ask, like invalid JSON). ``extra_body`` adds sampling fields (``top_p``, ``seed``...).
+    ``truncated_ok``: a free-text answer cut off at ``max_tokens`` is kept (e.g. a letter followed by
+    an explanation nobody asked for) instead of failing as ``truncated_output``.
+    """
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_completion_tokens": max_tokens}
+    if response_format is not None:
+        body["response_format"] = response_format
     if temperature is not None:
         body["temperature"] = temperature
+    if extra_body:
+        body.update(extra_body)
     try:
         # The SDK's generic `post` (its documented way to send a body as is), not
         # `chat.completions.create`: same endpoint, same retries, backoff and timeouts, same typed
@@ -126,7 +135,8 @@ async def call_judge(
     choice = completion.choices[0]
     message = choice.message
     content = message.content
-    if choice.finish_reason == "length":
+    keep_cut = truncated_ok and schema is None and bool(content and content.strip())
+    if choice.finish_reason == "length" and not keep_cut:
         return _fail(
             "truncated_output", f"the answer hit max_tokens ({max_tokens}) and was cut off", secret, **tokens
         )
@@ -136,24 +146,56 @@ async def call_judge(
         return _fail("refused", f"the judge refused: {message.refusal}", secret, **tokens)
     if not content or not content.strip():
         return _fail("invalid_json", "the answer is empty", secret, **tokens)
-    try:
-        data = json.loads(content)
-    except json.JSONDecodeError as error:
-        return CallAnswer(None, JudgeFailure("invalid_json", f"not JSON: {error}"), content, **tokens)
-    try:
-        parsed = schema_for(kind).model_validate(data)
-        if check is not None:
+    if schema is None:
+        parsed: Any = content.strip()
+    else:
+        try:
+            data = json.loads(content)
+        except json.JSONDecodeError as error:
+            return CallAnswer(None, JudgeFailure("invalid_json", f"not JSON: {error}"), content, **tokens)
+        try:
+            parsed = schema.model_validate(data)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<answer>'}: {e['msg']}" for e in error.errors()[:5]
+            )
+            return CallAnswer(
+                None, JudgeFailure("schema_violation", problems[:_DETAIL_CHARS]), content, **tokens
+            )
+    if check is not None:
+        try:
             check(parsed)
-    except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<answer>'}: {e['msg']}" for e in error.errors()[:5]
-        )
-        return CallAnswer(None, JudgeFailure("schema_violation", problems[:_DETAIL_CHARS]), content, **tokens)
-    except ValueError as error:
-        return CallAnswer(
-            None, JudgeFailure("schema_violation", str(error)[:_DETAIL_CHARS]), content, **tokens
-        )
+        except ValueError as error:
+            return CallAnswer(
+                None, JudgeFailure("schema_violation", str(error)[:_DETAIL_CHARS]), content, **tokens
+            )
     return CallAnswer(parsed, None, content, **tokens)
+
+
+async def call_judge(
+    client: openai.AsyncOpenAI,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    kind: CallKind,
+    temperature: float | None,
+    max_tokens: int,
+    secret: str | None = None,
+    check: Callable[[BaseModel], None] | None = None,
+) -> CallAnswer:
+    """One call of the judge's own kinds (verdict, reference decomposition, coverage): the structured
+    output schema of ``kind``, validated with its pydantic model (see :func:`call_endpoint`)."""
+    return await call_endpoint(
+        client,
+        model=model,
+        messages=messages,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        response_format=response_format(kind),
+        schema=schema_for(kind),
+        check=check,
+        secret=secret,
+    )
 
 
 def reask_messages(messages: list[dict[str, Any]], answer: CallAnswer) -> list[dict[str, Any]]:

@@ -33,7 +33,18 @@ __all__ = [
 
 ReferenceMode = Literal["joint", "cached-reference"]
 REFERENCE_MODES: tuple[str, ...] = ("joint", "cached-reference")
-RUBRIC_NAMES: tuple[str, ...] = ("training", "evaluation", "reference_decomposition", "recaption")
+RUBRIC_NAMES: tuple[str, ...] = (
+    "training",
+    "evaluation",
+    "reference_decomposition",
+    "recaption",
+    # the evaluation protocols' judge steps (balcaprl.evaluate)
+    "dcscore_extract",
+    "dcscore_match",
+    "dcscore_verify",
+    "captionqa_answer",
+    "caparena_compare",
+)
 
 _HEADER = "[balcaprl rubric: {name} v{version}]"
 _HEADER_RE = re.compile(r"^\[balcaprl rubric: ([a-z_]+) v([^\]\s]+)\]")

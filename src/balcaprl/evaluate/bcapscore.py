@@ -1,0 +1,79 @@
+"""b-CapScore (the paper's Appendix "A Balanced Captioning Metric"): the harmonic mean of
+pointability-aware precision, reference recall and linguistic quality, judged with the evaluation
+rubric against DeCapBench's images and human reference captions (GPT-5.4 as judge in Table 1).
+
+This is `balcaprl score` (:func:`balcaprl.judge.score.score_captions`) run on the benchmark: the
+captions and the human references are written as ``{image: text}`` files in the protocol's folder
+and scored there, so ``scores.jsonl`` and ``summary.json`` are exactly what ``balcaprl score`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
+from balcaprl.evaluate.results import ProtocolResult
+from balcaprl.judge.client import OpenAICompatibleJudge
+from balcaprl.judge.score import score_captions
+from balcaprl.judge.score import write_atomic as _write_atomic
+
+__all__ = ["run_bcapscore"]
+
+
+def run_bcapscore(
+    judge: OpenAICompatibleJudge,
+    items: Sequence[DeCapBenchItem],
+    captions: CaptionSet,
+    out_dir: Path,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ProtocolResult:
+    """Score the DeCapBench images that have a caption; ``judge`` resolves images in the image folder."""
+    out_dir = Path(out_dir)
+    chosen = [(item, captions.lookup(item.key)) for item in items]
+    missing = [item.key for item, caption in chosen if caption is None]
+    chosen = [(item, caption) for item, caption in chosen if caption is not None]
+    captions_file, references_file = out_dir / "captions.json", out_dir / "references.json"
+    _write_atomic(captions_file, json.dumps({i.key: c for i, c in chosen}, indent=1, ensure_ascii=False))
+    _write_atomic(
+        references_file,
+        json.dumps({i.key: i.oracle_caption for i, _ in chosen}, indent=1, ensure_ascii=False),
+    )
+    total = len(chosen)
+    done = 0
+
+    def progress(i, outcome) -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total)
+
+    run = score_captions(judge, captions_file, references_file, out_dir, on_outcome=progress)
+    summary = run.summary
+    metrics = {
+        name: (None if figures is None else figures["mean"] * (1 if name == "b_capscore" else 100))
+        for name, figures in summary["metrics"].items()
+    }
+    metrics["ci95"] = (
+        (summary["metrics"]["b_capscore"] or {}).get("ci95_low"),
+        (summary["metrics"]["b_capscore"] or {}).get("ci95_high"),
+    )
+    return ProtocolResult(
+        protocol="bcapscore",
+        score=metrics["b_capscore"],
+        metrics=metrics,
+        n_items=len(items),
+        n_scored=summary["n_scored"],
+        failures=summary["failures"],
+        missing=missing,
+        settings={
+            "rubric": "evaluation",
+            "rubric_version": summary["judge"]["rubric_version"],
+            "reference_mode": summary["judge"]["reference_mode"],
+        },  # fmt: skip
+        judge=summary["judge"]["model"],
+        stats=summary["accounting"],
+        notes="b-CapScore x100 (mean of per-caption harmonic means); precision, recall, linguistic x100; "
+        "scores.jsonl/summary.json as `balcaprl score` writes them",
+    )

@@ -1,0 +1,396 @@
+"""`balcaprl caption`: a captioning model's captions for a benchmark's images (or any folder/dataset).
+
+Backends:
+- ``transformers`` (default): ``AutoModelForImageTextToText`` + ``AutoProcessor`` from a local folder
+  or a hub id, batched (left padding), on CUDA when available, else CPU. Any model whose processor
+  has a chat template with an image part works (LLaVA, Qwen2.5-VL, the synthetic tiny policy).
+- ``vllm`` (the ``[vllm]`` extra; GPUs): ``vllm.LLM(...).chat`` with the image as a data URL; much
+  faster for the 600-image CapArena set or a 7B model. Imported only when asked for.
+
+Sources (what to caption):
+- a balcaprl dataset folder (``dataset.json``): the rows of ``--split`` (key = row id, the row's own
+  prompt with ``--prompt dataset``);
+- a plain image folder: every image under it (key = its path relative to the folder);
+- a benchmark (``--benchmark``): ``decapbench`` (annotation JSONL + image folder; key = image name),
+  ``captionqa`` (question file with embedded images, or + an image folder; key = id), ``caparena``
+  (``caparena_auto_600.json`` or just the image folder; key = the ``test_XXXXX.jpg`` name).
+
+Output: ``OUT`` (JSONL: key, image, caption, benchmark, model, prompt, generation settings), plus the
+benchmark's own input format next to it — ``OUT-stem.decapbench.jsonl`` (``image_path``,
+``image_name``, ``caption``, ``oracle_caption``), ``OUT-stem.captionqa.json`` (``{id: caption}``),
+``OUT-stem.caparena.json`` (``{"test_XXXXX.jpg": caption}``), or ``OUT-stem.json`` (``{key:
+caption}``) for a folder or dataset. Resumable: finished captions are appended to ``OUT.part`` as
+each batch ends; a re-run with the same model, prompt and sampling skips them (a different set-up
+is refused, so one file never mixes two runs); the final files are written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from balcaprl.data.format import atomic_write_text
+
+__all__ = [
+    "PROMPT_PRESETS",
+    "CaptionItem",
+    "CaptionRun",
+    "GenerationSettings",
+    "TransformersCaptioner",
+    "VLLMCaptioner",
+    "caption_items",
+    "collect_items",
+    "native_path",
+    "resolve_prompt",
+]
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
+# Detailed-description prompts. "detailed" is the caption prompt of lmms-eval's CaptionQA task and
+# the synthetic world's prompt; "dataset" uses each dataset row's own prompt (ShareGPT4V's prompts
+# for a prepared dataset). Any other text given to --prompt is used as is.
+PROMPT_PRESETS: dict[str, str | None] = {
+    "detailed": "Describe this image in detail.",
+    "dataset": None,
+}
+
+
+class CaptionError(ValueError):
+    """Captioning cannot run as asked (bad source, a different earlier run in OUT.part...)."""
+
+
+class GenerationSettings(BaseModel):
+    """Sampling: greedy by default (temperature 0), as captioning benchmarks are usually run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = Field(0, description="Seed for sampling (ignored when greedy).")
+    batch_size: int = Field(8, ge=1)
+
+
+@dataclass(frozen=True)
+class CaptionItem:
+    key: str  # the benchmark's own key for the image
+    image: Path | bytes
+    prompt: str | None = None  # the row's own prompt (datasets)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. DeCapBench's oracle_caption
+
+    @property
+    def image_label(self) -> str:
+        return str(self.image) if isinstance(self.image, Path) else "<embedded>"
+
+
+def resolve_prompt(prompt: str) -> str | None:
+    """A preset's text, or ``prompt`` itself; None means "each row's own prompt"."""
+    return PROMPT_PRESETS.get(prompt, prompt)
+
+
+def _images_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def collect_items(
+    images: Path | None,
+    *,
+    benchmark: Literal["decapbench", "captionqa", "caparena"] | None = None,
+    annotations: Path | None = None,
+    split: str = "eval",
+    limit: int | None = None,
+) -> list[CaptionItem]:
+    """What to caption, in a stable order (see the module docstring)."""
+    from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
+
+    items: list[CaptionItem]
+    if benchmark == "decapbench":
+        if annotations is None or images is None:
+            raise CaptionError(
+                "--benchmark decapbench needs --annotations (the JSONL) and --images (the folder)"
+            )
+        items = [
+            CaptionItem(i.key, Path(images) / i.key, extra={"oracle_caption": i.oracle_caption})
+            for i in read_decapbench(annotations)
+        ]
+    elif benchmark == "captionqa":
+        if annotations is None:
+            raise CaptionError("--benchmark captionqa needs --annotations (the question file)")
+        items = []
+        for entry in read_captionqa(annotations):
+            image: Path | bytes | None
+            if isinstance(entry.image, bytes):
+                image = entry.image
+            elif images is not None:
+                name = entry.image if isinstance(entry.image, str) else None
+                candidates = [Path(images) / name] if name else []
+                candidates += [Path(images) / f"{entry.id}{s}" for s in (".jpg", ".png", ".jpeg")]
+                image = next((c for c in candidates if c.is_file()), None)
+            else:
+                image = None
+            if image is None:
+                raise CaptionError(f"CaptionQA entry {entry.id}: no embedded image and none under --images")
+            items.append(CaptionItem(entry.id, image))
+    elif benchmark == "caparena":
+        if images is None:
+            raise CaptionError("--benchmark caparena needs --images (the DOCCI image folder)")
+        names = [i.image for i in read_caparena(annotations)] if annotations else None
+        if names is None:
+            names = [p.relative_to(images).as_posix() for p in _images_under(Path(images))]
+        items = [CaptionItem(n, Path(images) / n) for n in names]
+    elif benchmark is None:
+        if images is None:
+            raise CaptionError("give --images (a folder of images or a balcaprl dataset) or --benchmark")
+        root = Path(images)
+        if (root / "dataset.json").is_file():
+            from balcaprl.data.format import read_split_rows
+
+            items = [
+                CaptionItem(r["id"], Path(r["image_path"]), prompt=r["prompt"])
+                for r in read_split_rows(root, split)
+            ]
+        elif root.is_dir():
+            items = [CaptionItem(p.relative_to(root).as_posix(), p) for p in _images_under(root)]
+            if not items:
+                raise CaptionError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        else:
+            raise CaptionError(f"--images {root} is not a folder")
+    else:
+        raise CaptionError(f"unknown benchmark {benchmark!r}; choose decapbench, captionqa or caparena")
+    return items[:limit] if limit is not None else items
+
+
+def _load_pil(image: Path | bytes):
+    from PIL import Image
+
+    data = image if isinstance(image, bytes) else Path(image).read_bytes()
+    with Image.open(io.BytesIO(data)) as opened:
+        return opened.convert("RGB")
+
+
+class TransformersCaptioner:
+    """Batched generation with ``transformers`` (CPU or GPU)."""
+
+    name = "transformers"
+
+    def __init__(self, model: str | Path, *, device: str = "auto", dtype: str = "auto"):
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype == "auto":
+            torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        else:
+            torch_dtype = getattr(torch, dtype)
+        self.model_id = str(model)
+        self.device = device
+        self.dtype = torch_dtype
+        self.model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+        self.processor = AutoProcessor.from_pretrained(model)
+        tokenizer = getattr(self.processor, "tokenizer", None)
+        if tokenizer is not None:
+            tokenizer.padding_side = "left"  # decoder-only batched generation continues on the right
+
+    def generate(
+        self, images: Sequence[Any], prompts: Sequence[str], settings: GenerationSettings
+    ) -> list[str]:
+        import torch
+
+        texts = [
+            self.processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for p in prompts
+        ]
+        batch = self.processor(text=texts, images=list(images), return_tensors="pt", padding=True).to(
+            self.device
+        )
+        if "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
+        sampling = settings.temperature > 0
+        if sampling:
+            torch.manual_seed(settings.seed)
+        with torch.no_grad():
+            out = self.model.generate(
+                **batch,
+                max_new_tokens=settings.max_new_tokens,
+                do_sample=sampling,
+                temperature=settings.temperature if sampling else None,
+                top_p=settings.top_p if sampling else None,
+                top_k=None,
+            )
+        new = out[:, batch["input_ids"].shape[1] :]
+        return [t.strip() for t in self.processor.batch_decode(new, skip_special_tokens=True)]
+
+
+class VLLMCaptioner:
+    """Generation with vLLM (``pip install 'balcaprl[vllm]'``, GPUs). ``engine_args`` go to ``vllm.LLM``
+    (e.g. ``tensor_parallel_size``, ``max_model_len``)."""
+
+    name = "vllm"
+
+    def __init__(self, model: str | Path, **engine_args: Any):
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise CaptionError(
+                f"the vllm backend needs vLLM ({error}); install it with `pip install 'balcaprl[vllm]'` "
+                "on a GPU machine, or use --backend transformers"
+            ) from None
+        self.model_id = str(model)
+        engine_args.setdefault("limit_mm_per_prompt", {"image": 1})
+        self.llm = LLM(model=str(model), **engine_args)
+
+    def generate(
+        self, images: Sequence[Any], prompts: Sequence[str], settings: GenerationSettings
+    ) -> list[str]:
+        import base64
+
+        from vllm import SamplingParams
+
+        conversations = []
+        for image, prompt in zip(images, prompts, strict=True):
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+            url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+            conversations.append(
+                [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": url}},
+                            {"type": "text", "text": prompt},
+                        ],
+                    }
+                ]  # fmt: skip
+            )
+        params = SamplingParams(
+            temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_new_tokens,
+            seed=settings.seed,
+        )  # fmt: skip
+        outputs = self.llm.chat(conversations, params, use_tqdm=False)
+        return [o.outputs[0].text.strip() for o in outputs]
+
+
+def native_path(out: Path, benchmark: str | None) -> Path:
+    """Where the benchmark's own input format is written next to ``out``."""
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.stem
+    suffix = {"decapbench": ".decapbench.jsonl", "captionqa": ".captionqa.json", "caparena": ".caparena.json"}
+    return out.with_name(stem + suffix.get(benchmark or "", ".json"))
+
+
+@dataclass
+class CaptionRun:
+    out: Path
+    native: Path
+    rows: list[dict[str, Any]]
+    generated: int  # captions made by this run (the rest came from OUT.part)
+
+
+def _run_id(model: str, prompt: str | None, backend: str, settings: GenerationSettings) -> str:
+    signature = {"model": model, "prompt": prompt, "backend": backend,
+                 **settings.model_dump(exclude={"batch_size"})}  # fmt: skip
+    return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_part(part: Path, run_id: str) -> dict[str, dict[str, Any]]:
+    if not part.exists():
+        return {}
+    data = part.read_bytes()
+    if data and not data.endswith(b"\n"):  # a line cut by an interruption
+        data = data[: data.rfind(b"\n") + 1]
+        with part.open("r+b") as handle:
+            handle.truncate(len(data))
+    done = {}
+    for line in data.decode("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("run_id") != run_id:
+            raise CaptionError(
+                f"{part} holds captions of a different run (model, prompt or sampling differ); "
+                "finish that run, or pass --overwrite to start over"
+            )
+        done[row["key"]] = row
+    return done
+
+
+def caption_items(
+    items: Sequence[CaptionItem],
+    captioner: Any,
+    out: Path,
+    *,
+    prompt: str = "detailed",
+    benchmark: str | None = None,
+    settings: GenerationSettings | None = None,
+    overwrite: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> CaptionRun:
+    """Caption ``items`` with ``captioner`` (anything with ``generate(images, prompts, settings)``,
+    ``name`` and ``model_id``); write the files; resume from ``OUT.part``."""
+    settings = settings or GenerationSettings()
+    out = Path(out)
+    text = resolve_prompt(prompt)
+    if text is None and any(i.prompt is None for i in items):
+        raise CaptionError("--prompt dataset needs a balcaprl dataset (its rows carry their prompts)")
+    run_id = _run_id(captioner.model_id, text, captioner.name, settings)
+    part = out.with_name(out.name + ".part")
+    if overwrite:
+        part.unlink(missing_ok=True)
+    done = _read_part(part, run_id)
+    todo = [i for i in items if i.key not in done]
+    generation = settings.model_dump(exclude={"batch_size"})
+    if on_progress is not None:
+        on_progress(len(items) - len(todo), len(items))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with part.open("a", encoding="utf-8") as handle:
+        for batch in _batches(todo, settings.batch_size):
+            prompts = [text if text is not None else (i.prompt or "") for i in batch]
+            captions = captioner.generate([_load_pil(i.image) for i in batch], prompts, settings)
+            for item, caption, used in zip(batch, captions, prompts, strict=True):
+                row = {"key": item.key, "image": item.image_label, "caption": caption, "benchmark": benchmark,
+                       "model": captioner.model_id, "backend": captioner.name, "prompt": used,
+                       "generation": generation, "run_id": run_id}  # fmt: skip
+                done[item.key] = row
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+            if on_progress is not None:
+                on_progress(len(done), len(items))
+    rows = [done[i.key] for i in items]
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    native = native_path(out, benchmark)
+    atomic_write_text(native, _native_text(items, rows, benchmark))
+    part.unlink(missing_ok=True)
+    return CaptionRun(out, native, rows, generated=len(todo))
+
+
+def _native_text(items: Sequence[CaptionItem], rows: Sequence[dict[str, Any]], benchmark: str | None) -> str:
+    if benchmark == "decapbench":
+        lines = [
+            {
+                "image_path": r["key"],
+                "image_name": PurePosixPath(r["key"]).name,
+                "caption": r["caption"],
+                "oracle_caption": i.extra.get("oracle_caption"),
+            }  # fmt: skip
+            for i, r in zip(items, rows, strict=True)
+        ]
+        return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    return json.dumps({r["key"]: r["caption"] for r in rows}, indent=2, ensure_ascii=False) + "\n"
+
+
+def _batches(items: Sequence[CaptionItem], size: int) -> Iterator[list[CaptionItem]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])

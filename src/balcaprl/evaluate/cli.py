@@ -1,0 +1,267 @@
+"""Evaluation commands (`balcaprl caption`, `evaluate`, `report`, `bench-general`), registered on the
+main app. Thin on purpose: arguments in, one call into the evaluate modules, a printed result out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=True, disable=not enabled)
+
+
+def caption(
+    model: str = typer.Option(..., "--model", help="Checkpoint folder or hub id of the captioning model."),
+    out: Path = typer.Option(..., "--out", help="Caption JSONL to write (the benchmark's own format goes next to it)."),
+    images: Path | None = typer.Option(
+        None, "--images", help="A balcaprl dataset folder, an image folder, or the benchmark's image folder."
+    ),
+    benchmark: str | None = typer.Option(
+        None, "--benchmark", help="decapbench | captionqa | caparena: caption that benchmark's images."
+    ),
+    annotations: Path | None = typer.Option(
+        None, "--annotations",
+        help="The benchmark's file: DeCapBench annotation JSONL, CaptionQA questions, caparena_auto_600.json.",
+    ),
+    split: str = typer.Option("eval", "--split", help="Dataset split, for a balcaprl dataset."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Caption only the first N images."),
+    backend: str = typer.Option("transformers", "--backend", help="transformers | vllm (the [vllm] extra)."),
+    prompt: str = typer.Option(
+        "detailed", "--prompt",
+        help="Preset (detailed: 'Describe this image in detail.'; dataset: each row's own prompt) or your text.",
+    ),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    seed: int = typer.Option(0, "--seed"),
+    batch_size: int = typer.Option(8, "--batch-size", min=1),
+    device: str = typer.Option("auto", "--device", help="transformers: auto | cpu | cuda | cuda:1 ..."),
+    dtype: str = typer.Option("auto", "--dtype", help="transformers: auto | float32 | bfloat16 | float16."),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm: tensor_parallel_size."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard an unfinished earlier run (OUT.part)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:  # fmt: skip
+    """Caption images with a model; resumable; writes JSONL and the benchmark's own input format."""
+    from balcaprl.evaluate.captioning import (
+        CaptionError,
+        GenerationSettings,
+        TransformersCaptioner,
+        VLLMCaptioner,
+        caption_items,
+        collect_items,
+    )
+    from balcaprl.evaluate.formats import FormatError
+
+    try:
+        items = collect_items(images, benchmark=benchmark, annotations=annotations, split=split, limit=limit)  # type: ignore[arg-type]
+        settings = GenerationSettings(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            batch_size=batch_size,
+        )
+        if backend == "transformers":
+            captioner = TransformersCaptioner(model, device=device, dtype=dtype)
+        elif backend == "vllm":
+            captioner = VLLMCaptioner(model, tensor_parallel_size=tensor_parallel)
+        else:
+            _fail(f"--backend {backend}: choose transformers or vllm")
+        with _progress(progress) as bars:
+            task = bars.add_task(f"captioning with {model}", total=len(items))
+            run = caption_items(
+                items, captioner, out, prompt=prompt, benchmark=benchmark, settings=settings, overwrite=overwrite,
+                on_progress=lambda done, total: bars.update(task, completed=done, total=total),
+            )  # fmt: skip
+    except (CaptionError, FormatError, FileNotFoundError) as error:
+        _fail(str(error))
+    typer.echo(
+        f"{len(run.rows)} captions ({run.generated} generated now, {len(run.rows) - run.generated} resumed)"
+    )
+    typer.echo(f"wrote {run.out}\nwrote {run.native}")
+
+
+def evaluate(
+    captions: list[str] = typer.Option(
+        ..., "--captions", help="Caption file (repeatable); BENCHMARK=FILE says which benchmark it is for."
+    ),
+    suite: str = typer.Option(
+        "bcapscore,dcscore,captionqa,caparena", "--suite", help="Comma-separated protocols to run."
+    ),
+    out: Path = typer.Option(..., "--out", help="Evaluation folder (eval.json + one folder per protocol)."),
+    config: Path | None = typer.Option(None, "--config", help="Evaluation config YAML (files, judges, settings)."),
+    judge: Path | None = typer.Option(None, "--judge", help="Judge config YAML for every protocol."),
+    judge_for: list[str] = typer.Option(
+        [], "--judge-for", help="PROTOCOL=JUDGE.yaml: another judge for one protocol (repeatable)."
+    ),
+    decapbench: Path | None = typer.Option(None, "--decapbench", help="DeCapBench annotation JSONL."),
+    decapbench_images: Path | None = typer.Option(None, "--decapbench-images", help="DeCapBench image folder."),
+    captionqa: Path | None = typer.Option(None, "--captionqa", help="CaptionQA question file."),
+    caparena: Path | None = typer.Option(None, "--caparena", help="caparena_auto_600.json."),
+    caparena_images: Path | None = typer.Option(None, "--caparena-images", help="CapArena image folder."),
+    label: str | None = typer.Option(None, "--label", help="The run's name in reports (default: the folder)."),
+    cache: Path | None = typer.Option(None, "--cache", help="Judge cache file (default: the judge config's, or OUT/)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="No judge cache (a re-run pays again)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:  # fmt: skip
+    """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable via the judge cache."""
+    from balcaprl.evaluate.suite import EvaluationError, load_evaluation_config, run_suite
+    from balcaprl.judge.config import JudgeConfigError
+
+    overrides: dict = {
+        "judge": str(judge) if judge else None,
+        "bcapscore": {"annotations": decapbench, "images": decapbench_images},
+        "dcscore": {"annotations": decapbench, "images": decapbench_images},
+        "captionqa": {"questions": captionqa},
+        "caparena": {"annotations": caparena, "images": caparena_images},
+    }
+    for spec in judge_for:
+        protocol, _, path = spec.partition("=")
+        if not path or protocol not in ("bcapscore", "dcscore", "captionqa", "caparena"):
+            _fail(f"--judge-for {spec!r}: expected PROTOCOL=FILE with a protocol of the suite")
+        overrides[protocol]["judge"] = path
+    names = [p.strip() for p in suite.split(",") if p.strip()]
+    try:
+        settings = load_evaluation_config(config, overrides)
+        with _progress(progress) as bars:
+            tasks: dict[str, int] = {}
+
+            def on_start(protocol: str, n: int) -> None:
+                tasks[protocol] = bars.add_task(protocol, total=None)
+
+            def on_progress(protocol: str, done: int, total: int) -> None:
+                bars.update(tasks[protocol], completed=done, total=total)
+
+            results = run_suite(
+                captions, names, out, settings, label=label, cache_path=cache, no_cache=no_cache,
+                on_start=on_start, on_progress=on_progress,
+            )  # fmt: skip
+    except (EvaluationError, JudgeConfigError) as error:
+        _fail(str(error))
+    for name, result in results.items():
+        score = "–" if result.score is None else f"{result.score:.1f}"
+        line = f"{name:>10}: {score}  ({result.n_scored} scored"
+        if result.failures:
+            line += f", failed: {json.dumps(result.failures)}"
+        if result.missing:
+            line += f", {len(result.missing)} without a caption"
+        typer.echo(line + ")")
+        if name == "caparena" and result.metrics.get("length_words") is not None:
+            typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")
+    if any(r.failures for r in results.values()):
+        typer.echo("failures are left out of the scores; run the same command again to retry only them")
+    typer.echo(f"wrote {Path(out) / 'eval.json'}")
+
+
+def report(
+    runs: list[Path] = typer.Argument(None, help="Evaluation folders, or run folders holding them."),
+    out: Path = typer.Option(Path("report"), "--out", help="Folder for report.md, report.csv, report.png."),
+    baseline: str | None = typer.Option(None, "--baseline", help="The row the deltas are taken against."),
+    published: str | None = typer.Option(
+        None, "--published",
+        help="Add the paper's Table 1 rows: all, or ids/families (qwen2.5-vl-3b, proprietary, llava-1.5-7b/baseline).",
+    ),
+    human_ranking: Path | None = typer.Option(
+        None, "--human-ranking", help="Human ranking (models best first, or CSV model,score) for Spearman."
+    ),
+    title: str = typer.Option("Caption evaluation", "--title"),
+) -> None:  # fmt: skip
+    """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
+    from balcaprl.evaluate.report import ReportError, build_report
+
+    try:
+        result = build_report(
+            runs or [], out, baseline=baseline, published=published, human_ranking=human_ranking, title=title
+        )
+    except (ReportError, FileNotFoundError) as error:
+        _fail(str(error))
+    typer.echo(result.markdown)
+    typer.echo(f"wrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'report.png'}")
+
+
+def bench_general(
+    model: str | None = typer.Option(None, "--model", help="Checkpoint to evaluate (lmms-eval's pretrained=)."),
+    out: Path = typer.Option(..., "--out", help="Evaluation folder; results go into its eval.json."),
+    benchmarks: str | None = typer.Option(
+        None, "--benchmarks", help="Comma-separated subset (default: the paper's ten)."
+    ),
+    model_type: str = typer.Option(
+        "qwen2_5_vl", "--model-type", help="lmms-eval --model: qwen2_5_vl, llava_hf, llava_onevision, ..."
+    ),
+    model_args: str | None = typer.Option(None, "--model-args", help="Extra model_args, e.g. max_pixels=12845056."),
+    batch_size: int = typer.Option(1, "--batch-size", min=1),
+    num_processes: int = typer.Option(1, "--num-processes", min=1, help="GPUs, through accelerate launch."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="lmms-eval --limit (smoke tests)."),
+    extra: list[str] = typer.Option([], "--lmms-eval-arg", help="More lmms-eval arguments (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command, run nothing."),
+    import_only: Path | None = typer.Option(
+        None, "--import-only", help="Import this lmms-eval *_results.json (or folder) instead of running."
+    ),
+    label: str | None = typer.Option(None, "--label", help="The run's name in reports."),
+) -> None:  # fmt: skip
+    """Run lmms-eval's general benchmarks (Table 2) on a checkpoint and import the scores."""
+    from balcaprl.evaluate.general import (
+        find_results_file,
+        import_lmms_eval_results,
+        lmms_eval_command,
+        record_general,
+        run_lmms_eval,
+        select,
+        shell_line,
+    )
+
+    try:
+        chosen = select([b.strip() for b in benchmarks.split(",")] if benchmarks else None)
+    except ValueError as error:
+        _fail(str(error))
+    output_path = out / "lmms_eval"
+    if import_only is None:
+        if model is None:
+            _fail("give --model (or --import-only FILE)")
+        argv = lmms_eval_command(
+            model, output_path, benchmarks=chosen, model_type=model_type, model_args=model_args,
+            batch_size=batch_size, num_processes=num_processes, limit=limit, extra=extra,
+        )  # fmt: skip
+        typer.echo(shell_line(argv))
+        if dry_run:
+            return
+        try:
+            status = run_lmms_eval(argv)
+        except RuntimeError as error:
+            _fail(str(error))
+        if status != 0:
+            _fail(f"lmms-eval exited with status {status}; nothing imported")
+        source = output_path
+    else:
+        source = import_only
+    try:
+        results_file = source if Path(source).is_file() else find_results_file(Path(source))
+        imported = import_lmms_eval_results(results_file)
+    except (FileNotFoundError, ValueError, json.JSONDecodeError) as error:
+        _fail(str(error))
+    path = record_general(out, imported, label=label)
+    for name, value in imported["scores"].items():
+        typer.echo(f"{name:>10}: {value:.2f}")
+    if imported["missing"]:
+        typer.echo(f"not in the results: {', '.join(imported['missing'])}")
+    typer.echo(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to ``app``."""
+    app.command("caption")(caption)
+    app.command("evaluate")(evaluate)
+    app.command("report")(report)
+    app.command("bench-general")(bench_general)

@@ -1,0 +1,328 @@
+"""The benchmarks' own files, read and written exactly as their official code does (no download here:
+every path comes from the user).
+
+- **DeCapBench** (DCScore; also b-CapScore's images and human references): the annotation file
+  (``IIW_400_data.jsonl``: one object per image with ``image_name``, ``oracle_caption`` and
+  ``oracle_facts``, a list of human-written atomic facts) and caption files in JSONL with the image
+  (``image_path`` or ``image_name``) and ``caption`` (``oracle_caption`` may ride along).
+- **CaptionQA**: the question set of ``Borise/CaptionQA`` as saved from the hub (parquet, JSON or
+  JSONL rows with ``id`` and ``questions``: ``question``, ``choices``, ``answer`` (the text of the
+  right choice), ``category`` (a string or a list whose first item counts); images, when present,
+  as ``images``/``image`` structs with ``bytes``), or the legacy ``{image_key: [question, ...]}``
+  JSON; caption files are ``{id: caption}``.
+- **CapArena-Auto**: ``caparena_auto_600.json``, ``{"test_XXXXX.jpg": {"ref_model": baseline,
+  "captions": {model: caption, ..., "human": reference}}}``; caption files are
+  ``{"test_XXXXX.jpg": caption}``.
+
+Our own caption file (what ``balcaprl caption`` writes): JSONL, one object per image with ``key``
+(the benchmark's own key for the image), ``image``, ``caption`` and ``benchmark``; it can hold
+captions for several benchmarks at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+__all__ = [
+    "BENCHMARKS",
+    "CapArenaItem",
+    "CaptionQAEntry",
+    "CaptionSet",
+    "DeCapBenchItem",
+    "FormatError",
+    "Question",
+    "read_caparena",
+    "read_caption_sets",
+    "read_captionqa",
+    "read_decapbench",
+    "read_json_or_jsonl",
+]
+
+BENCHMARKS = ("decapbench", "captionqa", "caparena")
+
+
+class FormatError(ValueError):
+    """A benchmark or caption file that is not in the expected format; says where and what."""
+
+
+def read_json_or_jsonl(path: Path) -> Any:
+    """A JSON document, or the list of objects of a JSONL file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise FormatError(f"{path}: cannot read it ({error.strerror or error})") from None
+    stripped = text.strip()
+    if not stripped:
+        raise FormatError(f"{path}: the file is empty")
+    try:
+        return json.loads(stripped)
+    except json.JSONDecodeError:
+        pass
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise FormatError(f"{path}:{number}: neither a JSON document nor JSONL ({error.msg})") from None
+    return rows
+
+
+def _image_key(row: dict[str, Any]) -> str | None:
+    for name in ("image_name", "image_path", "image", "img", "key", "id"):
+        value = row.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+# ------------------------------------------------------------------------------------------- DeCapBench
+
+
+@dataclass(frozen=True)
+class DeCapBenchItem:
+    """One DeCapBench image: its key (the annotation's image name), reference and oracle facts."""
+
+    key: str
+    oracle_caption: str
+    oracle_facts: tuple[str, ...]
+
+
+def read_decapbench(path: Path) -> list[DeCapBenchItem]:
+    """The annotation file (JSONL of ``image_name``/``image_path``, ``oracle_caption``, ``oracle_facts``)."""
+    rows = read_json_or_jsonl(path)
+    if isinstance(rows, dict):
+        rows = [rows]
+    items, seen = [], set()
+    for number, row in enumerate(rows, 1):
+        where = f"{path}: row {number}"
+        if not isinstance(row, dict):
+            raise FormatError(f"{where}: expected an object")
+        key = _image_key(row)
+        if key is None:
+            raise FormatError(f"{where}: no image name (image_name or image_path)")
+        caption = row.get("oracle_caption")
+        facts = row.get("oracle_facts")
+        if not isinstance(caption, str) or not caption.strip():
+            raise FormatError(f"{where}: 'oracle_caption' must be a non-empty string")
+        if (
+            not isinstance(facts, list)
+            or not facts
+            or not all(isinstance(f, str) and f.strip() for f in facts)
+        ):
+            raise FormatError(f"{where}: 'oracle_facts' must be a non-empty list of strings")
+        if key in seen:
+            raise FormatError(f"{where}: image {key!r} appears twice")
+        seen.add(key)
+        items.append(DeCapBenchItem(key, caption.strip(), tuple(f.strip() for f in facts)))
+    return items
+
+
+# ------------------------------------------------------------------------------------------- CaptionQA
+
+
+@dataclass(frozen=True)
+class Question:
+    question: str
+    choices: tuple[str, ...]
+    answer: Any  # the right choice's text (anything else: the question cannot be scored)
+    category: str
+
+
+@dataclass(frozen=True)
+class CaptionQAEntry:
+    """One CaptionQA image: its id, questions in file order, and (if embedded) the image's bytes."""
+
+    id: str
+    questions: tuple[Question, ...]
+    image: bytes | str | None = None  # encoded bytes, or a path as the file gives it
+    domain: str | None = None
+
+
+def _category(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        value = value[0] if value else ""
+    return "" if value is None else str(value)
+
+
+def _question(q: dict[str, Any]) -> Question:
+    choices = q.get("choices") or []
+    choices = [c.get("text") if isinstance(c, dict) else c for c in choices]
+    return Question(
+        question=str(q.get("question", "")),
+        choices=tuple(str(c) for c in choices),
+        answer=q.get("answer"),
+        category=_category(q.get("category")),
+    )
+
+
+def _embedded_image(row: dict[str, Any]) -> bytes | str | None:
+    value = row.get("images")
+    if isinstance(value, list | tuple):
+        value = value[0] if value else None
+    if value is None:
+        value = row.get("image")
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            return bytes(value["bytes"])
+        return value.get("path")
+    if isinstance(value, bytes | str):
+        return value
+    return None
+
+
+def read_captionqa(path: Path) -> list[CaptionQAEntry]:
+    """The question set: parquet/JSON/JSONL rows with ``id`` and ``questions`` (or the single-question
+    row form with ``question``/``choices``/``answer``), or the legacy ``{key: [questions]}`` JSON."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows: Any = pq.read_table(path).to_pylist()
+        except Exception as error:  # pyarrow raises several types for a bad file
+            raise FormatError(f"{path}: not a readable parquet file ({error})") from None
+    else:
+        rows = read_json_or_jsonl(path)
+    if isinstance(rows, dict):
+        if all(isinstance(v, list) for v in rows.values()):  # the legacy {key: [question, ...]} form
+            rows = [{"id": k, "questions": v} for k, v in rows.items()]
+        else:
+            rows = [rows]
+    entries = []
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or row.get("id") is None:
+            raise FormatError(f"{path}: row {number} has no 'id'")
+        questions = row.get("questions") or []
+        if not questions and "question" in row:
+            questions = [{k: row.get(k) for k in ("question", "choices", "answer", "category")}]
+        if not isinstance(questions, list):
+            raise FormatError(f"{path}: row {number}: 'questions' must be a list")
+        entries.append(
+            CaptionQAEntry(
+                id=str(row["id"]),
+                questions=tuple(_question(q) for q in questions if isinstance(q, dict)),
+                image=_embedded_image(row),
+                domain=row.get("domain"),
+            )
+        )
+    return entries
+
+
+# ------------------------------------------------------------------------------------------- CapArena
+
+
+@dataclass(frozen=True)
+class CapArenaItem:
+    """One CapArena-Auto image: the baseline it is compared with, that baseline's caption, and the
+    human reference shown to the judge."""
+
+    image: str
+    ref_model: str
+    baseline_caption: str
+    human: str
+
+
+def read_caparena(path: Path) -> list[CapArenaItem]:
+    """``caparena_auto_600.json``: ``{image: {"ref_model": ..., "captions": {..., "human": ...}}}``."""
+    data = read_json_or_jsonl(path)
+    if not isinstance(data, dict):
+        raise FormatError(f"{path}: expected one JSON object keyed by image file name")
+    items = []
+    for image, entry in data.items():
+        where = f"{path}: {image!r}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("captions"), dict):
+            raise FormatError(f"{where}: expected {{'ref_model': ..., 'captions': {{...}}}}")
+        ref_model = entry.get("ref_model")
+        captions = entry["captions"]
+        if not isinstance(ref_model, str) or ref_model not in captions:
+            raise FormatError(f"{where}: 'ref_model' must name one of its captions")
+        if not isinstance(captions.get("human"), str):
+            raise FormatError(f"{where}: no 'human' reference caption")
+        items.append(CapArenaItem(image, ref_model, str(captions[ref_model]), captions["human"]))
+    return items
+
+
+# ------------------------------------------------------------------------------------------- captions
+
+
+@dataclass
+class CaptionSet:
+    """Captions of one model for one benchmark: key -> caption, and where they came from."""
+
+    benchmark: str | None  # None: not said (a plain {key: caption} file)
+    captions: dict[str, str] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    model: str | None = None
+
+    def lookup(self, key: str) -> str | None:
+        """The caption of ``key``, matching a path by its file name when the full path differs."""
+        if key in self.captions:
+            return self.captions[key]
+        name = PurePosixPath(key.replace("\\", "/")).name
+        by_name = self._by_name()
+        return by_name.get(name)
+
+    def _by_name(self) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for k, v in self.captions.items():
+            names.setdefault(PurePosixPath(k.replace("\\", "/")).name, v)
+        return names
+
+
+def _add(sets: dict[str | None, CaptionSet], benchmark: str | None, key: str, caption: str, source: str,
+         model: str | None = None) -> None:  # fmt: skip
+    target = sets.setdefault(benchmark, CaptionSet(benchmark))
+    if key in target.captions and target.captions[key] != caption:
+        raise FormatError(f"{source}: two different captions for {key!r} ({benchmark or 'unnamed'})")
+    target.captions[key] = caption
+    if source not in target.sources:
+        target.sources.append(source)
+    if model and not target.model:
+        target.model = model
+
+
+def read_caption_sets(specs: Iterable[str | Path]) -> dict[str | None, CaptionSet]:
+    """Caption files -> one :class:`CaptionSet` per benchmark.
+
+    Each spec is a path, or ``BENCHMARK=PATH`` to say which benchmark a file's captions are for.
+    Accepted: our JSONL (``key``, ``caption``, ``benchmark``), DeCapBench JSONL (``image_path`` or
+    ``image_name``, ``caption``), ``{key: caption}`` JSON, and ``score``'s ``{"image", "caption"}``
+    JSONL. Captions without a benchmark go to the ``None`` set, which every protocol may use.
+    """
+    sets: dict[str | None, CaptionSet] = {}
+    for spec in specs:
+        text = str(spec)
+        benchmark, _, rest = text.partition("=")
+        if rest and benchmark in BENCHMARKS:
+            forced: str | None = benchmark
+            path = Path(rest)
+        else:
+            forced, path = None, Path(text)
+        data = read_json_or_jsonl(path)
+        source = str(path)
+        if isinstance(data, dict) and all(isinstance(v, str) for v in data.values()):
+            for key, caption in data.items():
+                _add(sets, forced, key, caption, source)
+            continue
+        if isinstance(data, dict):
+            data = [data]
+        if not isinstance(data, list):
+            raise FormatError(f"{path}: expected {{key: caption}} JSON or JSONL caption rows")
+        for number, row in enumerate(data, 1):
+            if not isinstance(row, dict) or not isinstance(row.get("caption"), str):
+                raise FormatError(f"{path}: row {number}: expected an object with a string 'caption'")
+            key = row.get("key") if isinstance(row.get("key"), str) else _image_key(row)
+            if key is None:
+                raise FormatError(f"{path}: row {number}: no key (key, image_name, image_path or image)")
+            benchmark_of_row = forced or row.get("benchmark")
+            if benchmark_of_row is None and ("image_path" in row or "image_name" in row):
+                benchmark_of_row = "decapbench"  # DeCapBench's own caption format
+            _add(sets, benchmark_of_row, key, row["caption"], source, row.get("model"))
+    return sets

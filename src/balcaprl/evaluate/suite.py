@@ -1,0 +1,313 @@
+"""`balcaprl evaluate`: run the chosen protocols on a model's captions and write one evaluation folder.
+
+    OUT/eval.json              label, caption files, and per protocol: the headline score (the
+                               paper's scale), its components, failures, missing items, settings,
+                               judge model and accounting; ``headline`` collects Table 1's numbers
+    OUT/<protocol>/items.jsonl per-item rows (b-CapScore: scores.jsonl + summary.json, as
+                               `balcaprl score` writes them)
+
+Every file is written atomically. ``eval.json`` is rewritten after each protocol, and a later run
+into the same folder adds to it (run ``--suite caparena`` today and ``--suite dcscore`` tomorrow).
+Judge calls go through the judge's sqlite cache, so an interrupted or repeated run pays only for
+what is missing: the judge config's ``cache_path`` when it has one, else ``OUT/judge_cache.sqlite``.
+
+The evaluation config (YAML, ``--config``) names the benchmark files and, per protocol, an
+optional judge config and protocol settings; command-line flags override it::
+
+    judge: judges/gpt-4o.yaml            # default judge config for every protocol
+    bcapscore: {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images,
+                judge: judges/gpt-5.4.yaml}
+    dcscore:   {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images}
+    captionqa: {questions: captionqa/all.parquet, judge: judges/qwen2.5-72b.yaml}
+    caparena:  {annotations: caparena/caparena_auto_600.json, images: caparena/images}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from balcaprl.data.format import atomic_write_text
+from balcaprl.evaluate.caparena import CapArenaSettings
+from balcaprl.evaluate.captionqa import CaptionQASettings
+from balcaprl.evaluate.dcscore import DCScoreSettings
+from balcaprl.evaluate.formats import CaptionSet, FormatError, read_caption_sets
+from balcaprl.evaluate.results import ProtocolResult
+
+__all__ = [
+    "PROTOCOLS",
+    "EVAL_FILE",
+    "EvaluationConfig",
+    "EvaluationError",
+    "load_evaluation_config",
+    "read_eval",
+    "run_suite",
+]
+
+PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
+EVAL_FILE = "eval.json"
+# which benchmark's captions each protocol reads
+_BENCHMARK_OF = {
+    "bcapscore": "decapbench",
+    "dcscore": "decapbench",
+    "captionqa": "captionqa",
+    "caparena": "caparena",
+}
+# the headline figures of Table 1: name -> (protocol, metric)
+HEADLINE = {
+    "dcscore": ("dcscore", "dcscore"),
+    "captionqa": ("captionqa", "score"),
+    "caparena": ("caparena", "score"),
+    "arena_length": ("caparena", "length_words"),
+    "bcapscore": ("bcapscore", "b_capscore"),
+}
+
+
+class EvaluationError(ValueError):
+    """An evaluation that cannot run as asked (missing files, bad config); says what to do."""
+
+
+JudgeSpec = str | dict[str, Any] | None
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    judge: JudgeSpec = Field(None, description="Judge config (YAML path or mapping) for this protocol.")
+
+
+class BCapScoreSection(_Section):
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (human references).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
+
+
+class DCScoreSection(_Section, DCScoreSettings):
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (oracle facts).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
+
+
+class CaptionQASection(_Section, CaptionQASettings):
+    questions: Path | None = Field(None, description="CaptionQA questions (parquet/JSON/JSONL).")
+
+
+class CapArenaSection(_Section, CapArenaSettings):
+    annotations: Path | None = Field(None, description="caparena_auto_600.json.")
+    images: Path | None = Field(None, description="CapArena-Auto (DOCCI) image folder.")
+
+
+class EvaluationConfig(BaseModel):
+    """Benchmark files, judges and protocol settings for `balcaprl evaluate` (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    judge: JudgeSpec = Field(None, description="Default judge config for every protocol.")
+    bcapscore: BCapScoreSection = Field(default_factory=BCapScoreSection)
+    dcscore: DCScoreSection = Field(default_factory=DCScoreSection)
+    captionqa: CaptionQASection = Field(default_factory=CaptionQASection)
+    caparena: CapArenaSection = Field(default_factory=CapArenaSection)
+
+
+def load_evaluation_config(path: Path | None, overrides: dict[str, Any] | None = None) -> EvaluationConfig:
+    """The config from ``path`` (relative paths resolved against its folder), then ``overrides``
+    (``{"judge": ..., "dcscore": {"annotations": ...}, ...}``; ``None`` values are ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise EvaluationError(f"evaluation config {path}: cannot read it ({error})") from None
+        if not isinstance(data, dict):
+            raise EvaluationError(f"evaluation config {path}: expected a mapping")
+        base = Path(path).parent
+        data = _resolve_paths(data, base)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict):
+            section = dict(data.get(key) or {})
+            section.update({k: v for k, v in value.items() if v is not None})
+            data[key] = section
+        elif value is not None:
+            data[key] = value
+    try:
+        return EvaluationConfig.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise EvaluationError(f"evaluation config: {problems}") from None
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(data)
+    if isinstance(out.get("judge"), str):
+        out["judge"] = str(base / out["judge"])
+    for name in PROTOCOLS:
+        section = out.get(name)
+        if isinstance(section, dict):
+            section = dict(section)
+            for key in ("annotations", "images", "questions", "judge"):
+                if isinstance(section.get(key), str):
+                    section[key] = str(base / Path(section[key]).expanduser())
+            out[name] = section
+    return out
+
+
+def read_eval(out_dir: Path) -> dict[str, Any]:
+    """``OUT/eval.json`` (empty skeleton when absent)."""
+    path = Path(out_dir) / EVAL_FILE
+    if not path.is_file():
+        return {"label": None, "results": {}, "headline": {}}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _write_eval(out_dir: Path, record: dict[str, Any]) -> None:
+    record["headline"] = {
+        name: (record["results"].get(protocol) or {}).get("metrics", {}).get(metric)
+        for name, (protocol, metric) in HEADLINE.items()
+    }
+    general = record["results"].get("general")
+    if general:
+        record["headline"]["general"] = general.get("scores")
+    atomic_write_text(Path(out_dir) / EVAL_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+
+
+def _captions_for(sets: dict[str | None, CaptionSet], protocol: str) -> CaptionSet:
+    benchmark = _BENCHMARK_OF[protocol]
+    own, unnamed = sets.get(benchmark), sets.get(None)
+    if own is None and unnamed is None:
+        named = ", ".join(sorted(str(k) for k in sets)) or "none"
+        raise EvaluationError(
+            f"{protocol} needs {benchmark} captions, and the caption files hold none (they hold: {named}); "
+            f"caption the benchmark with `balcaprl caption --benchmark {benchmark} ...`, or pass "
+            f"--captions {benchmark}=FILE"
+        )
+    if own is None:
+        return unnamed  # type: ignore[return-value]
+    if unnamed is not None:  # own captions first, unnamed ones fill in
+        merged = CaptionSet(benchmark, {**unnamed.captions, **own.captions}, own.sources + unnamed.sources)
+        merged.model = own.model
+        return merged
+    return own
+
+
+def _need(value: Path | None, protocol: str, what: str, flag: str) -> Path:
+    if value is None:
+        raise EvaluationError(f"{protocol} needs {what}: pass {flag} or set `{protocol}: ...` in --config")
+    if not Path(value).exists():
+        raise EvaluationError(f"{protocol}: {what} {value} does not exist")
+    return Path(value)
+
+
+def run_suite(
+    captions: Sequence[str | Path],
+    suite: Sequence[str],
+    out_dir: Path,
+    config: EvaluationConfig,
+    *,
+    label: str | None = None,
+    cache_path: Path | None = None,
+    no_cache: bool = False,
+    on_start: Callable[[str, int], None] | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+    http_client: Any = None,
+) -> dict[str, ProtocolResult]:
+    """Run ``suite`` (protocol names, in order) on the caption files; write ``out_dir``; return the
+    results. Raises :class:`EvaluationError` (bad input) or ``JudgeConfigError`` before paying for
+    any call when the set-up is wrong."""
+    from balcaprl.evaluate.caparena import run_caparena
+    from balcaprl.evaluate.captionqa import run_captionqa
+    from balcaprl.evaluate.dcscore import run_dcscore
+    from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
+    from balcaprl.judge import build_judge
+    from balcaprl.judge.calls import JudgeCaller
+    from balcaprl.judge.config import load_judge_config
+
+    unknown = [p for p in suite if p not in PROTOCOLS]
+    if unknown or not suite:
+        raise EvaluationError(f"unknown protocol(s) {unknown}; choose from {', '.join(PROTOCOLS)}")
+    out_dir = Path(out_dir)
+    try:
+        sets = read_caption_sets(captions)
+    except FormatError as error:
+        raise EvaluationError(str(error)) from None
+
+    def judge_config(protocol: str):
+        spec = getattr(config, protocol).judge or config.judge
+        if spec is None:
+            raise EvaluationError(f"{protocol} needs a judge: pass --judge FILE or set `judge:` in --config")
+        cfg = load_judge_config(spec if isinstance(spec, dict) else Path(spec))
+        if no_cache:
+            return cfg.model_copy(update={"cache_path": None})
+        if cache_path is not None or cfg.cache_path is None:
+            return cfg.model_copy(update={"cache_path": Path(cache_path or out_dir / "judge_cache.sqlite")})
+        return cfg
+
+    # Check everything first: a bad path found after an hour of paid calls is an expensive mistake.
+    plan: list[tuple[str, Any, CaptionSet, Any]] = []
+    for protocol in suite:
+        section = getattr(config, protocol)
+        chosen = _captions_for(sets, protocol)
+        cfg = judge_config(protocol)
+        try:
+            if protocol in ("bcapscore", "dcscore"):
+                data = read_decapbench(
+                    _need(section.annotations, protocol, "DeCapBench annotations", "--decapbench")
+                )
+                _need(section.images, protocol, "the DeCapBench image folder", "--decapbench-images")
+            elif protocol == "captionqa":
+                data = read_captionqa(
+                    _need(section.questions, protocol, "the CaptionQA questions", "--captionqa")
+                )
+            else:
+                data = read_caparena(
+                    _need(section.annotations, protocol, "caparena_auto_600.json", "--caparena")
+                )
+                _need(section.images, protocol, "the CapArena image folder", "--caparena-images")
+        except FormatError as error:
+            raise EvaluationError(str(error)) from None
+        plan.append((protocol, cfg, chosen, data))
+
+    record = read_eval(out_dir)
+    record["label"] = label or record.get("label") or out_dir.name
+    record.setdefault("results", {})
+    record["captions"] = sorted({s for c in sets.values() for s in c.sources})
+    record["model"] = next((c.model for c in sets.values() if c.model), record.get("model"))
+    results: dict[str, ProtocolResult] = {}
+    for protocol, cfg, chosen, data in plan:
+        section = getattr(config, protocol)
+        protocol_dir = out_dir / protocol
+        protocol_dir.mkdir(parents=True, exist_ok=True)
+        if on_start is not None:
+            on_start(protocol, len(data))
+        progress = (lambda d, t, p=protocol: on_progress(p, d, t)) if on_progress is not None else None
+        if protocol == "bcapscore":
+            from balcaprl.evaluate.bcapscore import run_bcapscore
+
+            judge = build_judge(cfg, image_root=section.images, http_client=http_client)
+            result = run_bcapscore(judge, data, chosen, protocol_dir, on_progress=progress)
+        else:
+            image_root = getattr(section, "images", None)
+            caller = JudgeCaller(cfg, image_root=image_root, http_client=http_client)
+            if protocol == "dcscore":
+                settings = DCScoreSettings(**section.model_dump(include=set(DCScoreSettings.model_fields)))
+                result = run_dcscore(caller, data, chosen, image_root, protocol_dir, settings, progress)
+            elif protocol == "captionqa":
+                settings = CaptionQASettings(
+                    **section.model_dump(include=set(CaptionQASettings.model_fields))
+                )
+                result = run_captionqa(caller, data, chosen, protocol_dir, settings, progress)
+            else:
+                settings = CapArenaSettings(**section.model_dump(include=set(CapArenaSettings.model_fields)))
+                result = run_caparena(
+                    caller, data, chosen, image_root, protocol_dir, settings,
+                    model_name=record["label"], on_progress=progress,
+                )  # fmt: skip
+        results[protocol] = result
+        entry = result.as_dict()
+        entry["captions"] = chosen.sources
+        entry["finished"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        record["results"][protocol] = entry
+        _write_eval(out_dir, record)
+    return results

@@ -1,0 +1,162 @@
+"""`balcaprl evaluate`: all four protocols in one run over the loopback server (the scripted verdict
+judge for b-CapScore, the scripted handler for the rest), eval.json, resume, config and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+import yaml
+from evaluate_testkit import (
+    CAPARENA_BASELINES,
+    ProtocolJudge,
+    write_caparena,
+    write_captionqa,
+    write_decapbench,
+    write_judge_yaml,
+)
+from typer.testing import CliRunner
+
+from balcaprl.evaluate.cli import register
+from balcaprl.evaluate.suite import EvaluationError, load_evaluation_config, read_eval
+
+# b-CapScore with the scripted verdict judge (see tests/judge/judge_testkit.py for its rules):
+# iiw_001: clauses "a red door on the left" (visible, pointable), "a purple elephant" (not visible),
+#   "the scene has a cozy atmosphere" (commentary) -> P 1/3; reference clauses: door covered, cat not
+#   -> R 1/2; linguistic 21/27.  iiw_002: the caption is the reference -> P 1, R 1, L 21/27.
+DECAP_CAPTIONS = {
+    "iiw_001.jpg": "A red door on the left, a purple elephant, the scene has a cozy atmosphere.",
+    "iiw_002.jpg": "A blue car is parked by a tree.",
+}
+B1 = 3 / (3 + 2 + 27 / 21)
+B2 = 3 / (1 + 1 + 27 / 21)
+# DCScore: iiw_001 -> one fact, matched and verified: P 1, R 1/3, F1 1/2 (all and relevant);
+# iiw_002 -> no fact extracted: 0.  DCScore = 100 x (0.5 + 0) / 2.
+FACTS = {DECAP_CAPTIONS["iiw_001.jpg"]: [("There is a red door", "door_0", True)]}
+MATCHES = {"There is a red door": ["There is a red door."]}
+VERIFIED = {"There is a red door": [True]}
+# CaptionQA: see test_evaluate_captionqa.py -> 100 x (1 + 0 + 0.55 + 0) / 4
+ANSWERS = {
+    ("CAP1", "What colour is the door?"): "Red",
+    ("CAP1", "Is there a cat?"): "No",
+    ("CAP2", "Where is the car parked?"): "Cannot answer from the caption",
+    ("CAP2", "What brand is the car?"): "raw:none",
+}
+
+
+@pytest.fixture
+def world(tmp_path, eval_server):
+    decap, decap_images = write_decapbench(tmp_path)
+    questions = write_captionqa(tmp_path)
+    arena, arena_images, _ = write_caparena(tmp_path)
+    ours_arena = {f"test_{i:05d}.jpg": " ".join(["w"] * (i + 2)) for i in range(6)}  # 2..7 words
+    handler = ProtocolJudge(facts=FACTS, matches=MATCHES, verified=VERIFIED, answers=ANSWERS,
+                            preferred=set(ours_arena.values()))  # fmt: skip
+    server = eval_server(handler)
+    rows = [
+        {"key": k, "image": k, "caption": c, "benchmark": "decapbench", "model": "m"}
+        for k, c in DECAP_CAPTIONS.items()
+    ]
+    rows += [{"key": k, "image": "<embedded>", "caption": c, "benchmark": "captionqa", "model": "m"}
+             for k, c in {"nat_001": "CAP1", "nat_002": "CAP2"}.items()]  # fmt: skip
+    rows += [
+        {"key": k, "image": k, "caption": c, "benchmark": "caparena", "model": "m"}
+        for k, c in ours_arena.items()
+    ]
+    captions = tmp_path / "captions.jsonl"
+    captions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    judge = write_judge_yaml(tmp_path / "judge.yaml", server.base_url)
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "judge": "judge.yaml",
+        "bcapscore": {"annotations": decap.name, "images": decap_images.name},
+        "dcscore": {"annotations": decap.name, "images": decap_images.name, "n_match": 2, "n_verify": 2},
+        "captionqa": {"questions": questions.name},
+        "caparena": {"annotations": arena.name, "images": arena_images.name},
+    }))  # fmt: skip
+    return server, handler, captions, config, judge
+
+
+def cli(*args):
+    app = typer.Typer()
+    register(app)
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
+    server, handler, captions, config, _ = world
+    out = tmp_path / "eval"
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
+                 "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = read_eval(out)
+    headline = record["headline"]
+    assert headline["bcapscore"] == pytest.approx(100 * (B1 + B2) / 2)
+    assert headline["dcscore"] == pytest.approx(100 * (0.5 + 0) / 2, rel=1e-6)
+    assert headline["captionqa"] == pytest.approx(38.75)
+    assert headline["caparena"] == pytest.approx(1.0)  # every battle won: (2 - 0) / 2 per baseline
+    assert headline["arena_length"] == pytest.approx(sum(range(2, 8)) / 6)
+    assert record["label"] == "tiny"
+    results = record["results"]
+    assert results["captionqa"]["missing"] == ["doc_001"] and not results["captionqa"]["complete"]
+    assert results["bcapscore"]["complete"] and results["bcapscore"]["judge"] == "scripted"
+    assert results["dcscore"]["settings"]["n_match"] == 2
+    assert set(results["caparena"]["metrics"]["per_baseline"]) == set(CAPARENA_BASELINES)
+    assert (out / "bcapscore" / "scores.jsonl").is_file() and (out / "bcapscore" / "summary.json").is_file()
+    for protocol in ("dcscore", "captionqa", "caparena"):
+        assert (out / protocol / "items.jsonl").is_file()
+    assert "bcapscore:" in result.output and "without a caption" in result.output
+    calls = server.counters.total
+    # verdicts 2; dcscore: 2 extractions + 2 match and 2 verify trials of the one caption with facts;
+    # captionqa 4 questions; caparena 6 battles
+    assert calls == 2 + (2 + 2 + 2) + 4 + 6
+
+    # The same command again costs nothing: every answer is in OUT/judge_cache.sqlite.
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
+                 "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert server.counters.total == calls
+    assert read_eval(out)["headline"] == headline
+
+
+def test_results_accumulate_and_flags_override(tmp_path, world):
+    server, _, captions, config, judge = world
+    out = tmp_path / "eval"
+    assert cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--suite", "caparena",
+               "--no-progress").exit_code == 0  # fmt: skip
+    assert set(read_eval(out)["results"]) == {"caparena"}
+    other = tmp_path / "other_judge.yaml"
+    other.write_text(judge.read_text().replace("model: scripted", "model: another-judge"))
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--suite", "captionqa",
+                 "--judge-for", f"captionqa={other}", "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = read_eval(out)
+    assert (
+        set(record["results"]) == {"caparena", "captionqa"}
+        and record["results"]["captionqa"]["judge"] == "another-judge"
+    )
+    assert record["headline"]["caparena"] == pytest.approx(1.0)
+
+
+def test_set_up_errors_are_found_before_any_call(tmp_path, world):
+    server, _, captions, config, judge = world
+    only_arena = tmp_path / "arena_only.json"
+    only_arena.write_text(json.dumps({"test_00000.jpg": "x"}))
+    result = cli("evaluate", "--captions", f"caparena={only_arena}", "--config", config, "--out", tmp_path / "e",
+                 "--suite", "caparena,dcscore", "--no-progress")  # fmt: skip
+    assert result.exit_code == 2 and "dcscore needs decapbench captions" in result.output
+    result = cli("evaluate", "--captions", captions, "--judge", judge, "--out", tmp_path / "e", "--suite", "captionqa",
+                 "--no-progress")  # fmt: skip
+    assert result.exit_code == 2 and "--captionqa" in result.output
+    result = cli(
+        "evaluate", "--captions", captions, "--config", config, "--out", tmp_path / "e", "--suite", "bleu"
+    )
+    assert result.exit_code == 2 and "unknown protocol" in result.output
+    assert server.counters.total == 0
+    with pytest.raises(EvaluationError, match="dcscore.n_match"):
+        load_evaluation_config(None, {"dcscore": {"n_match": 0}})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dcscore: {annotaions: x}\n")
+    with pytest.raises(EvaluationError, match="annotaions"):
+        load_evaluation_config(bad)
