@@ -9,8 +9,10 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS     ?= dev,trl
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.balcaprl-installed
+VERL_VENV  ?= .venv-verl
+VERL_STAMP  = $(VERL_VENV)/.balcaprl-installed
 
-.PHONY: setup test demo bench lint figure clean
+.PHONY: setup setup-verl test test-verl demo bench lint clean
 
 setup: $(STAMP)
 
@@ -23,6 +25,20 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# verl pins an older transformers than TRL, so its CPU-checkable slice runs in a venv of its own.
+setup-verl: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(VERL_VENV)/bin/python -m pip install -q -e ".[verl,dev]"
+	@! $(VERL_VENV)/bin/pip list 2>/dev/null | grep -qi nvidia || { echo "CUDA wheels in $(VERL_VENV)" >&2; exit 1; }
+	@touch $@
+
+test-verl: setup-verl
+	$(VERL_VENV)/bin/python -m pytest tests/verl -q
 
 # Until the demo (issue 5) lands, the offline main job is the paper's Figure 2, computed with the
 # library's own advantage functions.
@@ -38,4 +54,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -46,12 +46,14 @@ def _register_areas() -> None:
     from balcaprl.judge.cli import register as register_judge
     from balcaprl.synthetic.cli import register as register_synthetic
     from balcaprl.train.cli import register as register_train
+    from balcaprl.train.verl_backend.cli import register as register_export
 
     register_judge(app)
     register_data(app)
     register_synthetic(app)
     register_train(app)
     register_evaluate(app)
+    register_export(app)
 
 
 _register_areas()

@@ -70,8 +70,48 @@ def register(app: typer.Typer) -> None:
         print_config: bool = typer.Option(
             False, "--print-config", help="Print the resolved recipe and exit."
         ),
+        backend: str = typer.Option(
+            "trl",
+            "--backend",
+            help="trl: one machine (TRL). verl: Ray cluster (pip install 'balcaprl[verl]').",
+        ),
+        nnodes: int = typer.Option(1, "--nnodes", min=1, help="verl: machines in the Ray cluster."),
+        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="verl: GPUs per machine."),
+        verl_data: Path | None = typer.Option(
+            None, "--verl-data", help="verl: `balcaprl export verl` folder [default: DATA/verl]."
+        ),
+        verl_override: list[str] = typer.Option(
+            None, "--verl-override", help="verl: extra Hydra override KEY=VALUE (repeatable; applied last)."
+        ),
+        dry_run: bool = typer.Option(False, "--dry-run", help="verl: print the rendered overrides and exit."),
     ) -> None:
-        """Train a captioner with c-GDPO on TRL's GRPOTrainer (one machine; multi-GPU via `accelerate launch`)."""
+        """Train a captioner with c-GDPO on TRL's GRPOTrainer (one machine; multi-GPU via `accelerate launch`),
+        or with --backend verl on a Ray cluster (FSDP + vLLM rollouts)."""
+        if backend == "verl":
+            from balcaprl.train.verl_backend.cli import train_verl
+
+            if resume or resume_from is not None or allow_recipe_change or print_config:
+                typer.secho(
+                    "--resume/--resume-from/--allow-recipe-change/--print-config are TRL options; verl resumes "
+                    "from its newest checkpoint by itself, and --dry-run prints its settings",
+                    err=True,
+                    fg=typer.colors.RED,
+                )
+                raise typer.Exit(2)
+            train_verl(
+                config,
+                overrides or [],
+                judge=judge,
+                nnodes=nnodes,
+                gpus_per_node=gpus_per_node,
+                verl_data=verl_data,
+                verl_overrides=verl_override or [],
+                dry_run=dry_run,
+            )
+            return
+        if backend != "trl":
+            typer.secho(f"--backend must be trl or verl, got {backend!r}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(2)
         try:
             recipe = load_recipe(config, overrides or [])
             if print_config:

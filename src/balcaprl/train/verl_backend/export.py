@@ -1,0 +1,253 @@
+"""A balcaprl dataset folder -> verl's multimodal RL parquet rows (``balcaprl export verl``).
+
+Reads the pinned on-disk format (DESIGN.md: train.parquet / eval.parquet, images/, dataset.json) and
+writes, per split, one verl row per image:
+
+    data_source   "balcaprl/<dataset name>"   (verl groups metrics by it)
+    prompt        [{"role": "user", "content": "<image>" + prompt}]   verl's RLHFDataset turns the
+                  placeholder into an image part before the text, as TRL does
+    images        [{"image": "/abs/path.png"}], or [{"bytes": ...}] with embed_images (a self-contained
+                  parquet; the judge still reads the image files, so they must be reachable anyway)
+    ability       "captioning"
+    reward_model  {"style": "model", "ground_truth": <the reference caption the judge compares against>}
+    extra_info    {"index", "id", "split", "image" (relative), "image_path" (absolute), "image_sha256",
+                   "reference_tokens", "tokenizer", "source"}
+
+``reference_tokens`` is the reference's length for the length mask, in the tokenizer named next to it:
+recounted with ``tokenizer`` when one is given (pass the policy checkpoint), else the dataset's column
+with the card's tokenizer. The reward function reuses it only when that tokenizer is the policy's, and
+recounts otherwise, so a mismatch costs time, never correctness.
+
+Output: ``OUT/train.parquet``, ``OUT/eval.parquet`` and ``OUT/export.json`` (what was exported, from
+where, with which settings), written atomically; ``export.json`` last, so its presence means done.
+Needs pyarrow only (no verl), so it also runs where verl is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from balcaprl.data.format import SPLITS, atomic_write_text, read_card, read_split_rows
+
+__all__ = ["EXPORT_FILE", "SPLIT_FILES", "ExportResult", "export_verl", "read_export", "verl_row"]
+
+EXPORT_FILE = "export.json"
+SPLIT_FILES = {"train": "train.parquet", "eval": "eval.parquet"}
+IMAGE_PLACEHOLDER = "<image>"
+_OTHER_PLACEHOLDERS = ("<video>", "<audio>")
+
+_PROMPT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+_REWARD_MODEL = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+_EXTRA_INFO = pa.struct(
+    [
+        ("index", pa.int64()),
+        ("id", pa.string()),
+        ("split", pa.string()),
+        ("image", pa.string()),
+        ("image_path", pa.string()),
+        ("image_sha256", pa.string()),
+        ("reference_tokens", pa.int64()),
+        ("tokenizer", pa.string()),
+        ("source", pa.string()),
+    ]
+)
+
+
+def _schema(embed_images: bool) -> pa.Schema:
+    image = pa.struct([("bytes", pa.binary())]) if embed_images else pa.struct([("image", pa.string())])
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", _PROMPT),
+            ("images", pa.list_(image)),
+            ("ability", pa.string()),
+            ("reward_model", _REWARD_MODEL),
+            ("extra_info", _EXTRA_INFO),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    counts: dict[str, int]
+    manifest: dict[str, Any]
+
+    def path(self, split: str) -> Path:
+        return self.out_dir / SPLIT_FILES[split]
+
+
+def _user_content(prompt: str, row_id: str) -> str:
+    for tag in _OTHER_PLACEHOLDERS:
+        if tag in prompt:
+            raise ValueError(
+                f"row {row_id!r}: the prompt contains {tag!r}, which verl's RLHFDataset would read as a "
+                "media placeholder; remove it from the dataset"
+            )
+    text = prompt.replace(IMAGE_PLACEHOLDER, "").strip()
+    if not text:
+        raise ValueError(f"row {row_id!r}: empty prompt")
+    return IMAGE_PLACEHOLDER + text
+
+
+def verl_row(
+    row: Mapping[str, Any],
+    index: int,
+    *,
+    split: str,
+    data_source: str,
+    reference: str,
+    reference_tokens: int | None,
+    tokenizer: str | None,
+    embed_images: bool,
+) -> dict[str, Any]:
+    """One verl row from one dataset row (``read_split_rows`` shape, with ``image_path``)."""
+    row_id = str(row["id"])
+    caption = row[reference]
+    if caption is None or not str(caption).strip():
+        raise ValueError(f"{split} row {row_id!r} has no {reference!r} caption; the judge needs one")
+    image_path = str(Path(row["image_path"]).resolve())
+    image = {"bytes": Path(image_path).read_bytes()} if embed_images else {"image": image_path}
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": _user_content(str(row["prompt"]), row_id)}],
+        "images": [image],
+        "ability": "captioning",
+        "reward_model": {"style": "model", "ground_truth": str(caption)},
+        "extra_info": {
+            "index": index,
+            "id": row_id,
+            "split": split,
+            "image": str(row["image"]),
+            "image_path": image_path,
+            "image_sha256": row.get("image_sha256"),
+            "reference_tokens": None if reference_tokens is None else int(reference_tokens),
+            "tokenizer": tokenizer,
+            "source": row.get("source"),
+        },
+    }
+
+
+def _count_with(tokenizer: str) -> Any:
+    from balcaprl.data.format import TokenCounter
+
+    return TokenCounter.load(tokenizer)
+
+
+ROWS_PER_GROUP = 1024  # bounded memory when images are embedded
+
+
+def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], schema: pa.Schema) -> int:
+    """Stream ``rows`` into ``path`` (temporary name, then an atomic rename); returns the row count."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    written = 0
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            group: list[dict[str, Any]] = []
+            for row in rows:
+                group.append(row)
+                if len(group) >= ROWS_PER_GROUP:
+                    writer.write_table(pa.Table.from_pylist(group, schema=schema))
+                    written += len(group)
+                    group = []
+            if group or written == 0:
+                writer.write_table(pa.Table.from_pylist(group, schema=schema))
+                written += len(group)
+        os.replace(tmp, path)
+        return written
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_verl(
+    data_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    reference: Literal["reference", "reference_original"] = "reference",
+    tokenizer: str | None = None,
+    embed_images: bool = False,
+    splits: Sequence[str] = SPLITS,
+    max_samples: int | None = None,
+) -> ExportResult:
+    """Write verl parquet files for ``data_dir`` into ``out_dir``; see the module docstring."""
+    root = Path(data_dir).expanduser().resolve()
+    card = read_card(root)
+    out = Path(out_dir).expanduser().resolve()
+    if out == root:
+        raise ValueError("the export folder must differ from the dataset folder (both have train.parquet)")
+    if reference not in ("reference", "reference_original"):
+        raise ValueError(f"reference must be 'reference' or 'reference_original', got {reference!r}")
+    unknown = [s for s in splits if s not in SPLIT_FILES]
+    if unknown:
+        raise ValueError(f"unknown splits {unknown}; choose from {sorted(SPLIT_FILES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / EXPORT_FILE).unlink(missing_ok=True)  # an old manifest must not vouch for new files
+
+    counter = _count_with(tokenizer) if tokenizer is not None else None
+    # The dataset's column counts the re-captioned `reference` with the card's tokenizer.
+    column_tokenizer = card.get("tokenizer") if reference == "reference" else None
+    data_source = f"balcaprl/{card.get('name', root.name)}"
+    schema = _schema(embed_images)
+    counts: dict[str, int] = {}
+    for split in splits:
+        rows = read_split_rows(root, split)
+        if max_samples is not None:
+            rows = rows[:max_samples]
+        references = [r[reference] for r in rows]
+        if counter is not None:
+            lengths: list[int | None] = list(counter.count([str(t or "") for t in references]))
+            names: list[str | None] = [tokenizer] * len(rows)
+        else:
+            lengths = [r["reference_tokens"] if column_tokenizer else None for r in rows]
+            names = [column_tokenizer if n is not None else None for n in lengths]
+        verl_rows = (
+            verl_row(
+                row,
+                i,
+                split=split,
+                data_source=data_source,
+                reference=reference,
+                reference_tokens=n,
+                tokenizer=name,
+                embed_images=embed_images,
+            )
+            for i, (row, n, name) in enumerate(zip(rows, lengths, names, strict=True))
+        )
+        counts[split] = _write_parquet(out / SPLIT_FILES[split], verl_rows, schema)
+
+    manifest = {
+        "format": "verl-rlhf-multimodal",
+        "dataset": str(root),
+        "dataset_name": card.get("name"),
+        "dataset_version": card.get("version"),
+        "data_source": data_source,
+        "reference": reference,
+        "reference_tokens_tokenizer": tokenizer if tokenizer is not None else column_tokenizer,
+        "embed_images": embed_images,
+        "counts": counts,
+        "files": {s: SPLIT_FILES[s] for s in splits},
+    }
+    atomic_write_text(out / EXPORT_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return ExportResult(out, counts, manifest)
+
+
+def read_export(out_dir: Path | str) -> dict[str, Any]:
+    """The manifest of a finished export; raises FileNotFoundError with what to run otherwise."""
+    path = Path(out_dir) / EXPORT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: {out_dir} is not a finished verl export (run `balcaprl export verl --data "
+            "DATASET --out DIR`)"
+        )
+    return json.loads(path.read_text())

@@ -1,0 +1,265 @@
+"""The async ``compute_score``: one judge call per rollout, the length mask in the policy's tokens, and a
+failed judge reaching verl as NaN (never 0) through verl's own reward manager."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls  # noqa: E402
+from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
+from verl_testkit import JUDGES, train_testkit  # noqa: E402
+
+from balcaprl import linear_length_penalty  # noqa: E402
+from balcaprl.rewards import score_verdict  # noqa: E402
+from balcaprl.train.verl_backend import reward as reward_module  # noqa: E402
+from balcaprl.train.verl_backend.reward import RewardSettings, compute_score, result_keys  # noqa: E402
+from verl import DataProto  # noqa: E402
+
+REFERENCE = "a red circle on the left ."
+
+
+def kwargs(policy: Path, dataset: Path, **overrides):
+    values = {
+        "tokenizer": str(policy),
+        "judge_factory": "verl_testkit:scripted_judge",
+        "image_root": str(dataset),
+        "weights": [0.1, 0.3, 0.3],
+        "pointability": True,
+        "length_mode": "mask",
+        "tau_low": 0.5,
+        "tau_high": 2.0,
+    }
+    values.update(overrides)
+    return values
+
+
+def extra_info(**more):
+    return {
+        "id": "scene-000",
+        "image": "images/scene-000.png",
+        "reference_tokens": None,
+        "tokenizer": None,
+        **more,
+    }
+
+
+def score(caption, policy, dataset, info=None, **overrides):
+    return asyncio.run(
+        compute_score(
+            "balcaprl/tiny", caption, REFERENCE, info or extra_info(), **kwargs(policy, dataset, **overrides)
+        )
+    )
+
+
+@pytest.fixture(autouse=True)
+def fresh_scorers():
+    reward_module._SCORERS.clear()
+    JUDGES.clear()
+    yield
+    reward_module._SCORERS.clear()
+
+
+def test_a_judged_rollout_returns_every_key_with_the_judges_rewards(tiny_qwen, tiny_dataset):
+    caption = "a red circle on the left ."
+    result = score(caption, tiny_qwen, tiny_dataset)
+    assert tuple(result) == result_keys()
+    expected = score_verdict(train_testkit().ScriptedJudge(fail_every=None).verdict(caption, REFERENCE))
+    assert result["precision"] == pytest.approx(expected.precision)
+    assert result["recall"] == pytest.approx(expected.recall)
+    assert result["linguistic"] == pytest.approx(expected.linguistic)  # rho = 7/7, in the band
+    assert result["score"] == pytest.approx(
+        0.1 * expected.precision + 0.3 * expected.recall + 0.3 * expected.linguistic
+    )
+    assert result["judged"] == 1.0 and result["failure"] == ""
+    assert result["caption_tokens"] == 7 and result["reference_tokens"] == 7  # word-level policy tokenizer
+    assert result["length_penalty"] == 0.0
+    judge = JUDGES["scripted"]
+    assert judge.calls == 1
+    assert Path(judge.requests[0].image) == tiny_dataset / "images" / "scene-000.png"
+
+
+def test_the_length_mask_uses_the_policy_tokenizer_counts(tiny_qwen, tiny_dataset):
+    long_caption = "a red circle on the left . " * 3  # 21 tokens against 7: rho = 3 > tau_high
+    result = score(long_caption, tiny_qwen, tiny_dataset)
+    assert result["caption_tokens"] == 21 and result["length_ratio"] == pytest.approx(3.0)
+    assert result["linguistic"] == 0.0 and result["linguistic_raw"] > 0 and result["masked"] == 1.0
+    kept = score(long_caption, tiny_qwen, tiny_dataset, tau_high=3.0)
+    assert kept["linguistic"] == kept["linguistic_raw"] > 0 and kept["masked"] == 0.0
+
+
+def test_a_stored_reference_length_is_used_only_for_the_policys_tokenizer(tiny_qwen, tiny_dataset):
+    same = score(
+        "a red circle", tiny_qwen, tiny_dataset, extra_info(reference_tokens=4, tokenizer=str(tiny_qwen))
+    )
+    assert same["reference_tokens"] == 4
+    other = score(
+        "a red circle", tiny_qwen, tiny_dataset, extra_info(reference_tokens=4, tokenizer="characters")
+    )
+    assert other["reference_tokens"] == 7  # recounted with the policy's tokenizer
+
+
+def test_linear_mode_returns_the_penalty_and_keeps_linguistic(tiny_qwen, tiny_dataset):
+    caption = "a red circle on the left . " * 3
+    result = score(caption, tiny_qwen, tiny_dataset, length_mode="linear", linear_strength=0.5)
+    assert result["length_penalty"] == pytest.approx(float(linear_length_penalty(21, 7, 0.5, 2.0, 0.5)))
+    assert result["linguistic"] == result["linguistic_raw"] > 0
+
+
+@pytest.mark.parametrize(
+    "factory, reason",
+    [("verl_testkit:failing_judge", "timeout"), ("verl_testkit:raising_judge", "judge_exception")],
+)
+def test_a_failed_judge_is_nan_never_zero(tiny_qwen, tiny_dataset, factory, reason):
+    result = score("a red circle", tiny_qwen, tiny_dataset, judge_factory=factory)
+    assert tuple(result) == result_keys()  # the same keys as a judged rollout (verl requires it)
+    for key in ("score", "precision", "recall", "linguistic", "linguistic_raw", "masked"):
+        assert math.isnan(result[key]), key
+    assert result["judged"] == 0.0 and result["failure"] == reason
+    assert result["caption_tokens"] == 3  # lengths are still known
+
+
+def test_settings_are_checked(tiny_qwen, tiny_dataset):
+    with pytest.raises(TypeError, match="unknown reward_kwargs"):
+        RewardSettings.from_kwargs({**kwargs(tiny_qwen, tiny_dataset), "tau_hihg": 3})
+    with pytest.raises(ValueError, match="exactly one"):
+        RewardSettings.from_kwargs({**kwargs(tiny_qwen, tiny_dataset), "judge_config": "judge.yaml"})
+    with pytest.raises(ValueError, match="length_mode"):
+        RewardSettings.from_kwargs(kwargs(tiny_qwen, tiny_dataset, length_mode="sometimes"))
+
+
+def test_a_judge_config_shares_its_limits_between_reward_workers(tmp_path, tiny_qwen, tiny_dataset):
+    judge_yaml = tmp_path / "judge.yaml"
+    judge_yaml.write_text(
+        "base_url: http://127.0.0.1:9/v1\nmodel: m\napi_key_env: null\nconcurrency: 256\n"
+        "requests_per_minute: 1000\ncache_path: null\n"
+    )
+    settings = RewardSettings.from_kwargs(
+        {**kwargs(tiny_qwen, tiny_dataset, judge_factory=None), "judge_config": str(judge_yaml), "workers": 8}
+    )
+    judge = reward_module._build_judge(settings)
+    assert judge.config.concurrency == 32 and judge.config.requests_per_minute == 125
+
+
+# ---------------------------------------------------------------- through verl's own reward loop
+
+
+def reward_config(policy, dataset, judge_factory="verl_testkit:scripted_judge"):
+    return OmegaConf.create(
+        {
+            "trainer": {"experiment_name": "test"},
+            "reward": {
+                "custom_reward_function": {
+                    "path": "pkg://balcaprl.train.verl_backend.reward",
+                    "name": "compute_score",
+                    "reward_kwargs": kwargs(policy, dataset, judge_factory=judge_factory),
+                }
+            },
+        }
+    )
+
+
+def one_rollout(tokenizer, caption: str) -> DataProto:
+    """A rollout as verl's reward loop sees it: prompt ids, response ids (EOS and padding), masks."""
+    prompt = torch.tensor([tokenizer.convert_tokens_to_ids("<|im_start|>")] * 4)
+    ids = tokenizer(caption, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    response = torch.tensor(ids + [tokenizer.pad_token_id] * 3)
+    attention = torch.cat([torch.ones(4), torch.ones(len(ids)), torch.zeros(3)]).long()
+    return DataProto.from_dict(
+        tensors={"prompts": prompt[None], "responses": response[None], "attention_mask": attention[None]},
+        non_tensors={
+            "data_source": np.array(["balcaprl/tiny"], dtype=object),
+            "reward_model": np.array([{"ground_truth": REFERENCE}], dtype=object),
+            "extra_info": np.array([extra_info()], dtype=object),
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "factory", ["verl_testkit:scripted_judge", "verl_testkit:failing_judge", "verl_testkit:raising_judge"]
+)
+def test_verls_naive_reward_manager_passes_nan_through(tiny_qwen, tiny_dataset, factory):
+    """verl loads compute_score from the config (get_custom_reward_fn, async detected) and its naive
+    manager returns our dict unchanged: NaN for a failed judge reaches rm_scores and the reward columns."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
+    config = reward_config(tiny_qwen, tiny_dataset, factory)
+    manager_cls = get_reward_manager_cls("naive")
+    fn = get_custom_reward_fn(config)
+
+    async def run():
+        manager = manager_cls(config=config, tokenizer=tokenizer, compute_score=fn)
+        assert manager.is_async_reward_score
+        return await manager.run_single(one_rollout(tokenizer, "a red circle on the left ."))
+
+    out = asyncio.run(run())
+    info = out["reward_extra_info"]
+    assert set(info) == set(result_keys())
+    if factory.endswith("scripted_judge"):
+        assert info["judged"] == 1.0 and out["reward_score"] == pytest.approx(info["score"])
+        assert info["caption_tokens"] == 7  # decoded without EOS/padding, counted with the policy tokenizer
+    else:
+        assert math.isnan(out["reward_score"]) and math.isnan(info["precision"]) and info["judged"] == 0.0
+    # verl writes the score on the last response token: NaN stays NaN there.
+    rm = manager_cls.assemble_rm_scores(
+        one_rollout(tokenizer, "a red circle on the left ."), [out["reward_score"]]
+    )
+    assert math.isnan(rm.sum().item()) == (not factory.endswith("scripted_judge"))
+
+
+def test_verls_rate_limited_manager_would_turn_a_crash_into_zero(tiny_qwen, tiny_dataset):
+    """The behaviour balcaprl avoids (and why compute_score never raises for a judge failure): verl's
+    rate_limited manager reports reward 0.0 when the reward function raises."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
+
+    async def crashing(**_):
+        raise RuntimeError("judge down")
+
+    config = OmegaConf.create({"trainer": {"experiment_name": "t"}, "reward": {"timeout": 5}})
+    manager_cls = get_reward_manager_cls("rate_limited")
+
+    async def run():
+        manager = manager_cls(config=config, tokenizer=tokenizer, compute_score=crashing)
+        return await manager.run_single(one_rollout(tokenizer, "a red circle"))
+
+    out = asyncio.run(run())
+    assert out["reward_score"] == 0.0 and "error" in out["reward_extra_info"]
+
+
+def test_compute_score_never_raises_for_a_bad_set_up(tiny_qwen, tiny_dataset, tmp_path, monkeypatch):
+    """verl would swallow an exception into a silently padded group; a bad set-up is a NaN with a reason."""
+    typo = asyncio.run(
+        compute_score(
+            "s", "a red circle", REFERENCE, extra_info(), **kwargs(tiny_qwen, tiny_dataset), tau_hihg=3
+        )
+    )
+    assert (
+        typo["failure"] == "bad_input" and "tau_hihg" in typo["failure_detail"] and math.isnan(typo["score"])
+    )
+    assert tuple(typo) == result_keys()
+    no_image = asyncio.run(
+        compute_score(
+            "s", "a red circle", REFERENCE, {"id": "x"}, **kwargs(tiny_qwen, tiny_dataset, image_root=None)
+        )
+    )
+    assert no_image["failure"] == "bad_input" and "export" in no_image["failure_detail"]
+    judge_yaml = tmp_path / "judge.yaml"
+    judge_yaml.write_text("model: m\napi_key_env: BALCAPRL_TEST_KEY_THAT_IS_NOT_SET\ncache_path: null\n")
+    monkeypatch.delenv("BALCAPRL_TEST_KEY_THAT_IS_NOT_SET", raising=False)
+    no_key = score("a red circle", tiny_qwen, tiny_dataset, judge_factory=None, judge_config=str(judge_yaml))
+    assert (
+        no_key["failure"] == "judge_exception"
+        and "BALCAPRL_TEST_KEY_THAT_IS_NOT_SET" in no_key["failure_detail"]
+    )
+    assert math.isnan(no_key["precision"]) and no_key["caption_tokens"] == 3
