@@ -1,9 +1,171 @@
-"""Synthetic-world commands (`balcaprl synthetic ...`), registered on the main app."""
+"""Synthetic-world commands (`balcaprl synthetic ...`), registered on the main app. Thin: parse
+arguments, call into the modules, print."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+
+synthetic_app = typer.Typer(
+    help="The offline synthetic captioning world: scenes, oracle judge, tiny policy.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app`` (filled in by the synthetic-world work, issue 4)."""
+    """Add this area's commands to ``app``."""
+    app.add_typer(synthetic_app, name="synthetic")
+
+
+@synthetic_app.command("build")
+def build(
+    out: Path = typer.Option(..., "--out", help="Dataset folder to write."),
+    n_train: int = typer.Option(2000, "--n-train", min=1, help="Training scenes."),
+    n_eval: int = typer.Option(200, "--n-eval", min=1, help="Held-out scenes."),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same dataset."),
+    image_size: int = typer.Option(224, "--image-size", min=24, help="Rendered image side in pixels."),
+    min_objects: int = typer.Option(2, "--min-objects", min=1, max=9),
+    max_objects: int = typer.Option(7, "--max-objects", min=1, max=9),
+    policy: Path | None = typer.Option(
+        None, "--policy", help="Count reference_tokens with this policy's tokenizer."
+    ),
+) -> None:
+    """Write scenes, images and reference captions in the pinned dataset format (+ scenes.jsonl)."""
+    from balcaprl.synthetic.build import build_dataset
+    from balcaprl.synthetic.scenes import SceneSpec
+
+    try:
+        spec = SceneSpec(min_objects=min_objects, max_objects=max_objects)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    root = build_dataset(out, n_train, n_eval, seed, image_size=image_size, spec=spec, policy_dir=policy)
+    typer.echo(f"wrote {n_train} train + {n_eval} eval scenes to {root}")
+
+
+@synthetic_app.command("sft")
+def sft(
+    data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
+    out: Path = typer.Option(..., "--out", help="Policy folder to write (loadable with from_pretrained)."),
+    policy: Path | None = typer.Option(
+        None, "--policy", help="Start from this policy (default: a fresh tiny one)."
+    ),
+    steps: int = typer.Option(500, "--steps", min=1),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    lr: float = typer.Option(5e-4, "--lr"),
+    flawed_fraction: float = typer.Option(0.3, "--flawed-fraction", min=0.0, max=1.0),
+    seed: int = typer.Option(0, "--seed"),
+    eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
+) -> None:
+    """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from balcaprl.synthetic.sft import SFTConfig, run_sft
+
+    config = SFTConfig(
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        flawed_fraction=flawed_fraction,
+        seed=seed,
+        eval_limit=eval_limit,
+    )
+    columns = (TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
+               TimeElapsedColumn(), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns) as progress:
+        task = progress.add_task("sft", total=steps, loss=float("nan"))
+        result = run_sft(
+            data,
+            out,
+            policy=policy,
+            config=config,
+            on_step=lambda s, loss: progress.update(task, completed=s, loss=loss),
+        )
+    typer.echo(
+        f"saved policy to {result.policy_dir} ({result.steps} steps, {result.wall_s:.0f} s of training)"
+    )
+    for label, scores in (
+        ("before", result.before),
+        ("after SFT", result.after),
+        ("references", result.references),
+    ):
+        if scores is not None:
+            typer.echo(f"held-out {label:>10}: {scores.summary()}")
+
+
+@synthetic_app.command("show")
+def show(
+    data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
+    index: int = typer.Option(0, "--index", min=0, help="Row of the split."),
+    split: str = typer.Option("eval", "--split"),
+    caption: str | None = typer.Option(
+        None, "--caption", help="Judge this caption instead of the reference."
+    ),
+    rubric: str = typer.Option("training", "--rubric", help="training | evaluation"),
+) -> None:
+    """Print one sample's scene graph, reference, and the oracle's verdict on a caption."""
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.judge.protocol import Judgement, JudgeRequest
+    from balcaprl.rewards import b_capscore
+    from balcaprl.synthetic.oracle import OracleJudge
+
+    rows = read_split_rows(data, split)
+    if index >= len(rows):
+        raise typer.BadParameter(f"--index {index} out of range: {split} has {len(rows)} rows")
+    row = rows[index]
+    oracle = OracleJudge.from_dataset(data)
+    scene = oracle.lookup(row["image_path"])
+    outcome = oracle.judge(
+        JudgeRequest(row["image_path"], caption or row["reference"], row["reference"], rubric)
+    )  # type: ignore[arg-type]
+    typer.echo(
+        f"image: {row['image_path']}\nscene: {json.dumps(scene.to_dict())}\nreference: {row['reference']}"
+    )
+    if caption:
+        typer.echo(f"caption: {caption}")
+    if isinstance(outcome, Judgement):
+        r = outcome.rewards
+        typer.echo(json.dumps(outcome.verdict.model_dump(), indent=2))
+        typer.echo(
+            f"precision {r.precision:.3f}  recall {r.recall:.3f}  linguistic {r.linguistic:.3f}  "
+            f"b-CapScore {b_capscore(r.precision, r.recall, r.linguistic):.3f}"
+        )
+    else:
+        typer.echo(f"judge failure: {outcome.reason}: {outcome.detail}")
+
+
+@synthetic_app.command("caption")
+def caption(
+    policy: Path = typer.Option(..., "--policy", help="Policy folder (e.g. from `balcaprl synthetic sft`)."),
+    data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
+    n: int = typer.Option(5, "--n", min=1, help="Held-out images to caption."),
+    split: str = typer.Option("eval", "--split"),
+) -> None:
+    """Caption held-out images greedily with a policy and score each caption with the oracle."""
+    from PIL import Image
+
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.synthetic.evaluation import score_captions
+    from balcaprl.synthetic.oracle import OracleJudge
+    from balcaprl.synthetic.policy import generate_captions, load_policy
+
+    model, processor = load_policy(policy)
+    rows = read_split_rows(data, split)[:n]
+    captions = generate_captions(model, processor, [Image.open(r["image_path"]) for r in rows])
+    scores = score_captions(OracleJudge.from_dataset(data), rows, captions)
+    for row, text, value in zip(rows, captions, scores.per_caption, strict=True):
+        typer.echo(
+            f"{row['id']}  b-CapScore {100 * value:5.1f}\n  caption:   {text}\n  reference: {row['reference']}"
+        )
+    typer.echo(scores.summary())
+
+
+@synthetic_app.command("init-policy")
+def init_policy(
+    out: Path = typer.Option(..., "--out", help="Folder for a fresh random-initialised tiny policy."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Save an untrained tiny policy (model + processor + chat template)."""
+    from balcaprl.synthetic.policy import create_policy
+
+    typer.echo(f"wrote {create_policy(out, seed=seed)}")
