@@ -13,11 +13,11 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from balcaprl.data.format import atomic_write_text as _write_atomic
 from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.score import score_captions
-from balcaprl.judge.score import write_atomic as _write_atomic
 
 __all__ = ["run_bcapscore"]
 

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from balcaprl.data.format import atomic_write_text
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.judge.summary import summarise_scores
 from balcaprl.rewards import b_capscore
 
-__all__ = ["CaptionFileError", "ScoreRun", "read_caption_file", "score_captions", "write_atomic"]
+__all__ = ["CaptionFileError", "ScoreRun", "read_caption_file", "score_captions"]
 
 
 class CaptionFileError(ValueError):
@@ -68,21 +67,6 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
             )
         rows.append((item["image"], text))
     return rows
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _row(image: str, outcome: JudgeOutcome) -> dict[str, Any]:
@@ -152,8 +136,8 @@ def score_captions(
     summary["accounting"] = result.stats.as_dict(judge.config.price_per_million_tokens)
     out = Path(out)
     scores_path, summary_path = out / "scores.jsonl", out / "summary.json"
-    write_atomic(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    write_atomic(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return ScoreRun(rows, summary, scores_path, summary_path)
 
 
