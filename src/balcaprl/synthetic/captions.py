@@ -1,0 +1,172 @@
+"""Reference captions: what a careful human (or a strong captioner) would write about a scene.
+
+Varied sentence structures and paraphrases (subject-first, position-first, existential), relations
+between neighbours ("to the left of", "directly above"), counts and printed words, in a fluent,
+non-repetitive paragraph of roughly 40..120 tokens. Every word comes from
+:mod:`balcaprl.synthetic.lexicon`, so the oracle parses all of it and the tiny policy can say all of it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from balcaprl.synthetic.lexicon import PLURALS, number_word
+from balcaprl.synthetic.scenes import Scene, SceneObject
+
+__all__ = [
+    "describe_object",
+    "indefinite",
+    "noun_phrase",
+    "overview_sentence",
+    "position_phrase",
+    "reference_caption",
+    "relation_sentences",
+    "sentence_case",
+]
+
+_POSITION_PHRASES = {
+    (0, 0): ("in the top left corner", "in the upper left corner", "at the top left"),
+    (0, 1): ("at the top", "near the top edge", "at the top center"),
+    (0, 2): ("in the top right corner", "in the upper right corner", "at the top right"),
+    (1, 0): ("on the left side", "at the left edge", "in the middle of the left side"),
+    (1, 1): ("in the center", "in the middle", "at the center of the image"),
+    (1, 2): ("on the right side", "at the right edge", "in the middle of the right side"),
+    (2, 0): ("in the bottom left corner", "in the lower left corner", "at the bottom left"),
+    (2, 1): ("at the bottom", "near the bottom edge", "at the bottom center"),
+    (2, 2): ("in the bottom right corner", "in the lower right corner", "at the bottom right"),
+}
+_SIZE_PHRASES = {"small": ("small",), "medium": ("medium", "medium-sized"), "large": ("large", "big")}
+_TEXTURE_PHRASES = {
+    "plain": ("plain white", "plain light gray"),
+    "striped": ("striped",),
+    "dotted": ("dotted",),
+    "checkered": ("checkered",),
+}
+
+
+def sentence_case(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def indefinite(phrase: str) -> str:
+    """``a``/``an`` chosen by sound, as a fluent writer would (the oracle checks it)."""
+    return ("an " if phrase[:1] in "aeiou" else "a ") + phrase
+
+
+def position_phrase(cell: tuple[int, int], rng: random.Random) -> str:
+    return rng.choice(_POSITION_PHRASES[cell])
+
+
+def noun_phrase(obj: SceneObject, rng: random.Random, *, size: bool = True) -> str:
+    """``"a large red circle"`` (size optional)."""
+    words = [rng.choice(_SIZE_PHRASES[obj.size])] if size else []
+    return indefinite(" ".join([*words, obj.color, obj.kind]))
+
+
+def _text_clause(obj: SceneObject, rng: random.Random) -> str:
+    return rng.choice(
+        (
+            f" with the word {obj.text} written on it",
+            f" bearing the word {obj.text}",
+            f" labelled with the word {obj.text}",
+            f", which carries the word {obj.text},",
+        )
+    )
+
+
+def describe_object(obj: SceneObject, rng: random.Random) -> str:
+    """One sentence about one shape: kind, colour, size, position and any printed word."""
+    np_ = noun_phrase(obj, rng)
+    if obj.text:
+        np_ += _text_clause(obj, rng)
+    pos = position_phrase(obj.cell, rng)
+    verb = rng.choice(("sits", "is", "rests", "can be seen", "is located", "appears"))
+    form = rng.randrange(4)
+    if form == 0 or obj.text:
+        sentence = f"{np_} {verb} {pos}."
+    elif form == 1:
+        sentence = f"{pos}, there is {np_}."
+    elif form == 2:
+        sentence = f"{pos} {rng.choice(('sits', 'rests', 'lies'))} {np_}."
+    else:
+        sentence = f"there is {np_} {pos}."
+    return sentence_case(sentence.replace(",,", ",").replace(",.", "."))
+
+
+def overview_sentence(scene: Scene, rng: random.Random) -> str:
+    n = number_word(len(scene.objects))
+    bg = rng.choice(_TEXTURE_PHRASES[scene.texture])
+    backdrop = rng.choice(("background", "backdrop"))
+    return sentence_case(
+        rng.choice(
+            (
+                f"the image shows {n} shapes on {indefinite(bg)} {backdrop}.",
+                f"{n} shapes are scattered across {indefinite(bg)} {backdrop}.",
+                f"this picture contains {n} shapes set against {indefinite(bg)} {backdrop}.",
+                f"there are {n} shapes in this image, set on {indefinite(bg)} {backdrop}.",
+            )
+        )
+    )
+
+
+def _count_sentence(scene: Scene, rng: random.Random) -> str | None:
+    counts = Counter(o.kind for o in scene.objects)
+    repeated = [(k, c) for k, c in sorted(counts.items()) if c >= 2]
+    if not repeated:
+        return None
+    parts = [f"{number_word(c)} {PLURALS[k]}" for k, c in repeated]
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return sentence_case(rng.choice((f"among them are {listed}.", f"the shapes include {listed}.")))
+
+
+def _related_pairs(scene: Scene) -> list[tuple[SceneObject, str, SceneObject]]:
+    """Neighbours in one row (left/right) or one column (above/below): the relations people state."""
+    pairs = []
+    for a in scene.objects:
+        for b in scene.objects:
+            if a.row == b.row and a.col < b.col:
+                pairs.append((a, "left_of", b))
+            if a.col == b.col and a.row < b.row:
+                pairs.append((a, "above", b))
+    return pairs
+
+
+def relation_sentences(scene: Scene, rng: random.Random, k: int) -> list[str]:
+    """Up to ``k`` true relation sentences, each between two shapes named by colour and kind."""
+    pairs = _related_pairs(scene)
+    rng.shuffle(pairs)
+    out = []
+    for a, rel, b in pairs[:k]:
+        the_a, the_b = f"the {a.name}", f"the {b.name}"
+        if rel == "left_of":
+            options = (
+                f"{the_a} is to the left of {the_b}.",
+                f"{the_b} sits to the right of {the_a}.",
+                f"to the right of {the_a}, you can see {the_b}.",
+            )
+        else:
+            options = (
+                f"{the_a} is directly above {the_b}.",
+                f"{the_b} sits below {the_a}.",
+                f"just below {the_a} is {the_b}.",
+            )
+        out.append(sentence_case(rng.choice(options)))
+    return out
+
+
+def reference_caption(scene: Scene, rng: random.Random) -> str:
+    """A good detailed caption of ``scene``: overview, one sentence per shape, relations, counts."""
+    objects = list(scene.objects)  # reading order, which is also how the scene stores them
+    if rng.random() < 0.25:
+        rng.shuffle(objects)
+    sentences = [overview_sentence(scene, rng)]
+    sentences += [describe_object(o, rng) for o in objects]
+    n_relations = 2 if 4 <= len(objects) <= 5 else 1  # keeps big scenes near 120 tokens
+    relations = relation_sentences(scene, rng, n_relations)
+    for sentence in relations:  # spread relations among the object sentences, after both are introduced
+        sentences.append(sentence)
+    count = _count_sentence(scene, rng)
+    if count:
+        sentences.insert(1, count) if rng.random() < 0.5 else sentences.append(count)
+    return " ".join(sentences)
