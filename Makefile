@@ -38,7 +38,7 @@ $(VERL_STAMP): pyproject.toml
 	@touch $@
 
 test-verl: setup-verl
-	$(VERL_VENV)/bin/python -m pytest tests/verl -q
+	$(VERL_VENV)/bin/python -m pytest tests/verl_backend -q
 
 # Until the demo (issue 5) lands, the offline main job is the paper's Figure 2, computed with the
 # library's own advantage functions.

@@ -1,5 +1,8 @@
 """Session fixtures for the verl-backend tests (builders in verl_testkit.py). Nothing here imports verl,
-so the main venv (without verl) collects and skips these tests cleanly."""
+so the main venv (without verl) collects and skips these tests cleanly.
+
+The folder is not called tests/verl on purpose: with tests/ on sys.path (as it is when the whole
+suite runs), a folder of that name is a namespace package `verl` that shadows the real one."""
 
 from __future__ import annotations
 
