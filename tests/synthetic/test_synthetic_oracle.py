@@ -183,3 +183,14 @@ def test_policy_style_decoding_parses_the_same(scene):
 
 def test_deterministic(scene):
     assert oracle_verdict(scene, CORRECT, REFERENCE) == oracle_verdict(scene, CORRECT, REFERENCE)
+
+
+def test_assertion_texts_parse_back_to_the_same_facts(scene):
+    """The judge client's cached-reference mode sends reference *assertions* as the reference."""
+    reference_verdict = oracle_verdict(scene, REFERENCE, REFERENCE)
+    joined = " . ".join(a.text for a in reference_verdict.reference_assertions)
+    verdict, r = rewards(scene, CORRECT, reference=joined)
+    assert [a.text for a in verdict.reference_assertions] == [
+        a.text for a in reference_verdict.reference_assertions
+    ]
+    assert r.recall == 1.0

@@ -73,7 +73,8 @@ def build_dataset(
     if policy_dir is not None:
         from transformers import AutoTokenizer
 
-        counter = TokenCounter.from_hf(AutoTokenizer.from_pretrained(policy_dir), name=f"policy:{policy_dir}")
+        # named by the path as given, so a trainer loading that same path can reuse the counts
+        counter = TokenCounter.from_hf(AutoTokenizer.from_pretrained(policy_dir), name=str(policy_dir))
     else:
         counter = TokenCounter.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
 

@@ -50,12 +50,13 @@ def sft(
     policy: Path | None = typer.Option(
         None, "--policy", help="Start from this policy (default: a fresh tiny one)."
     ),
-    steps: int = typer.Option(500, "--steps", min=1),
+    steps: int = typer.Option(800, "--steps", min=1),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     lr: float = typer.Option(5e-4, "--lr"),
     flawed_fraction: float = typer.Option(0.3, "--flawed-fraction", min=0.0, max=1.0),
     seed: int = typer.Option(0, "--seed"),
     eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
+    evaluate_before: bool = typer.Option(False, "--evaluate-before", help="Also score the starting policy."),
 ) -> None:
     """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
