@@ -107,8 +107,11 @@ def test_verls_rlhf_dataset_loads_the_rows_with_the_tiny_policys_processor(
     text = processor.apply_chat_template(item["raw_prompt"], add_generation_prompt=True, tokenize=False)
     inputs = build_multimodal_processor_inputs(processor, text=[text], images=images)
     image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
-    assert int((inputs["input_ids"][0] == image_token).sum()) == 36  # 84 px / 14 px patches, squared
-    assert tuple(inputs["pixel_values"].shape[-2:]) == (84, 84)
+    from balcaprl.synthetic.policy import PolicySpec
+
+    spec = PolicySpec()  # the policy's own numbers, so a change of patch size cannot stale this test
+    assert int((inputs["input_ids"][0] == image_token).sum()) == spec.image_tokens
+    assert tuple(inputs["pixel_values"].shape[-2:]) == (spec.image_size, spec.image_size)
 
 
 def test_verls_rlhf_dataset_with_a_tiny_qwen2_5_vl(tiny_dataset, tiny_qwen, tmp_path):
