@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
+from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 from verl_testkit import crafted_batch  # noqa: E402
@@ -19,7 +20,6 @@ from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty  
 from balcaprl.rewards import REWARD_NAMES  # noqa: E402
 from balcaprl.train.advantages import group_index_from_ids  # noqa: E402
 from balcaprl.train.verl_backend.estimator import RolloutRewards, provide_rollout_rewards  # noqa: E402
-from verl import DataProto  # noqa: E402
 
 WEIGHTS = [0.1, 0.3, 0.3]
 

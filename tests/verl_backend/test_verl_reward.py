@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
+from verl import DataProto  # noqa: E402
 from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls  # noqa: E402
 from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
 from verl_testkit import JUDGES, train_testkit  # noqa: E402
@@ -22,7 +23,6 @@ from balcaprl import linear_length_penalty  # noqa: E402
 from balcaprl.rewards import score_verdict  # noqa: E402
 from balcaprl.train.verl_backend import reward as reward_module  # noqa: E402
 from balcaprl.train.verl_backend.reward import RewardSettings, compute_score, result_keys  # noqa: E402
-from verl import DataProto  # noqa: E402
 
 REFERENCE = "a red circle on the left ."
 

@@ -114,10 +114,9 @@ class Probe:
         import os
         import sys
 
+        import verl  # noqa: F401  (VERL_USE_EXTERNAL_MODULES is read here)
         from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-
-        import verl  # noqa: F401  (VERL_USE_EXTERNAL_MODULES is read here)
 
         return {
             "env": os.environ.get("VERL_USE_EXTERNAL_MODULES"),
