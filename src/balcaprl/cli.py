@@ -42,6 +42,7 @@ def advantage_collapse(
 
 def _register_areas() -> None:
     from balcaprl.data.cli import register as register_data
+    from balcaprl.demo.cli import register as register_demo
     from balcaprl.evaluate.cli import register as register_evaluate
     from balcaprl.judge.cli import register as register_judge
     from balcaprl.synthetic.cli import register as register_synthetic
@@ -54,6 +55,7 @@ def _register_areas() -> None:
     register_train(app)
     register_evaluate(app)
     register_export(app)
+    register_demo(app)
 
 
 _register_areas()

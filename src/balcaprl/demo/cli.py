@@ -1,0 +1,177 @@
+"""``balcaprl demo``: registered on the main app. Thin: parse arguments, run the pipeline, print."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from balcaprl.demo.variants import VARIANTS
+
+__all__ = ["demo", "register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``demo`` to ``app``."""
+    app.command("demo")(demo)
+
+
+def demo(
+    variant: str | None = typer.Option(
+        None, "--variant", help=f"One variant: {' | '.join(VARIANTS)} (default: full)."
+    ),
+    variants: str | None = typer.Option(
+        None,
+        "--variants",
+        help="Several variants, comma-separated, or 'all' (one shared dataset and SFT policy).",
+    ),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1, help="RL steps per variant instead of the recipe's (quick sweeps)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Run folder (default: the config's output_dir, runs/demo)."
+    ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Demo config YAML (default: the built-in one, spelled out in configs/demo.yaml).",
+    ),
+    judge: str | None = typer.Option(
+        None, "--judge", help="http (the real judge client against a local oracle server) | in-process."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a config value, e.g. --set recipe.train.learning_rate=1e-4 (repeatable)."
+    ),
+) -> None:
+    """Offline, on a CPU: build a synthetic world, warm-start a tiny captioner, train it with c-GDPO
+    against the oracle judge, and compare held-out oracle scores before and after RL."""
+    from rich.console import Console
+
+    from balcaprl.config import RecipeError
+    from balcaprl.demo.config import DemoConfigError, load_demo_config
+    from balcaprl.demo.pipeline import DemoError, run_demo
+    from balcaprl.demo.report import rich_before_after_table, rich_comparison_table
+    from balcaprl.demo.variants import parse_variants
+
+    console = Console()
+    _quiet_library_progress_bars()
+    if variant is not None and variants is not None:
+        raise typer.BadParameter("give --variant or --variants, not both")
+    overrides = list(set_)
+    if out is not None:
+        overrides.append(f"output_dir={out}")
+    if judge is not None:
+        overrides.append(f"judge.transport={judge}")
+    try:
+        chosen = parse_variants(variants or variant or "full")
+        settings = load_demo_config(config, overrides)
+    except (ValueError, DemoConfigError) as error:
+        raise typer.BadParameter(str(error)) from None
+
+    start = time.perf_counter()
+
+    def log(message: str) -> None:
+        console.print(f"[dim]{time.perf_counter() - start:6.0f}s[/dim]  {message}", highlight=False)
+
+    sft_progress = _sft_progress(console, settings.sft.steps)
+    try:
+        with sft_progress:
+            result = run_demo(settings, chosen, steps=steps, log=log, sft_progress=sft_progress.update)
+    except (DemoError, RecipeError, DemoConfigError) as error:
+        console.print(f"[red]demo failed:[/red] {error}")
+        raise typer.Exit(1) from None
+    wall = time.perf_counter() - start
+
+    if len(result.variants) == 1:
+        r = result.variants[0]
+        _print_samples(console, result, n=2)
+        title = f"balcaprl demo — {r.variant.name}: held-out oracle scores, {r.after.held_out.n} scenes"
+        console.print(rich_before_after_table(result.before.held_out, r.after.held_out, r.ci, title))
+    else:
+        from balcaprl.demo.report import comparison_rows
+
+        rows = comparison_rows(
+            result.before.held_out,
+            [(r.variant.name, r.after.held_out, r.ci, r.steps) for r in result.variants],
+        )
+        title = f"balcaprl demo — variants: held-out oracle scores, {result.before.held_out.n} scenes"
+        console.print(rich_comparison_table(rows, title))
+        console.print(f"comparison: {result.comparison_path} (+ .csv)")
+    for r in result.variants:
+        verdict = "[green]rises[/green]" if r.balanced_rise else "[yellow]does not rise in balance[/yellow]"
+        console.print(
+            f"{r.variant.name}: b-CapScore {verdict} "
+            f"({r.ci.delta:+.1f}, {r.ci.level:.0%} CI [{r.ci.low:+.1f}, {r.ci.high:+.1f}]; "
+            + ", ".join(f"{k} {ci.delta:+.3f}" for k, ci in r.reward_cis.items())
+            + ")"
+        )
+    console.print(f"run folder: {result.root}  (summary.json, samples.md, training_curves.png, rl/)")
+    console.print(
+        f"wall time: {wall / 60:.1f} min ({', '.join(f'{k} {v:.0f}s' for k, v in result.timings.items())})"
+    )
+
+
+def _print_samples(console, result, n: int) -> None:
+    """The first ``n`` held-out captions before and after RL (samples.md has more)."""
+    from balcaprl.data.format import read_split_rows
+
+    rows = read_split_rows(result.root / "data", "eval")[:n]
+    after = result.variants[0].after.records
+    for i, row in enumerate(rows):
+        console.print(f"[bold]{row['id']}[/bold]  reference: {row['reference']}", highlight=False)
+        for label, record in (("before", result.before.records[i]), ("after ", after[i])):
+            console.print(
+                f"  {label} (b-CapScore {100 * record['b_capscore']:4.1f}): {record['caption']}",
+                highlight=False,
+            )
+
+
+def _quiet_library_progress_bars() -> None:
+    """transformers' and datasets' tqdm bars (weights loading, shard writing) and a deprecation warning
+    that TRL triggers at every save would bury the demo's own output."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings(
+        "ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning
+    )
+
+
+class _sft_progress:
+    """A rich progress bar for the SFT stage, shown only while SFT runs."""
+
+    def __init__(self, console, total: int):
+        self.console, self.total = console, total
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stop()
+
+    def _stop(self):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def update(self, step: int, loss: float) -> None:
+        if self.progress is None and step < self.total:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
+                TimeElapsedColumn(), console=self.console,
+            )  # fmt: skip
+            self.progress.start()
+            self.task = self.progress.add_task("sft", total=self.total, loss=loss)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, loss=loss)
+            if step >= self.total:
+                self._stop()

@@ -1,0 +1,171 @@
+"""`balcaprl demo` end to end at toy size: dataset, SFT, RL through the HTTP judge client against the
+oracle server, held-out evaluation, report; then a reuse run and a two-variant sweep on the same folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from balcaprl.demo.cli import register
+from balcaprl.demo.config import DEFAULT_RECIPE, DemoConfig, DemoConfigError, load_demo_config
+from balcaprl.demo.variants import VARIANTS, parse_variants
+from balcaprl.train.metrics import read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+
+TOY = {
+    "dataset": {"n_train": 16, "n_eval": 6, "seed": 3, "min_objects": 2, "max_objects": 2, "image_size": 84},
+    "sft": {"steps": 6, "batch_size": 4, "warmup_steps": 2},
+    "evaluation": {"scenes": 6, "max_new_tokens": 12, "bootstrap_samples": 200, "show": 2},
+    "recipe": {
+        "rollout": {"rollouts_per_prompt": 4, "max_caption_tokens": 12},
+        "train": {"prompts_per_batch": 2, "per_device_batch_size": 8, "max_steps": 3, "warmup": 1},
+        "run": {"save_steps": 2, "log_rollouts_every": 1, "progress": False},
+    },
+}
+
+
+def app() -> typer.Typer:
+    application = typer.Typer()
+    register(application)
+
+    @application.command()
+    def _unused() -> None:  # a second command keeps typer from collapsing the app into `demo`
+        pass
+
+    return application
+
+
+def run_cli(*args: str):
+    result = CliRunner().invoke(app(), ["demo", *args], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def toy_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("demo-config") / "toy.yaml"
+    path.write_text(yaml.safe_dump(TOY))
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_run(toy_config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo-run")
+    output = run_cli("--config", str(toy_config), "--out", str(out))
+    return out, output
+
+
+def test_demo_writes_its_run_folder(demo_run):
+    out, output = demo_run
+    metrics = [m for m in read_jsonl(out / "rl" / "full" / "metrics.jsonl") if m["kind"] == "step"]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for key in (
+        "rewards/precision/mean",
+        "rewards/recall/mean",
+        "rewards/linguistic/mean",
+        "length/caption_tokens_mean",
+    ):
+        assert all(m[key] is not None for m in metrics), key
+    assert all(m["judge/failures"] == 0 for m in metrics)  # the oracle knows every training image
+    assert (out / "rl" / "full" / "rollouts.jsonl").stat().st_size > 0
+    png = out / "training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert (out / "sft" / "model.safetensors").is_file() and (
+        out / "rl" / "full" / "final" / "config.json"
+    ).is_file()
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["judge_transport"] == "http" and summary["held_out_scenes"] == 6
+    for key in ("b_capscore", "precision", "recall", "linguistic", "mean_tokens"):
+        assert 0 <= summary["before"][key] <= (100 if key == "b_capscore" else 1000)
+    full = summary["variants"]["full"]
+    assert full["steps"] == 3 and set(full["reward_changes"]) == {"precision", "recall", "linguistic"}
+    change = full["b_capscore_change"]
+    assert change["low"] <= change["delta"] <= change["high"]
+    assert change["delta"] == pytest.approx(
+        full["after"]["b_capscore"] - summary["before"]["b_capscore"], abs=1e-6
+    )
+    assert set(summary["timings_s"]) >= {"dataset", "sft", "eval_before", "rl/full", "eval/full"}
+
+    samples = (out / "samples.md").read_text()
+    assert samples.count("**SFT (before RL)**") == 2 and samples.count("**full (after RL)**") == 2
+
+    # the printed table
+    for label in ("precision", "recall", "linguistic", "b-CapScore (x100)", "mean length (tok.)"):
+        assert label in output
+    assert "before (SFT)" in output and "after RL (full)" in output and "paired bootstrap 95% CI" in output
+    assert "judge server at http://127.0.0.1:" in output
+
+
+def test_a_second_run_reuses_every_stage(demo_run, toy_config):
+    out, _ = demo_run
+    before = json.loads((out / "summary.json").read_text())
+    output = run_cli("--config", str(toy_config), "--out", str(out))
+    for stage in ("dataset: reusing", "sft: reusing", "rl: reusing", "eval: reusing"):
+        assert stage in output
+    after = json.loads((out / "summary.json").read_text())
+    assert after["variants"]["full"]["after"] == before["variants"]["full"]["after"]
+
+
+def test_changed_settings_are_refused_not_reused(demo_run, toy_config):
+    out, _ = demo_run
+    result = CliRunner().invoke(
+        app(), ["demo", "--config", str(toy_config), "--out", str(out), "--set", "sft.steps=7"]
+    )
+    assert result.exit_code == 1
+    assert "made with other settings" in result.output and "steps: 6 -> 7" in result.output
+
+
+def test_variant_sweep_shares_the_start_and_writes_a_comparison(demo_run, toy_config):
+    out, _ = demo_run
+    output = run_cli(
+        "--config", str(toy_config), "--out", str(out), "--variants", "no-length,grpo", "--steps", "1",
+        "--judge", "in-process",
+    )  # fmt: skip
+    assert "sft: reusing" in output and "judge: the oracle, in process" in output
+    for name in ("no-length-1steps", "grpo-1steps"):
+        assert len([m for m in read_jsonl(out / "rl" / name / "metrics.jsonl") if m["kind"] == "step"]) == 1
+    recipe = yaml.safe_load((out / "rl" / "grpo-1steps" / "recipe.yaml").read_text())
+    assert recipe["advantage"]["estimator"] == "grpo" and recipe["train"]["max_steps"] == 1
+    rows = list(csv.DictReader((out / "comparison.csv").open()))
+    assert [r["variant"] for r in rows] == ["SFT start", "no-length", "grpo"]
+    assert rows[0]["b_capscore"] == rows[0]["b_capscore"]  # the shared starting point, written once
+    md = (out / "comparison.md").read_text()
+    assert "| no-length |" in md and "| grpo |" in md
+    assert "balcaprl demo — variants" in output and "comparison.md" in output
+
+
+def test_config_file_matches_the_built_in_defaults():
+    assert load_demo_config(REPO / "configs" / "demo.yaml") == DemoConfig()
+    assert DemoConfig().recipe == DEFAULT_RECIPE
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(DemoConfigError, match="sft.stepz: unknown key"):
+        load_demo_config(None, ["sft.stepz=3"])
+    with pytest.raises(DemoConfigError, match="recipe.train.learning_rat"):
+        load_demo_config(None, ["recipe.train.learning_rat=1"])
+    with pytest.raises(DemoConfigError, match="set by the demo"):
+        load_demo_config(None, ["recipe.model.path=x"])
+    with pytest.raises(DemoConfigError, match="evaluation.scenes"):
+        load_demo_config(None, ["evaluation.scenes=5000"])
+
+
+def test_variants_are_one_override_each():
+    assert list(VARIANTS) == [
+        "full", "grpo", "no-precision", "no-recall", "no-linguistic", "no-pointability", "no-length", "linear-length",
+    ]  # fmt: skip
+    config = DemoConfig()
+    for variant in VARIANTS.values():
+        assert len(variant.overrides) == (0 if variant.name == "full" else 1)
+        config.training_recipe("p", "d", "o", variant.overrides)  # every variant is a valid recipe
+    assert [v.name for v in parse_variants("all")] == list(VARIANTS)
+    with pytest.raises(ValueError, match="unknown variant"):
+        parse_variants("full,nope")
