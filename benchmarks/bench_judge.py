@@ -3,7 +3,10 @@
 1. Throughput: 1024 requests, concurrency 128, a loopback judge server (separate process, scripted
    judge) answering each call after 1.0 s. The best possible wall time is N / C x L = 8 s; the target
    is at most 1.10x that. Then a naive loop (one request at a time, the same client) on a 32-request
-   sample, extrapolated to 1024: the time users would otherwise wait.
+   sample, extrapolated to 1024: the time users would otherwise wait. Client and server share this
+   machine's CPUs, so the CPU seconds each spends per request are printed too: a wave of 128 answers
+   arriving together costs 128 x that before the last of them can start its next call, which is
+   where the wall time above the bound goes (``--http-backend`` compares the SDK's transports).
 2. Reference modes (``--modes``): joint vs cached-reference on synthetic groups of 8 rollouts; see
    ``balcaprl.judge.compare_modes`` for what these figures can and cannot show.
 
@@ -38,6 +41,27 @@ def _start_server(latency_s: float) -> tuple[subprocess.Popen, str]:
     return process, line.split()[-1]
 
 
+class _CpuClock:
+    """CPU seconds (user + system) of this process and of the server process, to explain the ratio:
+    client and server share this machine's cores, so their CPU per request is what the bound costs."""
+
+    def __init__(self, server_pid: int):
+        self._server_pid = server_pid
+
+    def _server_cpu(self) -> float:
+        try:
+            import psutil
+        except ImportError:  # Linux without psutil: fields 14 and 15 of /proc/<pid>/stat (utime,
+            # stime, in clock ticks), the 12th and 13th after the ")" that ends the command name
+            fields = Path(f"/proc/{self._server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        times = psutil.Process(self._server_pid).cpu_times()
+        return times.user + times.system
+
+    def read(self) -> tuple[float, float]:
+        return time.process_time(), self._server_cpu()
+
+
 def _requests(n: int, tag: str, group_size: int = 8) -> list[JudgeRequest]:
     reference = "A red door on the left. A black cat sits on the step. A green lamp hangs above."
     images = [_png(i) for i in range(n // group_size + 1)]
@@ -51,11 +75,14 @@ def _requests(n: int, tag: str, group_size: int = 8) -> list[JudgeRequest]:
     ]
 
 
-async def _bare_sdk(base_url: str, n: int, concurrency: int) -> float:
+async def _bare_sdk(
+    base_url: str, n: int, concurrency: int, clock: _CpuClock, backend: str
+) -> dict[str, float]:
     """The same calls with the bare SDK (no cache, no validation, no accounting): what the machine and
     the server allow at all, to tell the judge's own overhead from the environment's."""
     import openai
 
+    from balcaprl.judge.connections import http_client
     from balcaprl.judge.images import ImageLoader
     from balcaprl.judge.prompt import build_judge_messages
     from balcaprl.judge.schemas import response_format
@@ -68,8 +95,8 @@ async def _bare_sdk(base_url: str, n: int, concurrency: int) -> float:
         for r in _requests(n, "bare")
     ]  # fmt: skip
     clients = [
-        openai.AsyncOpenAI(api_key="EMPTY", base_url=base_url, max_retries=0)
-        for _ in range(-(-concurrency // 32))
+        openai.AsyncOpenAI(api_key="EMPTY", base_url=base_url, max_retries=0, http_client=http)
+        for http in (http_client(backend) for _ in range(-(-concurrency // 32)))
     ]
     gate = asyncio.Semaphore(concurrency)
 
@@ -80,24 +107,29 @@ async def _bare_sdk(base_url: str, n: int, concurrency: int) -> float:
             )
 
     await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up wave
-    start = time.perf_counter()
+    cpu, start = clock.read(), time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
     wall = time.perf_counter() - start
+    client_cpu, server_cpu = (b - a for a, b in zip(cpu, clock.read(), strict=True))
     for client in clients:
         await client.close()
-    return wall
+    return {"wall_s": wall, "client_cpu_s": client_cpu, "server_cpu_s": server_cpu}
 
 
-async def _throughput(base_url: str, n: int, concurrency: int, sample: int, cache: Path) -> dict[str, float]:
+async def _throughput(
+    base_url: str, n: int, concurrency: int, sample: int, cache: Path, clock: _CpuClock, backend: str
+) -> dict[str, float]:
     config = JudgeConfig(base_url=base_url, model="scripted", api_key_env=None, cache_path=cache,
-                         concurrency=concurrency, timeout_s=60, max_retries=0)  # fmt: skip
+                         concurrency=concurrency, timeout_s=60, max_retries=0, http_backend=backend)  # fmt: skip
     judge = OpenAICompatibleJudge(config)
     try:
         # One full wave first: a training run's pool is warm after its first step.
         await judge.judge_batch(_requests(concurrency, "warm-up"))
-        start = time.perf_counter()
-        result = await judge.judge_batch_with_stats(_requests(n, "concurrent"))
+        requests = _requests(n, "concurrent")  # built outside the clock: the trainer's work, not the judge's
+        cpu, start = clock.read(), time.perf_counter()
+        result = await judge.judge_batch_with_stats(requests)
         concurrent = time.perf_counter() - start
+        client_cpu, server_cpu = (b - a for a, b in zip(cpu, clock.read(), strict=True))
         failures = sum(result.stats.failures.values())
         start = time.perf_counter()
         for request in _requests(sample, "naive"):
@@ -106,7 +138,8 @@ async def _throughput(base_url: str, n: int, concurrency: int, sample: int, cach
     finally:
         await judge.aclose()
     return {"concurrent_s": concurrent, "naive_sample_s": naive, "failures": failures,
-            "p50": result.stats.as_dict()["latency_s"]["p50"]}  # fmt: skip
+            "p50": result.stats.as_dict()["latency_s"]["p50"], "client_cpu_s": client_cpu,
+            "server_cpu_s": server_cpu}  # fmt: skip
 
 
 def main() -> None:
@@ -117,6 +150,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--naive-sample", type=int, default=32)
+    parser.add_argument(
+        "--http-backend", choices=["httpx", "aiohttp"], default=JudgeConfig().http_backend,
+        help="the SDK's HTTP transport, for the judge and the bare loop alike (default: the config's)",
+    )  # fmt: skip
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-modes", action="store_true")
     args = parser.parse_args()
@@ -125,28 +162,38 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the run "
               "(other processes may share the CPUs)")  # fmt: skip
         process, base_url = _start_server(args.latency)
+        clock = _CpuClock(process.pid)
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 figures = asyncio.run(
                     _throughput(
-                        base_url, args.requests, args.concurrency, args.naive_sample, Path(tmp) / "c.sqlite"
+                        base_url, args.requests, args.concurrency, args.naive_sample, Path(tmp) / "c.sqlite",
+                        clock, args.http_backend,
                     )
-                )
-            bare = asyncio.run(_bare_sdk(base_url, args.requests, args.concurrency))
+                )  # fmt: skip
+            bare_figures = asyncio.run(
+                _bare_sdk(base_url, args.requests, args.concurrency, clock, args.http_backend)
+            )
+            bare = bare_figures["wall_s"]
         finally:
             process.terminate()
             process.wait(timeout=10)
         bound = args.requests / args.concurrency * args.latency
         ratio = figures["concurrent_s"] / bound
         naive_projected = figures["naive_sample_s"] / args.naive_sample * args.requests
-        print(
-            f"throughput: {args.requests} requests, concurrency {args.concurrency}, server latency {args.latency:.1f} s"
-        )
+        print(f"throughput: {args.requests} requests, concurrency {args.concurrency}, server latency "
+              f"{args.latency:.1f} s, http_backend {args.http_backend}")  # fmt: skip
         print(f"  concurrent wall {figures['concurrent_s']:.2f} s vs bound {bound:.2f} s -> ratio {ratio:.3f}x "
               f"(target <= 1.10x; {'met' if ratio <= 1.10 else 'MISSED'}; failures {figures['failures']}, "
               f"call p50 {figures['p50']:.3f} s)")  # fmt: skip
         print(f"  bare SDK loop, same calls, same server: wall {bare:.2f} s -> ratio {bare / bound:.3f}x "
               f"(what this machine allows at all; the judge adds {figures['concurrent_s'] / bare - 1:+.1%})")  # fmt: skip
+        ms = 1000 / args.requests
+        for name, row in (("judge client", figures), ("bare SDK loop", bare_figures)):
+            cpu = row["client_cpu_s"] + row["server_cpu_s"]
+            print(f"  CPU per request, {name}: client {row['client_cpu_s'] * ms:.2f} ms + server "
+                  f"{row['server_cpu_s'] * ms:.2f} ms = {cpu * ms:.2f} ms; {cpu:.1f} CPU-s over "
+                  f"{os.cpu_count()} CPUs is {cpu / os.cpu_count() / bound:.0%} of the bound's wall time")  # fmt: skip
         print(f"  naive one-at-a-time: {args.naive_sample} requests in {figures['naive_sample_s']:.2f} s -> "
               f"{naive_projected:.0f} s projected for {args.requests} -> ratio {naive_projected / bound:.1f}x the bound "
               f"({naive_projected / figures['concurrent_s']:.1f}x slower than the concurrent client)")  # fmt: skip

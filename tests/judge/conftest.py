@@ -20,9 +20,9 @@ def judge_server() -> Iterator[Callable[..., JudgeServer]]:
     started: list[JudgeServer] = []
 
     def start(rules: dict[str, list[str]] | None = None, judge=None, **kwargs) -> JudgeServer:
-        faults = FaultScript(
-            rules=rules or {}, **{k: kwargs.pop(k) for k in ("always", "slow_s") if k in kwargs}
-        )
+        # copies: the script uses its fault lists up, and a parametrized test passes the same ones again
+        rules = {needle: list(faults) for needle, faults in (rules or {}).items()}
+        faults = FaultScript(rules=rules, **{k: kwargs.pop(k) for k in ("always", "slow_s") if k in kwargs})
         server = JudgeServer(judge or ScriptedJudge(), faults, **kwargs).start()
         started.append(server)
         return server

@@ -4,7 +4,11 @@ caching, accounting, reference modes. Server hit counts are exact, so a wasted c
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +22,8 @@ from balcaprl.judge import (
     OpenAICompatibleJudge,
     rewards_tensor,
 )
+
+BACKENDS = ["aiohttp", "httpx"]  # JudgeConfig.http_backend: both must classify every fault alike
 
 
 def run(judge: OpenAICompatibleJudge, requests):
@@ -62,9 +68,10 @@ def test_hand_computed_rewards_over_http(judge_server):
         (["drop", "drop"], "server_error", 2),  # connection dropped mid-response
     ],
 )
-def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, faults, reason, hits):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, faults, reason, hits, backend):
     server = judge_server({"FAULTY": faults})
-    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1))
+    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1, http_backend=backend))
     result = run(judge, [request("FAULTY red door"), request()])
     bad, good = result.outcomes
     assert isinstance(bad, JudgeFailure) and bad.reason == reason, bad
@@ -76,19 +83,22 @@ def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, fault
 
 
 @pytest.mark.parametrize("fault", ["invalid_json", "schema_violation", "rate_limit", "server_error", "drop"])
-def test_a_transient_fault_recovers(judge_server, fault):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_transient_fault_recovers(judge_server, fault, backend):
     # invalid answers get one re-ask; transport faults one SDK retry (429 honours retry-after).
     server = judge_server({"FLAKY": [fault]})
-    result = run(OpenAICompatibleJudge(config(server.base_url, max_retries=1)), [request("FLAKY red door")])
+    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1, http_backend=backend))
+    result = run(judge, [request("FLAKY red door")])
     (outcome,) = result.outcomes
     assert isinstance(outcome, Judgement)
     assert server.counters.by_text["FLAKY red door"] == 2
     assert result.stats.reasks == (1 if fault in ("invalid_json", "schema_violation") else 0)
 
 
-def test_slow_answer_times_out(judge_server):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slow_answer_times_out(judge_server, backend):
     server = judge_server({"SLOW": ["slow:2", "slow:2"]})
-    judge = OpenAICompatibleJudge(config(server.base_url, timeout_s=0.3, max_retries=1))
+    judge = OpenAICompatibleJudge(config(server.base_url, timeout_s=0.3, max_retries=1, http_backend=backend))
     result = run(judge, [request("SLOW red door"), request()])
     assert isinstance(result.outcomes[0], JudgeFailure) and result.outcomes[0].reason == "timeout"
     assert isinstance(result.outcomes[1], Judgement)
@@ -304,12 +314,58 @@ def test_bad_images_are_bad_input_without_a_call(judge_server, tmp_path):
     assert result.stats.rejected == 6
 
 
-def test_a_new_event_loop_gets_a_working_client(judge_server):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_new_event_loop_gets_a_working_client(judge_server, backend, caplog):
     server = judge_server()
-    judge = OpenAICompatibleJudge(config(server.base_url))
+    judge = OpenAICompatibleJudge(config(server.base_url, http_backend=backend))
     first = asyncio.run(judge.judge_batch([request()]))
     second = asyncio.run(judge.judge_batch([request("a black cat")]))  # a new loop: must not break
     assert isinstance(first[0], Judgement) and isinstance(second[0], Judgement)
+    gc.collect()  # the first loop's clients: aiohttp logs an error for any it finds unclosed
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+
+
+def test_a_judge_left_open_exits_without_unclosed_session_errors(judge_server):
+    # aiohttp logs an error for each session garbage-collected unclosed; a one-shot script that never
+    # calls aclose() must still exit quietly (connections.retire)
+    server = judge_server()
+    script = (
+        "import asyncio, sys; sys.path.insert(0, sys.argv[2]); from judge_testkit import config, request; "
+        "from balcaprl.judge import OpenAICompatibleJudge; "
+        "judge = OpenAICompatibleJudge(config(sys.argv[1], http_backend='aiohttp')); "
+        "print(asyncio.run(judge.judge_batch([request()]))[0].rewards.precision)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, server.base_url, str(Path(__file__).parent)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == str(EXPECTED[0]), done.stderr
+    assert "Unclosed" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("peer", ["refuses", "hangs up"])
+def test_a_failed_connection_is_a_server_error_not_a_timeout(backend, peer):
+    async def go():
+        async def hang_up(reader, writer):
+            await reader.read(100)
+            writer.transport.abort()
+
+        listener = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        if peer == "refuses":
+            listener.close()
+            await listener.wait_closed()
+        judge = OpenAICompatibleJudge(config(f"http://127.0.0.1:{port}/v1", http_backend=backend))
+        try:
+            return (await judge.judge_batch([request()]))[0]
+        finally:
+            await judge.aclose()
+            listener.close()
+
+    outcome = asyncio.run(go())
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == "server_error", outcome
+    assert "connection failed or dropped" in outcome.detail
 
 
 def test_invalid_utf8_and_control_characters_arrive_cleaned(judge_server):

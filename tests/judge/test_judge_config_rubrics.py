@@ -47,6 +47,7 @@ def test_price_table_and_mapping_input():
         ("modle: gpt-4o\n", "unknown key 'modle'"),
         ("reference_mode: both\n", "reference_mode"),
         ("concurrency: 0\n", "concurrency"),
+        ("http_backend: curl\n", "http_backend"),
         ("price_per_million_tokens: {prompt: 1}\n", "price_per_million_tokens.completion"),
         ("- a list\n", "expected a mapping"),
         ("base_url: [unclosed\n", "not valid YAML"),

@@ -51,6 +51,8 @@ def judge_with(responses, **overrides):
     def handler(req: httpx2.Request) -> httpx2.Response:
         seen.append(json.loads(req.content))
         item = queue.pop(0)
+        if isinstance(item, bytes):
+            return httpx2.Response(200, content=item, headers={"content-type": "application/json"})
         if isinstance(item, tuple):
             status, headers, body = item
             return httpx2.Response(status, headers=headers, json=body)
@@ -125,6 +127,8 @@ def test_reask_carries_the_rejected_answer_and_the_problem():
         ([completion('{"caption_assertions": ['), completion("still { not json")], "invalid_json"),
         ([completion(""), completion(None)], "invalid_json"),
         ([completion(choices=False), completion(choices=False)], "invalid_json"),
+        ([b"<html>oops</html>", b'["not", "a", "completion"]'], "invalid_json"),  # not a chat completion
+        ([{"choices": [{"message": "?"}]}, {"choices": [None]}], "invalid_json"),  # malformed fields
         ([completion(json.dumps({**VERDICT, "extra": 1}))] * 2, "schema_violation"),
         ([completion(json.dumps({**VERDICT, "reference_assertions": []}))] * 2, "schema_violation"),
         ([completion(json.dumps({**VERDICT, "clarity": "8"}))] * 2, "schema_violation"),

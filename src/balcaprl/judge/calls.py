@@ -29,13 +29,13 @@ import hashlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import openai
 from aiolimiter import AsyncLimiter
 from pydantic import BaseModel, ValidationError
@@ -43,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache, cache_key
 from balcaprl.judge.config import JudgeConfig, load_judge_config
+from balcaprl.judge.connections import http_client, retire
 from balcaprl.judge.images import ImageLoader
 from balcaprl.judge.inflight import InFlight
 from balcaprl.judge.prompt import approx_image_tokens, approx_tokens
@@ -56,11 +57,6 @@ log = logging.getLogger("balcaprl.judge")
 
 _USE_CONFIG: Any = object()
 _CONNECTIONS_PER_CLIENT = 32
-
-
-@cache
-def _shared_ssl_context() -> Any:
-    return httpx2.create_ssl_context()
 
 
 @dataclass
@@ -92,6 +88,7 @@ class Endpoint:
         self.api_key = config.resolve_api_key()
         self._http_client = http_client
         self.state: _Runtime | None = None
+        self._finalizer: weakref.finalize | None = None  # closes aiohttp clients left open (connections.py)
 
     def runtime(self) -> _Runtime:
         loop = asyncio.get_running_loop()
@@ -105,25 +102,24 @@ class Endpoint:
             http_clients = [self._http_client]
         else:
             # Several SDK clients, each with its own pool of about _CONNECTIONS_PER_CLIENT connections:
-            # the HTTP pool scans all its connections on every request, which at 128+ calls in flight
-            # was the largest CPU item of a call (cProfile). Our own httpx clients rather than the
-            # SDK's default: they share one TLS context (building one costs ~60 ms), and unlike the
-            # SDK's wrapper they do not try to close themselves on whatever loop is running when
-            # garbage-collected (which fails loudly after a loop change).
+            # httpx's pool scans all its connections on every request, which at 128+ calls in flight
+            # was the largest CPU item of a call (cProfile). See connections.py for the clients.
             shards = -(-cfg.concurrency // _CONNECTIONS_PER_CLIENT)
-            http_clients = [
-                openai.DefaultAsyncHttpxClient(verify=_shared_ssl_context()) for _ in range(shards)
-            ]
+            http_clients = [http_client(cfg.http_backend) for _ in range(shards)]
         clients = [
             openai.AsyncOpenAI(
                 api_key=self.api_key,
                 base_url=cfg.base_url,
                 timeout=cfg.timeout_s,
                 max_retries=cfg.max_retries,
-                http_client=http_client,
+                http_client=http,
             )
-            for http_client in http_clients
+            for http in http_clients
         ]
+        if self._finalizer is not None:
+            self._finalizer()  # the previous loop's aiohttp clients
+        if self._http_client is None and cfg.http_backend == "aiohttp":
+            self._finalizer = weakref.finalize(self, retire, loop, clients)
         self.state = _Runtime(
             loop=loop,
             clients=clients,
@@ -190,6 +186,9 @@ class Endpoint:
         return total
 
     async def aclose(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()  # closed here, not by the finalizer
+            self._finalizer = None
         if self.state is not None:
             for client in self.state.clients:
                 await client.close()

@@ -51,6 +51,11 @@ class JudgeConfig(BaseModel):
     concurrency: int = Field(256, ge=1, description="Most judge calls in flight at once.")
     timeout_s: float = Field(60.0, gt=0, description="Per-attempt HTTP timeout in seconds.")
     max_retries: int = Field(4, ge=0, description="The SDK's retries on timeouts, 408/409/429 and 5xx.")
+    http_backend: Literal["httpx", "aiohttp"] = Field(
+        "aiohttp",
+        description="The SDK's HTTP transport: httpx (its default) or aiohttp (openai's "
+        "DefaultAioHttpClient; needs the `aiohttp` package, e.g. `pip install 'openai[aiohttp]'`).",
+    )
     temperature: float | None = Field(0.0, ge=0, description="Sampling temperature; null omits it.")
     max_tokens: int = Field(4096, ge=16, description="Most completion tokens per call.")
     requests_per_minute: int | None = Field(

@@ -86,6 +86,7 @@ COMMENTARY_WORDS = frozenset(
     ]
 )
 _SPLIT = re.compile(r"[.;,\n]+|\band\b")
+_WORD = re.compile(r"[a-z0-9]+")
 
 
 def clauses(text: str) -> list[str]:
@@ -94,7 +95,7 @@ def clauses(text: str) -> list[str]:
 
 
 def content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in STOP_WORDS}
+    return {w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS}
 
 
 def _rng(*parts: str) -> random.Random:
@@ -118,10 +119,11 @@ class ScriptedJudge:
         self.reference_jitter = reference_jitter
         self.requests_seen = 0
 
-    def _split_reference(self, reference: str, rng: random.Random) -> list[str]:
+    def _split_reference(self, reference: str, *seed: str) -> list[str]:
         parts = clauses(reference)
         if self.reference_jitter <= 0 or len(parts) < 2:
             return parts
+        rng = _rng(*seed)  # seeded only when used: a sha256 and a seed per call add up on the server
         merged = [parts[0]]
         for part in parts[1:]:
             if rng.random() < self.reference_jitter:
@@ -135,11 +137,10 @@ class ScriptedJudge:
         caption_words = content_words(caption)
         caption_assertions = [
             CaptionAssertion(
-                text=c,
-                pointable=not (content_words(c) & COMMENTARY_WORDS),
-                visible=content_words(c) <= reference_words,
+                text=c, pointable=not (words & COMMENTARY_WORDS), visible=words <= reference_words
             )
             for c in clauses(caption)
+            for words in [content_words(c)]
         ]
         reference_assertions = [
             ReferenceAssertion(text=r, covered=content_words(r) <= caption_words) for r in reference_texts
@@ -163,7 +164,7 @@ class ScriptedJudge:
         await self._wait(len(requests))
         outcomes: list[JudgeOutcome] = []
         for r in requests:
-            texts = self._split_reference(r.reference, _rng(r.caption, r.reference))
+            texts = self._split_reference(r.reference, r.caption, r.reference)
             if not texts:
                 outcomes.append(JudgeFailure("bad_input", "the reference has no assertion"))
                 continue
@@ -174,7 +175,7 @@ class ScriptedJudge:
         await self._wait(len(requests))
         out: list[list[str] | JudgeFailure] = []
         for r in requests:
-            texts = self._split_reference(r.reference, _rng(r.reference))
+            texts = self._split_reference(r.reference, r.reference)
             out.append(texts if texts else JudgeFailure("bad_input", "the reference has no assertion"))
         return out
 

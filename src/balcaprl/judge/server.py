@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import json
 import socket
 import threading
 import time
@@ -34,8 +33,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from balcaprl.judge.images import decode_data_url
 from balcaprl.judge.prompt import ParsedJudgeMessages, approx_tokens, parse_judge_messages
@@ -182,9 +182,17 @@ def generic_call(body: dict[str, Any]) -> GenericCall:
     )
 
 
+def _json_response(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response serialised with orjson (several times faster than the stdlib's json, and this
+    server shares its machine with the client it serves in tests and the benchmark)."""
+    return Response(
+        orjson.dumps(body), status_code=status_code, headers=headers, media_type="application/json"
+    )
+
+
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return _json_response(body, status_code=status, headers=headers)
 
 
 def _completion(
@@ -286,11 +294,11 @@ def _failure_response(failure: JudgeFailure, model: str, prompt_tokens: int):
     if failure.reason == "timeout":
         return _error(504, failure.detail or "judge timed out", "server_error")
     if failure.reason == "refused":
-        return JSONResponse(
+        return _json_response(
             _completion(model, None, "stop", prompt_tokens, refusal=failure.detail or "refused")
         )
     if failure.reason == "truncated_output":
-        return JSONResponse(_completion(model, "{", "length", prompt_tokens))
+        return _json_response(_completion(model, "{", "length", prompt_tokens))
     return _error(500, failure.detail or failure.reason, "server_error")
 
 
@@ -330,8 +338,10 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    # A plain Starlette route, not a FastAPI endpoint: it takes the raw request and returns a ready
+    # response, so FastAPI's per-request dependency solving and response serialisation (about a third
+    # of this server's Python time per call in a profile) would only be overhead.
+    async def chat_completions(request: Request) -> Response:
         counters.total += 1
         counters.in_flight += 1
         counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
@@ -340,12 +350,16 @@ def create_app(
         finally:
             counters.in_flight -= 1
 
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
     async def _handle(request: Request):
         authorization = request.headers.get("authorization", "")
         if api_key is not None and authorization != f"Bearer {api_key}":
             return _error(401, "invalid API key", "invalid_request_error")
         try:
-            body = await request.json()
+            body = orjson.loads(await request.body())  # orjson's errors are ValueErrors
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
             model = str(body.get("model", "balcaprl-local-judge"))
             schema_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
             judge_kind = kind_from_schema_name(schema_name)
@@ -381,7 +395,7 @@ def create_app(
         if name == "wrong_ids" and "reference_coverage" in answer:
             for mark in answer["reference_coverage"]:
                 mark["id"] += 1
-        return _content_response(name, json.dumps(answer), model, prompt_tokens)
+        return _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
 
     async def _handle_generic(call: GenericCall, authorization: str):
         counters.by_kind[call.kind or "generic"] += 1
@@ -401,7 +415,9 @@ def create_app(
         if isinstance(answer, str):
             content = answer
         else:
-            content = json.dumps({"unexpected": True} if name == "schema_violation" else answer)
+            content = orjson.dumps(
+                {"unexpected": True} if name == "schema_violation" else answer, option=orjson.OPT_NON_STR_KEYS
+            ).decode()
         return _content_response(name, content, call.model, prompt_tokens)
 
     async def _transport_fault(name: str, arg: str, model: str, prompt_tokens: int, authorization: str):
@@ -430,21 +446,21 @@ def create_app(
         if name == "drop":
             return _dropping_response()
         if name == "refusal":
-            return JSONResponse(
+            return _json_response(
                 _completion(model, None, "stop", prompt_tokens, refusal="I can't help with that.")
             )
         if name == "content_filter":
-            return JSONResponse(_completion(model, None, "content_filter", prompt_tokens))
+            return _json_response(_completion(model, None, "content_filter", prompt_tokens))
         return None
 
     def _content_response(name: str, content: str, model: str, prompt_tokens: int):
         if name == "invalid_json":
-            return JSONResponse(
+            return _json_response(
                 _completion(model, "Here is the verdict: {caption_assertions: [", "stop", prompt_tokens)
             )
         if name == "truncated":
-            return JSONResponse(_completion(model, content[: len(content) // 2], "length", prompt_tokens))
-        return JSONResponse(_completion(model, content, "stop", prompt_tokens))
+            return _json_response(_completion(model, content[: len(content) // 2], "length", prompt_tokens))
+        return _json_response(_completion(model, content, "stop", prompt_tokens))
 
     return app
 

@@ -16,12 +16,13 @@ of filling a training run with NaN rewards.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import openai
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ValidationError
 
 from balcaprl.judge.config import JudgeConfigError
@@ -55,13 +56,73 @@ class CallAnswer:
         return self.failure is not None and self.failure.reason in ("invalid_json", "schema_violation")
 
 
+_NO_CHOICE: Any = object()
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _completion_fields(raw: bytes) -> tuple[Any, str | None, str | None, dict[str, int]] | None:
+    """``(content, refusal, finish_reason, token usage)`` of a chat-completion body; None when it is
+    not one. ``content`` is ``_NO_CHOICE`` when the answer has no choices. Fields of the wrong type
+    read as absent (a lenient reading, as the SDK's own ``construct`` was)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:  # invalid JSON or invalid UTF-8
+        return None
+    if not isinstance(data, dict):
+        return None
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    tokens = {
+        "prompt_tokens": _count(usage.get("prompt_tokens")),
+        "completion_tokens": _count(usage.get("completion_tokens")),
+    }
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return _NO_CHOICE, None, None, tokens
+    choice = choices[0]
+    message = choice.get("message")
+    message = message if isinstance(message, dict) else {}
+
+    def text(value: Any) -> str | None:
+        return value if isinstance(value, str) else None
+
+    return (
+        text(message.get("content")),
+        text(message.get("refusal")),
+        text(choice.get("finish_reason")),
+        tokens,
+    )
+
+
 def _fail(reason: FailureReason, detail: str, secret: str | None, **usage: Any) -> CallAnswer:
     return CallAnswer(None, JudgeFailure(reason, redact(detail, secret)[:_DETAIL_CHARS]), **usage)
+
+
+def _connection_failure(error: BaseException) -> BaseException | None:
+    """The refused or dropped connection behind a "timeout", if that is what it was. The SDK's aiohttp transport
+    maps every aiohttp connection error to httpx's ``ConnectTimeout``, so the SDK reports those as
+    timeouts too; the chain of causes still holds aiohttp's own error, which says what happened."""
+    aiohttp = sys.modules.get("aiohttp")  # loaded if, and only if, that transport was used
+    cause = error.__cause__
+    while aiohttp is not None and cause is not None:
+        if isinstance(cause, TimeoutError):  # aiohttp's real timeouts are TimeoutErrors
+            return None
+        if isinstance(cause, aiohttp.ClientConnectionError):
+            return cause
+        cause = cause.__cause__
+    return None
 
 
 def _classify(error: openai.OpenAIError, secret: str | None, where: str) -> CallAnswer:
     name = type(error).__name__
     message = redact(str(error), secret)
+    failed = _connection_failure(error) if isinstance(error, openai.APITimeoutError) else None
+    if failed is not None:
+        cause = f"{type(failed).__name__}: {redact(str(failed), secret)}"
+        return _fail("server_error", f"{name}: connection failed or dropped ({cause})", secret)
     if isinstance(error, openai.APITimeoutError):
         return _fail("timeout", f"{name}: no answer within the timeout, after the SDK's retries", secret)
     if isinstance(error, openai.APIConnectionError):
@@ -117,33 +178,30 @@ async def call_endpoint(
         body.update(extra_body)
     try:
         # The SDK's generic `post` (its documented way to send a body as is), not
-        # `chat.completions.create`: same endpoint, same retries, backoff and timeouts, same typed
-        # ChatCompletion back, but without `create`'s recursive TypedDict transform of the messages
-        # and the schema, which cost ~1 ms of CPU per call (measured; a third of the client's CPU
-        # at 128 calls in flight, enough to miss the concurrency bound).
-        completion = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+        # `chat.completions.create`: same endpoint, same retries, backoff and timeouts, but without
+        # `create`'s recursive TypedDict transform of the messages and the schema (~1 ms of CPU per
+        # call, measured). And the raw response rather than a typed `ChatCompletion`: the SDK builds
+        # that model field by field (its lenient `construct`, deep-copying every default), the largest
+        # item of its response handling in a profile; we read the four fields we use ourselves.
+        response = await client.post("/chat/completions", body=body, cast_to=httpx2.Response)
     except openai.OpenAIError as error:
         return _classify(error, secret, where=str(client.base_url))
 
-    usage = completion.usage
-    tokens = {
-        "prompt_tokens": usage.prompt_tokens if usage else 0,
-        "completion_tokens": usage.completion_tokens if usage else 0,
-    }
-    if not completion.choices:
+    fields = _completion_fields(response.content)
+    if fields is None:
+        return _fail("invalid_json", "the answer is not a chat completion", secret)
+    content, refusal, finish_reason, tokens = fields
+    if content is _NO_CHOICE:
         return _fail("invalid_json", "the answer has no choices", secret, **tokens)
-    choice = completion.choices[0]
-    message = choice.message
-    content = message.content
     keep_cut = truncated_ok and schema is None and bool(content and content.strip())
-    if choice.finish_reason == "length" and not keep_cut:
+    if finish_reason == "length" and not keep_cut:
         return _fail(
             "truncated_output", f"the answer hit max_tokens ({max_tokens}) and was cut off", secret, **tokens
         )
-    if choice.finish_reason == "content_filter":
+    if finish_reason == "content_filter":
         return _fail("refused", "the answer was stopped by the server's content filter", secret, **tokens)
-    if getattr(message, "refusal", None):
-        return _fail("refused", f"the judge refused: {message.refusal}", secret, **tokens)
+    if refusal:
+        return _fail("refused", f"the judge refused: {refusal}", secret, **tokens)
     if not content or not content.strip():
         return _fail("invalid_json", "the answer is empty", secret, **tokens)
     if schema is None:
