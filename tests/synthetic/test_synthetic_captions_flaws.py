@@ -10,7 +10,7 @@ import pytest
 from balcaprl.rewards import score_verdict
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.flaws import FLAW_KINDS, flawed_caption
-from balcaprl.synthetic.lexicon import words_of
+from balcaprl.synthetic.lexicon import COLORS, KINDS, words_of
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.parser import parse_caption
 from balcaprl.synthetic.scenes import SceneSpec, generate_scenes
@@ -34,6 +34,24 @@ def test_scenes_follow_the_world_rules():
     assert generate_scenes(5, seed=2) != generate_scenes(5, seed=3)
     with pytest.raises(ValueError, match="max_objects"):
         SceneSpec(min_objects=3, max_objects=10)
+
+
+def test_a_smaller_world_draws_only_its_words_and_the_full_one_is_unchanged():
+    small = SceneSpec(min_objects=2, max_objects=4, kinds=["circle", "star"], colors=("red", "blue"))
+    assert small.kinds == ("circle", "star")  # lists (YAML/JSON) become tuples
+    scenes = generate_scenes(300, seed=4, spec=small)
+    assert {o.kind for s in scenes for o in s.objects} == {"circle", "star"}
+    assert {o.color for s in scenes for o in s.objects} == {"red", "blue"}
+    # the default subsets are the whole vocabulary, drawn in the same order: seeds keep their scenes
+    assert generate_scenes(20, seed=2, spec=SceneSpec(kinds=KINDS, colors=COLORS)) == generate_scenes(
+        20, seed=2
+    )
+    with pytest.raises(ValueError, match="kinds must be distinct.*'blob'"):
+        SceneSpec(kinds=("circle", "blob"))
+    with pytest.raises(ValueError, match="colors must be distinct"):
+        SceneSpec(colors=("red", "red"))
+    with pytest.raises(ValueError, match="cannot give 5 shapes"):
+        SceneSpec(max_objects=5, kinds=("circle", "star"), colors=("red", "blue"))
 
 
 def test_references_are_in_vocabulary_parse_fully_and_are_true(tokenizer):

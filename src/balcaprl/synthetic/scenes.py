@@ -68,6 +68,10 @@ class SceneSpec:
     max_objects: int = 7
     text_probability: float = 0.3  # per medium/large shape
     texture_probability: float = 0.5  # a non-plain background
+    # Subsets of the vocabulary to draw from (a smaller world learns faster; the parser and the
+    # oracle still know every word, so naming an absent kind or colour is still a hallucination).
+    kinds: tuple[str, ...] = KINDS
+    colors: tuple[str, ...] = COLORS
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_objects <= self.max_objects <= 9:
@@ -75,13 +79,26 @@ class SceneSpec:
                 f"need 1 <= min_objects <= max_objects <= 9 (one shape per 3x3 cell), "
                 f"got {self.min_objects}..{self.max_objects}"
             )
+        object.__setattr__(self, "kinds", tuple(self.kinds))  # lists from JSON/YAML are fine too
+        object.__setattr__(self, "colors", tuple(self.colors))
+        for name, chosen, known in (("kinds", self.kinds, KINDS), ("colors", self.colors, COLORS)):
+            unknown = sorted(set(chosen) - set(known))
+            if unknown or len(set(chosen)) != len(chosen) or not chosen:
+                raise ValueError(
+                    f"{name} must be distinct, non-empty and drawn from {list(known)}; got {list(chosen)}"
+                )
+        if len(self.kinds) * len(self.colors) < self.max_objects:
+            raise ValueError(
+                f"{len(self.kinds)} kinds x {len(self.colors)} colours cannot give {self.max_objects} "
+                "shapes a unique (kind, colour) each"
+            )
 
 
 def generate_scene(rng: random.Random, scene_id: str, spec: SceneSpec = SceneSpec()) -> Scene:
     """One scene from ``rng``; all randomness comes from it, so a seed fixes the scene."""
     n = rng.randint(spec.min_objects, spec.max_objects)
     cells = rng.sample([(r, c) for r in range(3) for c in range(3)], n)
-    pairs = rng.sample([(k, c) for k in KINDS for c in COLORS], n)  # unique (kind, colour)
+    pairs = rng.sample([(k, c) for k in spec.kinds for c in spec.colors], n)  # unique (kind, colour)
     objects = []
     for (row, col), (kind, color) in sorted(zip(cells, pairs, strict=True)):
         size = rng.choice(SIZES)
