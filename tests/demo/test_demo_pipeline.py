@@ -142,9 +142,11 @@ def test_variant_sweep_shares_the_start_and_writes_a_comparison(demo_run, toy_co
     assert "balcaprl demo — variants" in output and "comparison.md" in output
 
 
-def test_config_file_matches_the_built_in_defaults():
-    assert load_demo_config(REPO / "configs" / "demo.yaml") == DemoConfig()
-    assert DemoConfig().recipe == DEFAULT_RECIPE
+def test_config_file_spells_out_the_built_in_defaults():
+    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    assert set(raw) == set(DemoConfig.model_fields)  # every section written out, none left to defaults
+    assert DemoConfig.model_validate(raw) == DemoConfig()
+    assert raw["recipe"] == DEFAULT_RECIPE
 
 
 def test_config_errors_name_the_key(tmp_path):
@@ -156,6 +158,8 @@ def test_config_errors_name_the_key(tmp_path):
         load_demo_config(None, ["recipe.model.path=x"])
     with pytest.raises(DemoConfigError, match="evaluation.scenes"):
         load_demo_config(None, ["evaluation.scenes=5000"])
+    with pytest.raises(DemoConfigError, match=r"dataset: .*kinds must be distinct.*'blob'"):
+        load_demo_config(None, ["dataset.kinds=[circle, blob]"])
 
 
 def test_variants_are_one_override_each():

@@ -9,7 +9,7 @@ with the same settings (a stage made with other settings is an error, never sile
     OUTPUT/data/                 the dataset (pinned format + scenes.jsonl)
     OUTPUT/sft/                  the warm-started policy (+ sft_result.json)
     OUTPUT/rl/VARIANT/           the RL run: recipe.yaml, metrics.jsonl, rollouts.jsonl, checkpoints, final/
-    OUTPUT/eval/NAME.json        held-out greedy captions and their oracle scores, per scene
+    OUTPUT/eval/NAME.json        held-out captions and their oracle scores, per scene
     OUTPUT/training_curves.png   rewards and caption length over RL steps (one per variant in rl/VARIANT/)
     OUTPUT/samples.md            held-out captions before and after RL
     OUTPUT/summary.json          every number the final tables show
@@ -99,7 +99,6 @@ def _mark_stage(folder: Path, settings: dict[str, Any], **extra: Any) -> None:
 
 def ensure_dataset(config: DemoConfig, root: Path, log: Log) -> Path:
     from balcaprl.synthetic.build import build_dataset
-    from balcaprl.synthetic.scenes import SceneSpec
 
     folder = root / "data"
     settings = config.dataset.model_dump()
@@ -112,13 +111,7 @@ def ensure_dataset(config: DemoConfig, root: Path, log: Log) -> Path:
     log(
         f"dataset: building {d.n_train} train + {d.n_eval} held-out scenes ({d.min_objects}-{d.max_objects} shapes)"
     )
-    spec = SceneSpec(
-        min_objects=d.min_objects,
-        max_objects=d.max_objects,
-        text_probability=d.text_probability,
-        texture_probability=d.texture_probability,
-    )
-    build_dataset(folder, d.n_train, d.n_eval, d.seed, image_size=d.image_size, spec=spec)
+    build_dataset(folder, d.n_train, d.n_eval, d.seed, image_size=d.image_size, spec=d.scene_spec())
     _mark_stage(folder, settings)
     return folder
 
@@ -167,7 +160,7 @@ def ensure_sft(
 
 @dataclass
 class Evaluation:
-    """Held-out greedy captions of one policy and their per-scene oracle scores."""
+    """Held-out captions of one policy and their per-scene oracle scores."""
 
     held_out: HeldOut
     records: list[dict[str, Any]]
@@ -179,8 +172,10 @@ class Evaluation:
 def evaluate_heldout(
     policy_dir: Path, data_dir: Path, config: DemoConfig, label: str, oracle: Any = None
 ) -> Evaluation:
-    """Caption the first ``evaluation.scenes`` held-out images greedily and score them with the oracle
-    (the b-CapScore rubric, no length mask: the paper's metric)."""
+    """Caption the first ``evaluation.scenes`` held-out images (sampled at the evaluation temperature
+    with a fixed seed, or greedily at 0) and score them with the oracle (the b-CapScore rubric, no
+    length mask: the paper's metric)."""
+    import torch
     from PIL import Image
 
     from balcaprl.data.format import read_split_rows
@@ -195,7 +190,12 @@ def evaluate_heldout(
     rows = read_split_rows(data_dir, "eval")[: e.scenes]
     model, processor = load_policy(policy_dir)
     images = [Image.open(r["image_path"]).convert("RGB") for r in rows]
-    captions = generate_captions(model, processor, images, max_new_tokens=e.max_new_tokens)
+    temperature = config.evaluation_temperature()
+    torch.manual_seed(e.seed)  # the same draws for every policy evaluated with these settings
+    captions = generate_captions(
+        model, processor, images, max_new_tokens=e.max_new_tokens,
+        do_sample=temperature > 0, temperature=temperature or 1.0,
+    )  # fmt: skip
     scores = score_captions(oracle, rows, captions)  # the headline numbers, as `synthetic sft` prints them
     tokens = caption_token_counts(processor, captions)
     records = []
@@ -251,7 +251,8 @@ def ensure_evaluation(
     settings = {
         "policy_weights": _file_digest(policy_dir / "model.safetensors"),
         "dataset": _file_digest(data_dir / "dataset.json"),
-        **config.evaluation.model_dump(include={"scenes", "max_new_tokens"}),
+        **config.evaluation.model_dump(include={"scenes", "max_new_tokens", "seed"}),
+        "temperature": config.evaluation_temperature(),
     }
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -386,14 +387,15 @@ class DemoResult:
     comparison_path: Path | None = None
 
 
-def _samples_markdown(data_dir: Path, before: Evaluation, results: Sequence[VariantResult], n: int) -> str:
+def _samples_markdown(
+    data_dir: Path, before: Evaluation, results: Sequence[VariantResult], n: int, temperature: float
+) -> str:
     from balcaprl.data.format import read_split_rows
 
     rows = read_split_rows(data_dir, "eval")[:n]
+    how = "Greedy captions" if temperature == 0 else f"Captions sampled at temperature {temperature:g}"
     lines = ["# Held-out captions before and after RL", ""]
-    lines.append(
-        "Greedy captions of the first held-out scenes; scores from the oracle judge (b-CapScore rubric)."
-    )
+    lines.append(f"{how} of the first held-out scenes; scores from the oracle judge (b-CapScore rubric).")
     lines.append("")
 
     def scored(record: dict[str, Any]) -> str:
@@ -496,7 +498,8 @@ def run_demo(
     if len(result.variants) == 1 and (result.variants[0].run_dir / "training_curves.png").is_file():
         shutil.copyfile(result.variants[0].run_dir / "training_curves.png", root / "training_curves.png")
     (root / "samples.md").write_text(
-        _samples_markdown(data_dir, before, result.variants, e.show), encoding="utf-8"
+        _samples_markdown(data_dir, before, result.variants, e.show, config.evaluation_temperature()),
+        encoding="utf-8",
     )
     if len(result.variants) > 1:
         rows = comparison_rows(
@@ -514,6 +517,7 @@ def write_summary(result: DemoResult, config: DemoConfig) -> Path:
     summary = {
         "output_dir": str(result.root),
         "judge_transport": config.judge.transport,
+        "evaluation_temperature": config.evaluation_temperature(),
         "held_out_scenes": result.before.held_out.n,
         "before": result.before.held_out.to_json(),
         "variants": {

@@ -1,9 +1,9 @@
 """The paper's ablations in miniature: each demo variant is a few recipe overrides on the demo recipe.
 
 Names follow the paper's rows (Table 3 "leave-one-out", Table 4 "length penalty"); ``full`` is the
-demo recipe itself (c-GDPO, weights 0.1 / 0.3 / 0.3, pointability, length mask 0.5 / 2.0). Unlike the
-paper's Table 3, which sets the three weights equal, every variant here changes exactly one thing
-relative to ``full``, so a difference in the comparison table has one cause.
+demo recipe itself, which is Table 3's "Full" (c-GDPO, equal weights 0.3 / 0.3 / 0.3, pointability,
+length mask 0.5 / 2.0). Every variant changes exactly one thing relative to ``full``, so a difference
+in the comparison table has one cause.
 """
 
 from __future__ import annotations
