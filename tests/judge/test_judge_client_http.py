@@ -22,6 +22,7 @@ from balcaprl.judge import (
     OpenAICompatibleJudge,
     rewards_tensor,
 )
+from balcaprl.judge.sync import SyncJudge
 
 BACKENDS = ["aiohttp", "httpx"]  # JudgeConfig.http_backend: both must classify every fault alike
 
@@ -322,6 +323,24 @@ def test_a_new_event_loop_gets_a_working_client(judge_server, backend, caplog):
     second = asyncio.run(judge.judge_batch([request("a black cat")]))  # a new loop: must not break
     assert isinstance(first[0], Judgement) and isinstance(second[0], Judgement)
     gc.collect()  # the first loop's clients: aiohttp logs an error for any it finds unclosed
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_closing_from_another_loop_closes_the_sessions_on_their_own(judge_server, backend, caplog):
+    # TRL runs async reward functions on a loop of its own thread; the demo closes the judge
+    # afterwards with asyncio.run on the main thread
+    server = judge_server()
+    judge = OpenAICompatibleJudge(config(server.base_url, http_backend=backend))
+    sync = SyncJudge(judge)
+    try:
+        assert isinstance(sync.judge_batch([request()])[0], Judgement)
+        asyncio.run(judge.aclose())  # waits for the close it schedules on the judge's loop
+    finally:
+        sync._loop.call_soon_threadsafe(sync._loop.stop)
+        sync._thread.join(timeout=30)
+        sync._loop.close()
+    gc.collect()
     assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
 
 

@@ -189,10 +189,18 @@ class Endpoint:
         if self._finalizer is not None:
             self._finalizer.detach()  # closed here, not by the finalizer
             self._finalizer = None
-        if self.state is not None:
-            for client in self.state.clients:
-                await client.close()
-            self.state = None
+        state, self.state = self.state, None
+        if state is None:
+            return
+        if state.loop is not asyncio.get_running_loop() and self.config.http_backend == "aiohttp":
+            # Used on another loop (a trainer's reward loop, closed from the main thread): an aiohttp
+            # session can only be closed on its own loop, else it logs "Unclosed client session".
+            pending = retire(state.loop, state.clients)
+            if pending is not None and state.loop.is_running():
+                await asyncio.wrap_future(pending)
+            return
+        for client in state.clients:
+            await client.close()
 
 
 def messages_sha256(messages: list[dict[str, Any]]) -> str:

@@ -15,6 +15,7 @@ on their loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Coroutine
 from functools import cache
 from typing import Any
@@ -63,9 +64,12 @@ def _run_to_end(coroutine: Coroutine[Any, Any, None]) -> None:
     coroutine.close()
 
 
-def retire(loop: asyncio.AbstractEventLoop, clients: list[openai.AsyncOpenAI]) -> None:
-    """Close aiohttp-backed ``clients`` of ``loop`` from anywhere (a new loop, a finalizer, exit)."""
+def retire(
+    loop: asyncio.AbstractEventLoop, clients: list[openai.AsyncOpenAI]
+) -> concurrent.futures.Future | None:
+    """Close aiohttp-backed ``clients`` of ``loop`` from anywhere (a new loop, a finalizer, exit);
+    returns the pending close when it was scheduled on ``loop``, None when it is already done."""
     if loop.is_closed():
         _run_to_end(_close_all(clients))
-    else:
-        asyncio.run_coroutine_threadsafe(_close_all(clients), loop)
+        return None
+    return asyncio.run_coroutine_threadsafe(_close_all(clients), loop)
