@@ -41,7 +41,7 @@ test-verl: setup-verl
 	$(VERL_VENV)/bin/python -m pytest tests/verl_backend -q
 
 # The offline main job: synthetic world -> SFT -> c-GDPO with the oracle judge -> held-out report
-# (~12 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
+# (13-14 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
 demo: setup
 	$(VENV)/bin/balcaprl demo
 
