@@ -173,8 +173,9 @@ def run_sft(
 
     oracle = OracleJudge.from_dataset(data_dir) if config.eval_limit else None
     result = SFTResult(policy_dir=out_dir, steps=config.steps, wall_s=0.0)
-    if oracle is not None and evaluate_before:
-        result.before = evaluate_policy(
+
+    def held_out_scores() -> CaptionScores:
+        return evaluate_policy(
             model,
             processor,
             data_dir,
@@ -182,6 +183,9 @@ def run_sft(
             max_new_tokens=config.max_new_tokens,
             oracle=oracle,
         )
+
+    if oracle is not None and evaluate_before:
+        result.before = held_out_scores()
 
     vision = [p for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n]
     vision_ids = {id(p) for p in vision}
@@ -219,14 +223,7 @@ def run_sft(
     save_policy(model, processor, out_dir, spec if policy is None else None)
 
     if oracle is not None:
-        result.after = evaluate_policy(
-            model,
-            processor,
-            data_dir,
-            limit=config.eval_limit,
-            max_new_tokens=config.max_new_tokens,
-            oracle=oracle,
-        )
+        result.after = held_out_scores()
         eval_rows = read_split_rows(data_dir, "eval")[: config.eval_limit]
         result.references = score_captions(oracle, eval_rows, [r["reference"] for r in eval_rows])
     (out_dir / "sft_result.json").write_text(
