@@ -43,6 +43,7 @@ __all__ = [
     "TrainConfig",
     "VLLMConfig",
     "apply_overrides",
+    "deep_merge",
     "load_recipe",
     "load_recipe_dict",
     "recipe_from_dict",
@@ -411,12 +412,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _deep_merge(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merge(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
     """Child wins; mappings merge key by key; anything else (lists included) is replaced whole."""
     merged = copy.deepcopy(dict(parent))
     for key, value in child.items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _deep_merge(merged[key], value)
+            merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -435,7 +436,7 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
     if not isinstance(base, str):
         raise RecipeError(f"{path}: base must be a path (relative to this file), got {base!r}")
     parent = load_recipe_dict(path.parent / base, (*_seen, path))
-    return _deep_merge(parent, data)
+    return deep_merge(parent, data)
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from balcaprl.config import Recipe, RecipeError, apply_overrides, recipe_from_dict
+from balcaprl.config import Recipe, RecipeError, apply_overrides, deep_merge, recipe_from_dict
 from balcaprl.synthetic.lexicon import COLORS, KINDS
 
 __all__ = [
@@ -231,17 +231,6 @@ class DemoConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``changes`` over ``base``, mappings merged key by key (so a file may hold only what it changes)."""
-    merged = copy.deepcopy(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
 def load_demo_config(path: Path | str | None = None, overrides: Iterable[str] = ()) -> DemoConfig:
     """The built-in defaults, changed by a YAML file (which may hold only what it changes) and then by
     ``key.sub=value`` overrides."""
@@ -259,7 +248,7 @@ def load_demo_config(path: Path | str | None = None, overrides: Iterable[str] = 
             raise DemoConfigError(f"{path} must hold a mapping at the top level")
         data = loaded
     try:
-        data = apply_overrides(_merge(DemoConfig().model_dump(mode="json"), data), overrides)
+        data = apply_overrides(deep_merge(DemoConfig().model_dump(mode="json"), data), overrides)
         return DemoConfig.model_validate(data)
     except RecipeError as error:
         raise DemoConfigError(f"{source}: {error}") from None
