@@ -8,7 +8,7 @@
    arriving together costs 128 x that before the last of them can start its next call, which is
    where the wall time above the bound goes (``--http-backend`` compares the SDK's transports).
 2. Reference modes (``--modes``): joint vs cached-reference on synthetic groups of 8 rollouts; see
-   ``balcaprl.judge.compare_modes`` for what these figures can and cannot show.
+   ``balcaprl.testing.compare_modes`` for what these figures can and cannot show.
 
 Run: ``.venv/bin/python benchmarks/bench_judge.py`` (about a minute). Not a timed test.
 """
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from balcaprl.judge import JudgeConfig, JudgeRequest, OpenAICompatibleJudge
-from balcaprl.judge.compare_modes import _png, compare_reference_modes
+from balcaprl.testing.compare_modes import _png, compare_reference_modes
 
 
 def _start_server(latency_s: float) -> tuple[subprocess.Popen, str]:

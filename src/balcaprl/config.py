@@ -27,6 +27,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from balcaprl.errors import ConfigError
+
 __all__ = [
     "AdvantageConfig",
     "DataConfig",
@@ -50,7 +52,7 @@ __all__ = [
 ]
 
 
-class RecipeError(ValueError):
+class RecipeError(ConfigError):
     """A recipe that cannot be used; the message names the key and says what is allowed."""
 
 

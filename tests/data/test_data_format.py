@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from balcaprl import files
 from balcaprl.data import format as fmt
 from balcaprl.data.format import (
     COLUMNS,
@@ -207,9 +208,9 @@ def test_token_counter_from_hf_uses_inner_tokenizer():
 
 def test_atomic_write_leaves_no_temporary_on_failure(tmp_path):
     target = tmp_path / "f.json"
-    fmt.atomic_write_text(target, json.dumps({"a": 1}))
+    files.atomic_write_text(target, json.dumps({"a": 1}))
     assert json.loads(target.read_text()) == {"a": 1}
     with pytest.raises(TypeError):
-        fmt.atomic_write_bytes(target, object())  # type: ignore[arg-type]
+        files.atomic_write_bytes(target, object())  # type: ignore[arg-type]
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]

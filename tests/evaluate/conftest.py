@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # evaluate_testkit, whatever pytest's import mode
 
-from balcaprl.judge.scripted import ScriptedJudge  # noqa: E402
-from balcaprl.judge.server import FaultScript, JudgeServer  # noqa: E402
+from balcaprl.testing.judge_server import FaultScript, JudgeServer  # noqa: E402
+from balcaprl.testing.scripted_judge import ScriptedJudge  # noqa: E402
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from PIL import Image
 
 from balcaprl.judge import JudgeConfig
 from balcaprl.judge.protocol import JudgeFailure
-from balcaprl.judge.server import GenericCall
+from balcaprl.testing.judge_server import GenericCall
 
 
 def png(colour: tuple[int, int, int], size: int = 24) -> bytes:

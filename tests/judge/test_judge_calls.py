@@ -11,7 +11,7 @@ from judge_testkit import IMAGE, config, request
 from pydantic import BaseModel, ConfigDict
 
 from balcaprl.judge import JudgeCache, JudgeCaller, JudgeConfigError, Judgement, OpenAICompatibleJudge
-from balcaprl.judge.server import GenericCall
+from balcaprl.testing.judge_server import GenericCall
 
 
 class Sum(BaseModel):

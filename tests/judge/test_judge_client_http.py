@@ -113,7 +113,7 @@ def test_unauthorized_raises_a_config_error_naming_the_fix(judge_server):
 
 
 def test_identical_in_flight_requests_are_coalesced_into_one_call(judge_server):
-    from balcaprl.judge.scripted import ScriptedJudge
+    from balcaprl.testing.scripted_judge import ScriptedJudge
 
     server = judge_server(judge=ScriptedJudge(latency_s=0.2))
     judge = OpenAICompatibleJudge(config(server.base_url))
@@ -178,7 +178,7 @@ def test_cache_key_covers_rubric_image_and_texts(judge_server, tmp_path):
 
 
 def test_concurrency_limit_is_respected(judge_server):
-    from balcaprl.judge.scripted import ScriptedJudge
+    from balcaprl.testing.scripted_judge import ScriptedJudge
 
     server = judge_server(judge=ScriptedJudge(latency_s=0.1))
     judge = OpenAICompatibleJudge(config(server.base_url, concurrency=3))

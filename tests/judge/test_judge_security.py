@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.judge import JudgeConfigError, OpenAICompatibleJudge
-from balcaprl.judge.scripted import ScriptedJudge
+from balcaprl.testing.scripted_judge import ScriptedJudge
 
 PLANTED = "sk-planted-4f9c2e7a1b3d5f60"
 ENV = "BALCAPRL_PLANTED_KEY"

@@ -15,15 +15,14 @@ from balcaprl.judge import (
     JudgeFailure,
     Judgement,
     OpenAICompatibleJudge,
-    ScriptedJudge,
     SyncJudge,
     empty_caption_judgement,
     rewards_tensor,
 )
-from balcaprl.judge.compare_modes import compare_reference_modes
 from balcaprl.judge.outcomes import EMPTY_CAPTION_EXPLANATION
-from balcaprl.judge.scripted import clauses
 from balcaprl.rewards import REWARD_NAMES
+from balcaprl.testing.compare_modes import compare_reference_modes
+from balcaprl.testing.scripted_judge import ScriptedJudge, clauses
 
 
 def test_sync_facade_from_plain_code_threads_and_a_running_loop(judge_server):

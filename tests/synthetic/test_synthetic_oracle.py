@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REFERENCE
 
 from balcaprl.rewards import b_capscore, parse_verdict, score_verdict
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.parser import parse_caption
+from conftest import REFERENCE
 
 CORRECT = REFERENCE.replace("The image shows", "This picture contains").replace("sits in", "can be seen in")
 

@@ -26,13 +26,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from balcaprl.files import atomic_write_bytes, atomic_write_text
+
 __all__ = [
     "COLUMNS",
     "SPLITS",
     "DatasetSample",
     "TokenCounter",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "load_split",
     "read_card",
     "read_split_rows",
@@ -113,25 +113,6 @@ class TokenCounter:
                     "local folder holding tokenizer files"
                 ) from first
         return cls.from_hf(tokenizer, name=name_or_path)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _image_row(root: Path, sample: DatasetSample) -> tuple[str, str]:

@@ -42,9 +42,9 @@ from balcaprl.data.format import (
     SPLITS,
     DatasetSample,
     TokenCounter,
-    atomic_write_text,
     write_dataset,
 )
+from balcaprl.files import atomic_write_text
 
 __all__ = [
     "RecaptionOutcome",

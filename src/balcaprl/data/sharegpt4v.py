@@ -48,8 +48,6 @@ from typing import Any, Literal
 from balcaprl.data.format import (
     DatasetSample,
     TokenCounter,
-    atomic_write_bytes,
-    atomic_write_text,
     write_dataset,
 )
 from balcaprl.data.split import eval_ids
@@ -64,6 +62,8 @@ from balcaprl.data.validation import (
     lexical_path_problem,
     normalise_path,
 )
+from balcaprl.errors import InputError
+from balcaprl.files import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "JsonArrayStream",
@@ -89,7 +89,7 @@ RENAMES_FILE = "renamed_ids.jsonl"
 # 1. Streaming the JSON
 
 
-class JsonFileError(ValueError):
+class JsonFileError(InputError):
     """The JSON file itself is broken (not a list, cut short, a syntax error): nothing to resume."""
 
 

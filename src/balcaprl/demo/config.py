@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from balcaprl.config import Recipe, RecipeError, apply_overrides, deep_merge, recipe_from_dict
+from balcaprl.errors import ConfigError
 from balcaprl.synthetic.lexicon import COLORS, KINDS
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 
-class DemoConfigError(ValueError):
+class DemoConfigError(ConfigError):
     """A demo config that cannot be used; the message names the key."""
 
 

@@ -42,6 +42,7 @@ from balcaprl.demo.report import (
     plot_training_curves,
 )
 from balcaprl.demo.variants import Variant
+from balcaprl.errors import UserError
 
 __all__ = ["DemoError", "DemoResult", "VariantResult", "run_demo"]
 
@@ -49,7 +50,7 @@ STAGE_FILE = "demo_stage.json"
 SUMMARY_FILE = "summary.json"
 
 
-class DemoError(RuntimeError):
+class DemoError(UserError, RuntimeError):
     """A demo stage that cannot run; the message says what to do."""
 
 
@@ -286,7 +287,7 @@ def oracle_judge(config: DemoConfig, data_dir: Path, oracle: Any, log: Log) -> I
         return
     try:
         from balcaprl.judge import build_judge
-        from balcaprl.judge.server import JudgeServer
+        from balcaprl.testing.judge_server import JudgeServer
     except ImportError as error:  # fastapi / uvicorn live in the [serve] extra
         raise DemoError(
             f"the HTTP judge needs the [serve] extra ({error}); install it, or run with --judge in-process"

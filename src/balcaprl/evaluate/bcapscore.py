@@ -13,9 +13,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from balcaprl.data.format import atomic_write_text as _write_atomic
 from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
 from balcaprl.evaluate.results import ProtocolResult
+from balcaprl.files import atomic_write_text as _write_atomic
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.score import score_captions
 

@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from balcaprl.data.format import atomic_write_text
+from balcaprl.errors import InputError
+from balcaprl.files import atomic_write_text
 
 __all__ = [
     "PROMPT_PRESETS",
@@ -62,7 +63,7 @@ PROMPT_PRESETS: dict[str, str | None] = {
 }
 
 
-class CaptionError(ValueError):
+class CaptionError(InputError):
     """Captioning cannot run as asked (bad source, a different earlier run in OUT.part...)."""
 
 

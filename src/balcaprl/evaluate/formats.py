@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from balcaprl.errors import InputError
+
 __all__ = [
     "BENCHMARKS",
     "CapArenaItem",
@@ -45,7 +47,7 @@ __all__ = [
 BENCHMARKS = ("decapbench", "captionqa", "caparena")
 
 
-class FormatError(ValueError):
+class FormatError(InputError):
     """A benchmark or caption file that is not in the expected format; says where and what."""
 
 

@@ -26,7 +26,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from balcaprl.data.format import atomic_write_bytes, atomic_write_text
+from balcaprl.errors import InputError
+from balcaprl.files import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "COLUMNS",
@@ -55,7 +56,7 @@ _PROTOCOL_OF = {"dcscore": "dcscore", "captionqa": "captionqa", "caparena": "cap
 RUNS_GROUP = "Runs"
 
 
-class ReportError(ValueError):
+class ReportError(InputError):
     """Report inputs that cannot be used (no eval.json, unknown baseline, bad ranking file)."""
 
 

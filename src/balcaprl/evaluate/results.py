@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from balcaprl.data.format import atomic_write_text
+from balcaprl.files import atomic_write_text
 
 __all__ = ["ProtocolResult", "mean", "write_items", "write_json"]
 

@@ -33,12 +33,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from balcaprl.data.format import atomic_write_text
+from balcaprl.errors import InputError
 from balcaprl.evaluate.caparena import CapArenaSettings
 from balcaprl.evaluate.captionqa import CaptionQASettings
 from balcaprl.evaluate.dcscore import DCScoreSettings
 from balcaprl.evaluate.formats import CaptionSet, FormatError, read_caption_sets
 from balcaprl.evaluate.results import ProtocolResult
+from balcaprl.files import atomic_write_text
 
 __all__ = [
     "PROTOCOLS",
@@ -69,7 +70,7 @@ HEADLINE = {
 }
 
 
-class EvaluationError(ValueError):
+class EvaluationError(InputError):
     """An evaluation that cannot run as asked (missing files, bad config); says what to do."""
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from balcaprl.advantages import decoupled_group_advantages, grpo_advantages
-from balcaprl.data.format import atomic_write_bytes, atomic_write_text
+from balcaprl.files import atomic_write_bytes, atomic_write_text
 
 ROLLOUT_2 = (0.20, 0.85)
 ROLLOUT_3 = (0.82, 0.18)

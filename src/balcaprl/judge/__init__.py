@@ -15,7 +15,7 @@ Generic calls (evaluation protocols, re-captioning) go through the same endpoint
         result = await caller.call_json(messages, MySchema, kind="my_step")   # or call_text(...)
         value = result.value if result.ok else None                          # result.failure.reason
 
-The loopback server (``balcaprl.judge.server``) needs the ``[serve]`` extra and is not imported here.
+Test doubles (the loopback server, the scripted judge) live in :mod:`balcaprl.testing`.
 """
 
 from balcaprl.judge.accounting import JudgeStats
@@ -33,7 +33,6 @@ from balcaprl.judge.protocol import (
     JudgeRequest,
     SupportsFixedReference,
 )
-from balcaprl.judge.scripted import ScriptedJudge
 from balcaprl.judge.sync import SyncJudge
 
 __all__ = [
@@ -52,7 +51,6 @@ __all__ = [
     "Judgement",
     "OpenAICompatibleJudge",
     "PriceTable",
-    "ScriptedJudge",
     "SupportsFixedReference",
     "SyncJudge",
     "build_judge",

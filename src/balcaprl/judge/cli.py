@@ -99,7 +99,7 @@ def serve_judge(
     """Serve a local judge behind an OpenAI-compatible /v1/chat/completions (for tests and the demo)."""
     import os
 
-    from balcaprl.judge.server import FaultScript, serve_forever
+    from balcaprl.testing.judge_server import FaultScript, serve_forever
 
     if oracle is not None:
         try:
@@ -108,7 +108,7 @@ def serve_judge(
             _fail(f"--oracle needs balcaprl.synthetic.oracle, which is not available ({error})")
         local_judge = OracleJudge.from_dataset(oracle)
     else:
-        from balcaprl.judge.scripted import ScriptedJudge
+        from balcaprl.testing.scripted_judge import ScriptedJudge
 
         local_judge = ScriptedJudge(latency_s=latency)
     script = None

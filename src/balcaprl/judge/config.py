@@ -13,10 +13,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from balcaprl.errors import ConfigError
+
 __all__ = ["JudgeConfig", "JudgeConfigError", "PriceTable", "load_judge_config"]
 
 
-class JudgeConfigError(ValueError):
+class JudgeConfigError(ConfigError):
     """A judge configuration that cannot work (bad file, bad key, missing API key, rejected by the server)."""
 
 

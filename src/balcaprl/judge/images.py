@@ -23,12 +23,14 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from balcaprl.errors import InputError
+
 __all__ = ["ImageError", "ImageLoader", "PreparedImage", "decode_data_url", "sha256_hex"]
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
 
 
-class ImageError(ValueError):
+class ImageError(InputError):
     """An image that cannot be sent to the judge (missing, unreadable, corrupt, outside the image root)."""
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from balcaprl.data.format import atomic_write_text
+from balcaprl.errors import InputError
+from balcaprl.files import atomic_write_text
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.judge.summary import summarise_scores
@@ -29,7 +30,7 @@ from balcaprl.rewards import b_capscore
 __all__ = ["CaptionFileError", "ScoreRun", "read_caption_file", "score_captions"]
 
 
-class CaptionFileError(ValueError):
+class CaptionFileError(InputError):
     """A caption or reference file that cannot be read as JSONL or as a JSON object."""
 
 

@@ -16,7 +16,8 @@ import random
 from dataclasses import asdict
 from pathlib import Path
 
-from balcaprl.data.format import DatasetSample, TokenCounter, atomic_write_text, write_dataset
+from balcaprl.data.format import DatasetSample, TokenCounter, write_dataset
+from balcaprl.files import atomic_write_text
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.lexicon import PROMPT
 from balcaprl.synthetic.oracle import SCENES_FILE, scene_record

@@ -25,7 +25,7 @@ import yaml
 from transformers import TrainerCallback
 
 from balcaprl.config import Recipe, RecipeError
-from balcaprl.data.format import atomic_write_text
+from balcaprl.files import atomic_write_text
 from balcaprl.train.metrics import read_jsonl
 
 __all__ = [

@@ -36,7 +36,8 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from balcaprl.data.format import SPLITS, atomic_write_text, read_card, read_split_rows
+from balcaprl.data.format import SPLITS, read_card, read_split_rows
+from balcaprl.files import atomic_write_text
 
 __all__ = ["EXPORT_FILE", "SPLIT_FILES", "ExportResult", "export_verl", "read_export", "verl_row"]
 

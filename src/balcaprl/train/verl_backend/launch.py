@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from balcaprl.config import Recipe, RecipeError
-from balcaprl.data.format import atomic_write_text
+from balcaprl.files import atomic_write_text
 from balcaprl.train.verl_backend.export import SPLIT_FILES, read_export
 from balcaprl.train.verl_backend.render import VerlLaunch
 

@@ -26,8 +26,8 @@ from PIL import Image
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.config import JudgeConfig
 from balcaprl.judge.protocol import JudgeFailure, JudgeRequest
-from balcaprl.judge.scripted import ScriptedJudge
-from balcaprl.judge.server import JudgeServer
+from balcaprl.testing.judge_server import JudgeServer
+from balcaprl.testing.scripted_judge import ScriptedJudge
 
 __all__ = ["compare_reference_modes", "synthetic_groups"]
 
