@@ -23,6 +23,7 @@ from balcaprl.judge import (
     rewards_tensor,
 )
 from balcaprl.judge.sync import SyncJudge
+from balcaprl.rewards import score_verdict
 
 BACKENDS = ["aiohttp", "httpx"]  # JudgeConfig.http_backend: both must classify every fault alike
 
@@ -42,14 +43,16 @@ def test_hand_computed_rewards_over_http(judge_server):
     result = run(OpenAICompatibleJudge(config(server.base_url)), [request()])
     (outcome,) = result.outcomes
     assert isinstance(outcome, Judgement)
-    assert outcome.rewards.as_tuple() == pytest.approx(EXPECTED)
+    assert score_verdict(outcome.verdict).as_tuple() == pytest.approx(EXPECTED)
     assert [a.text for a in outcome.verdict.caption_assertions] == [
         "a red door on the left",
         "a purple elephant",
         "the scene has a cozy atmosphere",
     ]
-    assert outcome.rewards.non_pointable_share == pytest.approx(1 / 3)
-    assert outcome.rewards.non_visible_share == pytest.approx(1 / 2)  # 1 of 2 pointable is false
+    assert score_verdict(outcome.verdict).non_pointable_share == pytest.approx(1 / 3)
+    assert score_verdict(outcome.verdict).non_visible_share == pytest.approx(
+        1 / 2
+    )  # 1 of 2 pointable is false
     assert server.counters.total == 1
     assert result.stats.calls == 1 and result.stats.judged == 1
     assert result.stats.prompt_tokens > 0 and result.stats.completion_tokens > 0
@@ -76,7 +79,7 @@ def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, fault
     result = run(judge, [request("FAULTY red door"), request()])
     bad, good = result.outcomes
     assert isinstance(bad, JudgeFailure) and bad.reason == reason, bad
-    assert isinstance(good, Judgement) and good.rewards.as_tuple() == pytest.approx(EXPECTED)
+    assert isinstance(good, Judgement) and score_verdict(good.verdict).as_tuple() == pytest.approx(EXPECTED)
     assert server.counters.by_text["FAULTY red door"] == hits
     assert result.stats.failures == {reason: 1}
     rewards = rewards_tensor(result.outcomes)
@@ -138,7 +141,7 @@ def test_cache_hits_across_batches_and_judges_and_failures_are_not_cached(judge_
     second = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), requests)
     assert server.counters.total == 3
     assert second.stats.cache_hits == 1 and second.stats.judged == 1
-    assert second.outcomes[0].rewards == first.outcomes[0].rewards
+    assert second.outcomes[0].verdict == first.outcomes[0].verdict
     assert isinstance(second.outcomes[1], Judgement)
 
     third = run(OpenAICompatibleJudge(config(server.base_url, cache_path=cache_path)), requests)
@@ -250,7 +253,7 @@ def test_cached_reference_mode_decomposes_each_reference_once(judge_server, tmp_
             "a red door on the left",
             "a black cat sits on the step",
         ]
-        assert outcome.rewards.recall == 0.5
+        assert score_verdict(outcome.verdict).recall == 0.5
     # A second judge on the same cache: the reference decomposition is cached too.
     run(OpenAICompatibleJudge(cfg), [request("a brand new caption")])
     assert server.counters.by_kind["reference_assertions"] == 2
@@ -262,7 +265,9 @@ def test_cached_reference_mode_matches_joint_rewards(judge_server):
     cached = run(
         OpenAICompatibleJudge(config(server.base_url, reference_mode="cached-reference")), [request()]
     )
-    assert cached.outcomes[0].rewards.as_tuple() == pytest.approx(joint.outcomes[0].rewards.as_tuple())
+    assert score_verdict(cached.outcomes[0].verdict).as_tuple() == pytest.approx(
+        score_verdict(joint.outcomes[0].verdict).as_tuple()
+    )
 
 
 def test_cached_reference_mode_rejects_coverage_with_wrong_ids(judge_server):
@@ -350,9 +355,9 @@ def test_a_judge_left_open_exits_without_unclosed_session_errors(judge_server):
     server = judge_server()
     script = (
         "import asyncio, sys; sys.path.insert(0, sys.argv[2]); from judge_testkit import config, request; "
-        "from balcaprl.judge import OpenAICompatibleJudge; "
+        "from balcaprl.judge import OpenAICompatibleJudge; from balcaprl.rewards import score_verdict; "
         "judge = OpenAICompatibleJudge(config(sys.argv[1], http_backend='aiohttp')); "
-        "print(asyncio.run(judge.judge_batch([request()]))[0].rewards.precision)"
+        "print(score_verdict(asyncio.run(judge.judge_batch([request()]))[0].verdict).precision)"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, server.base_url, str(Path(__file__).parent)],

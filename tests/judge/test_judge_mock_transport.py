@@ -12,6 +12,7 @@ import pytest
 from judge_testkit import CAPTION, REFERENCE, config, request
 
 from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
+from balcaprl.rewards import score_verdict
 from balcaprl.rewards.rubrics import load_rubric
 
 VERDICT = {
@@ -95,7 +96,7 @@ def test_request_body_structured_output_sampling_and_layout():
     (outcome,) = result.outcomes
     assert isinstance(outcome, Judgement)
     # precision 1/2, recall 2/3, linguistic (9 + 9 + 0) / 27
-    assert outcome.rewards.as_tuple() == pytest.approx((0.5, 2 / 3, 18 / 27))
+    assert score_verdict(outcome.verdict).as_tuple() == pytest.approx((0.5, 2 / 3, 18 / 27))
     assert (result.stats.prompt_tokens, result.stats.completion_tokens) == (120, 30)
 
 

@@ -13,6 +13,7 @@ import pytest
 from judge_testkit import config, judge_and_close, png_bytes
 
 from balcaprl.judge import JudgeFailure, Judgement, JudgeRequest, OpenAICompatibleJudge
+from balcaprl.rewards import score_verdict
 
 pytest.importorskip("balcaprl.synthetic.oracle")
 
@@ -51,6 +52,6 @@ def test_oracle_judges_dataset_images_over_http(dataset, oracle_url, mode):
     for outcome in outcomes[:-1]:
         # the reference judged against itself: everything covered, and its claims are true
         assert isinstance(outcome, Judgement), outcome
-        assert outcome.rewards.recall == 1.0 and outcome.rewards.precision > 0.5
+        assert score_verdict(outcome.verdict).recall == 1.0 and score_verdict(outcome.verdict).precision > 0.5
     unknown = outcomes[-1]
     assert isinstance(unknown, JudgeFailure) and unknown.reason == "bad_input"

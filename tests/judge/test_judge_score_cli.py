@@ -16,6 +16,7 @@ from balcaprl.cli import app
 from balcaprl.judge import Judgement, OpenAICompatibleJudge
 from balcaprl.judge.score import CaptionFileError, read_caption_file
 from balcaprl.judge.summary import bootstrap_mean_ci
+from balcaprl.rewards import score_verdict
 
 FULL = "A red door on the left, a black cat sits on the step."
 
@@ -156,7 +157,7 @@ def test_serve_judge_command_serves_the_real_client(tmp_path):
         judge = OpenAICompatibleJudge(config(base_url))
         outcomes = judge_and_close(judge, [request(), request("REFUSE this")])
         assert isinstance(outcomes[0], Judgement)
-        assert outcomes[0].rewards.as_tuple() == pytest.approx((1 / 3, 1 / 2, 21 / 27))
+        assert score_verdict(outcomes[0].verdict).as_tuple() == pytest.approx((1 / 3, 1 / 2, 21 / 27))
         assert outcomes[1].reason == "refused"
     finally:
         process.terminate()

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.judge import JudgeConfigError, OpenAICompatibleJudge
+from balcaprl.rewards import score_verdict
 from balcaprl.testing.scripted_judge import ScriptedJudge
 
 PLANTED = "sk-planted-4f9c2e7a1b3d5f60"
@@ -113,4 +114,4 @@ def test_injected_instructions_reach_the_judge_verbatim_as_a_caption(judge_serve
     (received,) = seen
     assert received.caption == caption and received.reference == REFERENCE
     # and the scripted judge scores it as the data it is: none of it is a true, pointable claim
-    assert outcomes[0].rewards.precision == 0.0
+    assert score_verdict(outcomes[0].verdict).precision == 0.0

@@ -20,7 +20,7 @@ from balcaprl.judge import (
     rewards_tensor,
 )
 from balcaprl.judge.outcomes import EMPTY_CAPTION_EXPLANATION
-from balcaprl.rewards import REWARD_NAMES
+from balcaprl.rewards import REWARD_NAMES, score_verdict
 from balcaprl.testing.compare_modes import compare_reference_modes
 from balcaprl.testing.scripted_judge import ScriptedJudge, clauses
 
@@ -49,7 +49,7 @@ def test_sync_facade_from_plain_code_threads_and_a_running_loop(judge_server):
 
         third = asyncio.run(inside_a_loop())
         with_stats = sync.judge_batch_with_stats([request()])
-    assert first[0].rewards.as_tuple() == pytest.approx(EXPECTED)
+    assert score_verdict(first[0].verdict).as_tuple() == pytest.approx(EXPECTED)
     assert isinstance(second[0], Judgement) and isinstance(third[0], Judgement)
     assert sorted(results) == [0, 1, 2, 3] and all(isinstance(r[0], Judgement) for r in results.values())
     assert with_stats.stats.coalesced + with_stats.stats.judged + with_stats.stats.cache_hits == 1
@@ -61,7 +61,7 @@ def test_sync_facade_wraps_any_judge_and_cancels_on_timeout():
     slow = ScriptedJudge(latency_s=5.0)
     with SyncJudge(ScriptedJudge()) as sync:
         (outcome,) = sync.judge_batch([request()])
-        assert outcome.rewards.as_tuple() == pytest.approx(EXPECTED)
+        assert score_verdict(outcome.verdict).as_tuple() == pytest.approx(EXPECTED)
         with pytest.raises(TypeError, match="judge_batch_with_stats"):
             sync.judge_batch_with_stats([request()])
     with SyncJudge(slow) as sync:
@@ -97,9 +97,9 @@ def test_a_failure_gets_advantage_zero_not_a_penalty():
 
 def test_empty_caption_judgement():
     judgement = empty_caption_judgement(REFERENCE)
-    assert judgement.rewards.as_tuple() == (0.0, 0.0, 0.0)
+    assert score_verdict(judgement.verdict).as_tuple() == (0.0, 0.0, 0.0)
     assert judgement.verdict.explanation == EMPTY_CAPTION_EXPLANATION
-    assert judgement.rewards.n_caption_assertions == 0
+    assert score_verdict(judgement.verdict).n_caption_assertions == 0
 
 
 def test_scripted_judge_rules():
@@ -110,7 +110,7 @@ def test_scripted_judge_rules():
     ]
     assert clauses("a candle and a lamp; a cat\nsits") == ["a candle", "a lamp", "a cat", "sits"]
     (outcome,) = asyncio.run(ScriptedJudge(clarity=10, fluency=10, coherency=10).judge_batch([request()]))
-    assert outcome.rewards.as_tuple() == pytest.approx((1 / 3, 1 / 2, 1.0))
+    assert score_verdict(outcome.verdict).as_tuple() == pytest.approx((1 / 3, 1 / 2, 1.0))
     jittery = ScriptedJudge(reference_jitter=1.0)  # merges every neighbour: one reference assertion
     (merged,) = asyncio.run(jittery.judge_batch([request()]))
     assert len(merged.verdict.reference_assertions) == 1

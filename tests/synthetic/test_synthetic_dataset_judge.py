@@ -12,7 +12,7 @@ from PIL import Image
 
 from balcaprl.data.format import COLUMNS, load_split, read_card, read_split_rows
 from balcaprl.judge import Judge, JudgeFailure, Judgement, JudgeRequest
-from balcaprl.rewards import parse_verdict
+from balcaprl.rewards import parse_verdict, score_verdict
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.lexicon import PROMPT, words_of
 from balcaprl.synthetic.oracle import SCENES_FILE, OracleJudge
@@ -95,7 +95,7 @@ def test_oracle_is_a_judge(tiny_dataset):
     assert len(outcomes) == len(requests)
     for outcome in outcomes[: len(rows)]:
         assert isinstance(outcome, Judgement)
-        assert outcome.rewards.as_tuple() == (1.0, 1.0, 1.0)
+        assert score_verdict(outcome.verdict).as_tuple() == (1.0, 1.0, 1.0)
         parse_verdict(json.loads(outcome.verdict.model_dump_json()))  # JSON round trip passes the schema
     assert isinstance(outcomes[-2], JudgeFailure) and outcomes[-2].reason == "bad_input"
     assert isinstance(outcomes[-1], JudgeFailure) and "rubric" in outcomes[-1].detail

@@ -285,7 +285,7 @@ class ScriptedJudge:
                 outcomes.append(JudgeFailure(self.fail_reason, "scripted failure"))
                 continue
             verdict = parse_verdict(self.verdict(request.caption, request.reference))
-            outcomes.append(Judgement(verdict=verdict, rewards=score_verdict(verdict)))
+            outcomes.append(Judgement(verdict=verdict))
         return outcomes
 
 

@@ -21,7 +21,7 @@ EMPTY_CAPTION_EXPLANATION = "empty caption: scored 0 on every reward without a j
 
 
 def judgement_from_verdict(verdict: Verdict, truncated_input: bool = False) -> Judgement:
-    return Judgement(verdict=verdict, rewards=score_verdict(verdict), truncated_input=truncated_input)
+    return Judgement(verdict=verdict, truncated_input=truncated_input)
 
 
 def empty_caption_judgement(reference: str) -> Judgement:
@@ -43,13 +43,16 @@ def empty_caption_judgement(reference: str) -> Judgement:
     return judgement_from_verdict(verdict)
 
 
-def rewards_tensor(outcomes: Sequence[JudgeOutcome], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``(N, 3)`` rewards in the column order of ``REWARD_NAMES`` (precision, recall, linguistic);
-    a :class:`JudgeFailure` row is all NaN."""
+def rewards_tensor(
+    outcomes: Sequence[JudgeOutcome], dtype: torch.dtype = torch.float32, pointability: bool = True
+) -> torch.Tensor:
+    """``(N, 3)`` rewards in the column order of ``REWARD_NAMES`` (precision, recall, linguistic),
+    scored from each verdict with ``score_verdict``; a :class:`JudgeFailure` row is all NaN."""
     rows = torch.full((len(outcomes), len(REWARD_NAMES)), float("nan"), dtype=dtype)
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, Judgement):
-            rows[i] = torch.tensor([getattr(outcome.rewards, name) for name in REWARD_NAMES], dtype=dtype)
+            scores = score_verdict(outcome.verdict, pointability=pointability)
+            rows[i] = torch.tensor(scores.as_tuple(), dtype=dtype)
         elif not isinstance(outcome, JudgeFailure):
             raise TypeError(f"outcome {i} is a {type(outcome).__name__}, expected Judgement or JudgeFailure")
     return rows

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from balcaprl.rewards import RewardVector, Verdict
+from balcaprl.rewards import Verdict
 
 __all__ = [
     "FailureReason",
@@ -53,10 +53,10 @@ class JudgeRequest:
 
 @dataclass(frozen=True)
 class Judgement:
-    """A successful outcome: the validated verdict and the rewards scored from it."""
+    """A successful outcome: the validated verdict. Rewards are scored from it by whoever consumes it
+    (a trainer with its reward configuration, an evaluation with the metric's), never here."""
 
     verdict: Verdict
-    rewards: RewardVector
     truncated_input: bool = False  # the caption was cut to the configured character cap
 
 

@@ -17,7 +17,7 @@ from PIL import Image
 
 from balcaprl.data.format import read_split_rows
 from balcaprl.judge.protocol import Judgement, JudgeRequest, Rubric
-from balcaprl.rewards import b_capscore
+from balcaprl.rewards import b_capscore, score_verdict
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import caption_token_counts, generate_captions
 
@@ -64,7 +64,7 @@ def score_captions(
     per, prec, rec, ling, failures = [], [], [], [], 0
     for outcome in outcomes:
         if isinstance(outcome, Judgement):
-            v = outcome.rewards
+            v = score_verdict(outcome.verdict)
             per.append(float(b_capscore(v.precision, v.recall, v.linguistic)))
             prec.append(v.precision)
             rec.append(v.recall)

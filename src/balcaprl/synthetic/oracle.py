@@ -5,7 +5,7 @@ is given (file hash, then decoded-pixel hash, then a thumbnail nearest neighbour
 parses the caption and the reference against the scene graph (:mod:`~balcaprl.synthetic.parser`),
 marks each caption assertion pointable/visible and each reference assertion covered, scores
 clarity/fluency/coherency from measurable style facts (:mod:`~balcaprl.synthetic.linguistic`), and
-returns a schema-valid :class:`~balcaprl.rewards.Verdict` with its reward vector.
+returns a schema-valid :class:`~balcaprl.rewards.Verdict`.
 
 Rubrics: ``training`` is the paper's strict two-part test; ``evaluation`` (b-CapScore) additionally
 passes evidence-based inferences ("a simple computer generated illustration"). For every other
@@ -30,7 +30,7 @@ from PIL import Image
 
 from balcaprl.data.format import read_card
 from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
-from balcaprl.rewards import Verdict, score_verdict
+from balcaprl.rewards import Verdict
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.linguistic import linguistic_scores
 from balcaprl.synthetic.parser import Assertion, parse_caption
@@ -208,7 +208,7 @@ class OracleJudge:
         except (LookupError, OSError) as error:
             return JudgeFailure("bad_input", str(error))
         verdict = self.verdict(scene, request.caption, request.reference, request.rubric)
-        return Judgement(verdict=verdict, rewards=score_verdict(verdict))
+        return Judgement(verdict=verdict)
 
     async def judge_batch(self, requests: Sequence[JudgeRequest]) -> list[JudgeOutcome]:
         return [self.judge(request) for request in requests]

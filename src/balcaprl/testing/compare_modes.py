@@ -83,7 +83,7 @@ async def _run(base_url: str, mode: str, requests: list[JudgeRequest], group_siz
     spreads, non_constant = [], 0
     for start in range(0, len(requests), group_size):
         group = result.outcomes[start : start + group_size]
-        sizes = [o.rewards.n_reference_assertions for o in group if not isinstance(o, JudgeFailure)]
+        sizes = [len(o.verdict.reference_assertions) for o in group if not isinstance(o, JudgeFailure)]
         spread = statistics.pstdev(sizes) if len(sizes) > 1 else 0.0
         spreads.append(spread)
         non_constant += len(set(sizes)) > 1
