@@ -30,7 +30,7 @@ from balcaprl.testing.compare_modes import _png, compare_reference_modes
 
 def _start_server(latency_s: float) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "serve-judge", "--port", "0", "--latency", str(latency_s)],
+        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--latency", str(latency_s)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -13,13 +13,15 @@ from balcaprl.cli import app
 
 
 def test_help_lists_subcommands():
-    result = CliRunner().invoke(app, ["--help"])
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "100"})
     assert result.exit_code == 0
     assert "figure" in result.output and "version" in result.output
 
 
 def test_advantage_collapse_writes_png_and_csv(tmp_path):
-    result = CliRunner().invoke(app, ["figure", "advantage-collapse", "--out", str(tmp_path), "--grid", "11"])
+    result = CliRunner().invoke(
+        app, ["figure", "advantage-collapse", "--out", str(tmp_path), "--grid", "11"], env={"COLUMNS": "100"}
+    )
     assert result.exit_code == 0, result.output
     with Image.open(tmp_path / "advantage_collapse.png") as png:
         assert png.format == "PNG" and png.width > 2 * png.height * 0.9  # two panels side by side

@@ -16,7 +16,7 @@ set -euo pipefail
 RAY_PORT="${RAY_PORT:-6379}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
-# Also set by `balcaprl train --backend verl` for the job (Ray runtime env); exporting it here makes
+# Also set by `balcaprl verl launch` for the job (Ray runtime env); exporting it here makes
 # every Ray worker on this node import the balcaprl plugin even for jobs started by hand.
 export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:-balcaprl.train.verl_backend.plugin}"
 

@@ -2,35 +2,30 @@
 
 import json
 
-import typer
 from typer.testing import CliRunner
 
-from balcaprl.data.cli import register
+from balcaprl.cli import app
 from balcaprl.data.format import read_card, read_split_rows
 
 
-def app() -> typer.Typer:
-    application = typer.Typer()
-    register(application)
-    return application
-
-
 def invoke(*args):
-    return CliRunner().invoke(app(), [str(a) for a in args])
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "120"})
 
 
 def test_commands_are_registered():
     result = invoke("--help")
     assert result.exit_code == 0
-    for name in ("prepare", "recaption", "data"):
-        assert name in result.output
-    assert "sharegpt4v" in invoke("prepare", "--help").output
-    assert "info" in invoke("data", "--help").output
+    assert "data" in result.output
+    data_help = invoke("data", "--help").output
+    for name in ("prepare", "recaption", "info"):
+        assert name in data_help
+    assert "sharegpt4v" in invoke("data", "prepare", "--help").output
 
 
 def test_prepare_then_info(fixture_template, tiny_tokenizer_dir, tmp_path):
     out = tmp_path / "ds"
     result = invoke(
+        "data",
         "prepare",
         "sharegpt4v",
         "--json",
@@ -78,6 +73,7 @@ def test_prepare_then_info(fixture_template, tiny_tokenizer_dir, tmp_path):
 
 def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
     result = invoke(
+        "data",
         "prepare",
         "sharegpt4v",
         "--json",
@@ -89,6 +85,7 @@ def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
     )
     assert result.exit_code == 2 and "is not a file" in result.output
     result = invoke(
+        "data",
         "prepare",
         "sharegpt4v",
         "--json",
@@ -104,6 +101,7 @@ def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('[{"id": 1}, {"id"')
     result = invoke(
+        "data",
         "prepare",
         "sharegpt4v",
         "--json",
@@ -116,6 +114,7 @@ def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
     )
     assert result.exit_code == 2 and "download it again" in result.output
     result = invoke(
+        "data",
         "prepare",
         "sharegpt4v",
         "--json",

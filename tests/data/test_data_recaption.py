@@ -5,12 +5,11 @@ import shutil
 from collections import Counter
 
 import pytest
-import typer
 import yaml
 from data_testkit import ScriptedCaptioner
 from typer.testing import CliRunner
 
-from balcaprl.data.cli import register
+from balcaprl.cli import app
 from balcaprl.data.format import load_split, read_card, read_split_rows
 from balcaprl.data.recaption import recaption_dataset
 from balcaprl.data.sharegpt4v import PrepareOptions, prepare_sharegpt4v
@@ -214,11 +213,10 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
     model = ScriptedCaptioner(faults={rows_of(dataset)[0]["image_sha256"]: ["refusal"]})
     config = tmp_path / "judge.yaml"
     config.write_text(yaml.safe_dump({**judge_config(recaption_server(model)).model_dump(mode="json")}))
-    app = typer.Typer()
-    register(app)
-    result = CliRunner().invoke(
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
         app,
         [
+            "data",
             "recaption",
             "--data",
             str(dataset),
@@ -237,14 +235,14 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
     assert "failed (kept the original reference): 1 (refused 1)" in text
     assert "tokens 1000 in / 200 out" in text and "$0.0018" in text
 
-    result = CliRunner().invoke(app, ["data", "info", str(dataset), "--json"])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["data", "info", str(dataset), "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
     assert info["recaptioned"] == 9 and info["recaption"]["model"] == "gpt-5-mini"
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("base_url: http://127.0.0.1:9/v1\nmodell: typo\n")
-    result = CliRunner().invoke(
-        app, ["recaption", "--data", str(dataset), "--model", "m", "--judge-config", str(bad)]
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
+        app, ["data", "recaption", "--data", str(dataset), "--model", "m", "--judge-config", str(bad)]
     )
     assert result.exit_code == 2 and "unknown key 'modell'" in result.output

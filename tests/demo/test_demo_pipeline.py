@@ -8,11 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
-from balcaprl.demo.cli import register
+from balcaprl.cli import app
 from balcaprl.demo.config import DEFAULT_RECIPE, DemoConfig, DemoConfigError, load_demo_config
 from balcaprl.demo.variants import VARIANTS, parse_variants
 from balcaprl.train.metrics import read_jsonl
@@ -31,19 +30,8 @@ TOY = {
 }
 
 
-def app() -> typer.Typer:
-    application = typer.Typer()
-    register(application)
-
-    @application.command()
-    def _unused() -> None:  # a second command keeps typer from collapsing the app into `demo`
-        pass
-
-    return application
-
-
 def run_cli(*args: str):
-    result = CliRunner().invoke(app(), ["demo", *args], env={"COLUMNS": "160"})
+    result = CliRunner().invoke(app, ["demo", *args], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output + repr(result.exception)
     return result.output
 
@@ -117,9 +105,11 @@ def test_a_second_run_reuses_every_stage(demo_run, toy_config):
 def test_changed_settings_are_refused_not_reused(demo_run, toy_config):
     out, _ = demo_run
     result = CliRunner().invoke(
-        app(), ["demo", "--config", str(toy_config), "--out", str(out), "--set", "sft.steps=7"]
+        app,
+        ["demo", "--config", str(toy_config), "--out", str(out), "--set", "sft.steps=7"],
+        env={"COLUMNS": "160"},
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     message = " ".join(result.output.split())  # the same words whatever the console width
     assert "made with other settings" in message and "steps: 6 -> 7" in message
 

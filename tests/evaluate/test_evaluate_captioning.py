@@ -7,10 +7,10 @@ import hashlib
 import json
 
 import pytest
-import typer
 from evaluate_testkit import png, write_caparena, write_captionqa, write_decapbench
 from typer.testing import CliRunner
 
+from balcaprl.cli import app
 from balcaprl.evaluate.captioning import (
     CaptionError,
     GenerationSettings,
@@ -18,7 +18,6 @@ from balcaprl.evaluate.captioning import (
     collect_items,
     native_path,
 )
-from balcaprl.evaluate.cli import register
 
 
 class FakeCaptioner:
@@ -125,19 +124,18 @@ def test_the_tiny_policy_through_the_cli(tmp_path):
 
     dataset = build_dataset(tmp_path / "ds", n_train=1, n_eval=3, seed=5)
     policy = create_policy(tmp_path / "policy", seed=2)
-    app = typer.Typer()
-    register(app)
     args = ["caption", "--model", str(policy), "--images", str(dataset), "--out", str(tmp_path / "c.jsonl"),
             "--max-new-tokens", "6", "--batch-size", "2", "--prompt", "dataset", "--no-progress"]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["backend"] == "transformers" and r["caption"] for r in rows)
     assert rows[0]["key"].startswith("shapes-") and rows[0]["prompt"] == "Describe this image in detail."
     # greedy decoding is deterministic: a fresh run reproduces every caption
-    again = CliRunner().invoke(app, [*args[:6], str(tmp_path / "d.jsonl"), *args[7:]])
+    again = CliRunner(env={"COLUMNS": "120"}).invoke(app, [*args[:6], str(tmp_path / "d.jsonl"), *args[7:]])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "d.json").read_text() == (tmp_path / "c.json").read_text()
-    result = CliRunner().invoke(app, ["caption", "--model", str(policy), "--images", str(dataset), "--out",
-                                      str(tmp_path / "v.jsonl"), "--backend", "vllm"])  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["caption", "--model", str(policy), "--images",
+                                                            str(dataset), "--out", str(tmp_path / "v.jsonl"),
+                                                            "--backend", "vllm"])  # fmt: skip
     assert result.exit_code == 2 and "balcaprl[vllm]" in result.output

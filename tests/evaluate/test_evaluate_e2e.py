@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 
-import typer
 from evaluate_testkit import SyntheticProtocolJudge, synthetic_benchmarks, write_judge_yaml
 from typer.testing import CliRunner
 
+from balcaprl.cli import app
 from balcaprl.data.format import read_split_rows
-from balcaprl.evaluate.cli import register
 from balcaprl.evaluate.suite import read_eval
 
 
@@ -28,11 +27,9 @@ def test_caption_evaluate_report(tmp_path, eval_server):
     handler = SyntheticProtocolJudge(oracle)
     server = eval_server(handler, judge=oracle)
     judge = write_judge_yaml(tmp_path / "judge.yaml", server.base_url)
-    app = typer.Typer()
-    register(app)
 
     def run(*args):
-        result = CliRunner().invoke(app, [str(a) for a in args])
+        result = CliRunner(env={"COLUMNS": "120"}).invoke(app, [str(a) for a in args])
         assert result.exit_code == 0, result.output
         return result.output
 

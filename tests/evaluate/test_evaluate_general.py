@@ -7,10 +7,9 @@ import json
 import sys
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from balcaprl.evaluate.cli import register
+from balcaprl.cli import app
 from balcaprl.evaluate.general import (
     find_results_file,
     import_lmms_eval_results,
@@ -120,19 +119,20 @@ def test_import_results_in_lmms_eval_format(tmp_path):
 
 
 def test_cli_dry_run_and_import(tmp_path):
-    app = typer.Typer()
-    register(app)
-    result = CliRunner().invoke(app, ["bench-general", "--model", "/ckpt/x", "--out", str(tmp_path / "e"),
-                                      "--benchmarks", "ChartQA,TextVQA", "--dry-run"])  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["evaluate-general", "--model", "/ckpt/x", "--out",
+                                                            str(tmp_path / "e"), "--benchmarks", "ChartQA,TextVQA",
+                                                            "--dry-run"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert f"{sys.executable} -m lmms_eval --model qwen2_5_vl" in result.output
     assert "--tasks chartqa,textvqa_val" in result.output and not (tmp_path / "e").exists()
     write_results(tmp_path)
-    result = CliRunner().invoke(app, ["bench-general", "--out", str(tmp_path / "e"), "--import-only",
-                                      str(tmp_path / "lmms_eval")])  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["evaluate-general", "--out", str(tmp_path / "e"),
+                                                            "--import-only", str(tmp_path / "lmms_eval")])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "ChartQA: 83.28" in result.output and "not in the results: TextVQA" in result.output
     assert read_eval(tmp_path / "e")["results"]["general"]["scores"]["OCRBench"] == pytest.approx(78.7)
-    result = CliRunner().invoke(app, ["bench-general", "--model", "/ckpt/x", "--out", str(tmp_path / "f")])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
+        app, ["evaluate-general", "--model", "/ckpt/x", "--out", str(tmp_path / "f")]
+    )
     # lmms-eval is not installed here: nothing is run and nothing is faked
     assert result.exit_code == 2 and "lmms-eval is not installed" in result.output

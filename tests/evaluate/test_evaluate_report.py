@@ -8,11 +8,10 @@ import io
 import json
 
 import pytest
-import typer
 from PIL import Image
 from typer.testing import CliRunner
 
-from balcaprl.evaluate.cli import register
+from balcaprl.cli import app
 from balcaprl.evaluate.report import (
     ReportError,
     build_report,
@@ -119,10 +118,10 @@ def test_human_ranking_files_and_alignment(tmp_path, runs):
         assert alignment["metrics"]["dcscore"]["spearman"] == pytest.approx(1.0)
         assert alignment["metrics"]["captionqa"]["spearman"] == pytest.approx(-0.5)
         assert alignment["metrics"]["bcapscore"]["spearman"] is None  # only 2 models have it
-    app = typer.Typer()
-    register(app)
-    result = CliRunner().invoke(app, ["report", *map(str, runs), "--out", str(tmp_path / "rep"), "--baseline", "base",
-                                      "--human-ranking", str(tmp_path / "h.txt"), "--published", "proprietary"])  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["report", *map(str, runs), "--out", str(tmp_path / "rep"),
+                                                            "--baseline", "base", "--human-ranking",
+                                                            str(tmp_path / "h.txt"), "--published",
+                                                            "proprietary"])  # fmt: skip
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "rep" / "human_alignment.json").read_text())
     # txt: humans b > a > base; DCScore a > b > base: rank differences 1, 1, 0 -> 1 - 6*2/(3*8) = 0.5
@@ -132,12 +131,12 @@ def test_human_ranking_files_and_alignment(tmp_path, runs):
 
 
 def test_report_errors(tmp_path, runs):
-    app = typer.Typer()
-    register(app)
-    result = CliRunner().invoke(
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
         app, ["report", str(runs[1]), "--baseline", "nope", "--out", str(tmp_path / "r")]
     )
     assert result.exit_code == 2 and "--baseline 'nope'" in result.output
     (tmp_path / "empty").mkdir()
-    result = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
+        app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]
+    )
     assert result.exit_code == 2 and "no eval.json" in result.output

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 import yaml
 from evaluate_testkit import (
     CAPARENA_BASELINES,
@@ -18,7 +17,7 @@ from evaluate_testkit import (
 )
 from typer.testing import CliRunner
 
-from balcaprl.evaluate.cli import register
+from balcaprl.cli import app
 from balcaprl.evaluate.suite import EvaluationError, load_evaluation_config, read_eval
 
 # b-CapScore with the scripted verdict judge (see tests/judge/judge_testkit.py for its rules):
@@ -79,9 +78,7 @@ def world(tmp_path, eval_server):
 
 
 def cli(*args):
-    app = typer.Typer()
-    register(app)
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return CliRunner(env={"COLUMNS": "120"}).invoke(app, [str(a) for a in args])
 
 
 def test_the_whole_suite_then_a_free_rerun(tmp_path, world):

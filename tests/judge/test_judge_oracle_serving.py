@@ -1,4 +1,4 @@
-"""`balcaprl serve-judge --oracle DATASET`: the synthetic oracle judge behind the real client.
+"""`balcaprl judge serve --oracle DATASET`: the synthetic oracle judge behind the real client.
 
 Skipped when the synthetic world is not installed in this checkout.
 """
@@ -28,7 +28,7 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def oracle_url(dataset):
     process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "serve-judge", "--port", "0", "--oracle", str(dataset)],
+        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--oracle", str(dataset)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,5 +1,5 @@
 """`balcaprl score` end to end against the loopback server: files, hand-computed scores, summary,
-resume from the cache, bad rows; and `balcaprl serve-judge` as a real subprocess."""
+resume from the cache, bad rows; and `balcaprl judge serve` as a real subprocess."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def workspace(tmp_path, judge_server):
 def score(images, captions, references, judge_yaml, out, *extra):
     args = ["score", "--images", str(images), "--captions", str(captions), "--references", str(references),
             "--judge", str(judge_yaml), "--out", str(out), *extra]  # fmt: skip
-    return CliRunner().invoke(app, args)
+    return CliRunner(env={"COLUMNS": "120"}).invoke(app, args)
 
 
 def test_score_writes_hand_computed_rows_and_summary(workspace):
@@ -146,7 +146,7 @@ def test_serve_judge_command_serves_the_real_client(tmp_path):
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({"rules": {"REFUSE": ["refusal"]}}))
     process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "serve-judge", "--port", "0", "--faults", str(faults)],
+        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--faults", str(faults)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -167,5 +167,5 @@ def test_serve_judge_command_serves_the_real_client(tmp_path):
 def test_serve_judge_rejects_a_bad_fault_script(tmp_path):
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({"rules": {"x": ["explode"]}}))
-    result = CliRunner().invoke(app, ["serve-judge", "--faults", str(faults)])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["judge", "serve", "--faults", str(faults)])
     assert result.exit_code == 2 and "unknown fault 'explode'" in result.output

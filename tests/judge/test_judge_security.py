@@ -46,8 +46,9 @@ def test_planted_key_appears_nowhere(tmp_path, judge_server, monkeypatch, debug_
     references = tmp_path / "references.jsonl"
     references.write_text(json.dumps({"image": "a.png", "reference": REFERENCE}) + "\n")
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["score", "--images", str(images), "--captions", str(captions),
-                                      "--references", str(references), "--judge", str(judge_yaml), "--out", str(out)])  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["score", "--images", str(images), "--captions",
+                                                            str(captions), "--references", str(references),
+                                                            "--judge", str(judge_yaml), "--out", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
 
     rows = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]

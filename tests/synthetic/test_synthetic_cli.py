@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 from balcaprl.cli import app
 from balcaprl.data.format import read_card, read_split_rows
 
-runner = CliRunner()
+runner = CliRunner(env={"COLUMNS": "100"})
 
 
 def test_build_then_show(tmp_path):
@@ -55,7 +55,7 @@ def test_bad_arguments_are_reported(tmp_path):
 def test_sft_command_defaults_match_the_config():
     import inspect
 
-    from balcaprl.synthetic.cli import sft
+    from balcaprl.cli.synthetic import sft
     from balcaprl.synthetic.sft import SFTConfig
 
     params = inspect.signature(sft).parameters

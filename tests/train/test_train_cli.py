@@ -6,29 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
 import yaml
 from train_testkit import ScriptedJudge
 from typer.testing import CliRunner
 
 import balcaprl.judge
+from balcaprl.cli import app
+from balcaprl.cli.train import judge_for_recipe
 from balcaprl.config import load_recipe
-from balcaprl.train.cli import judge_for_recipe, register
 from balcaprl.train.metrics import read_jsonl
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPE_3B = CONFIGS / "qwen2_5_vl_3b.yaml"
-
-
-def app() -> typer.Typer:
-    application = typer.Typer()
-
-    @application.callback()
-    def main() -> None:
-        """balcaprl (test app)."""
-
-    register(application)
-    return application
 
 
 def tiny_overrides(tiny_policy, tiny_dataset, out) -> list[str]:
@@ -46,8 +35,8 @@ def tiny_overrides(tiny_policy, tiny_dataset, out) -> list[str]:
 
 
 def test_print_config_resolves_base_and_overrides():
-    result = CliRunner().invoke(
-        app(),
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
+        app,
         [
             "train",
             str(CONFIGS / "ablations/leave_one_out/no_cgdpo.yaml"),
@@ -63,14 +52,16 @@ def test_print_config_resolves_base_and_overrides():
 
 
 def test_bad_override_exits_with_the_key_named():
-    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B), "rewards.length.tau_hgih=3"])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(
+        app, ["train", str(RECIPE_3B), "rewards.length.tau_hgih=3"]
+    )
     assert result.exit_code == 2
     assert "rewards.length.tau_hgih: unknown key" in result.output
 
 
 def test_without_a_judge_factory_the_cli_says_what_to_do(monkeypatch):
     monkeypatch.delattr(balcaprl.judge, "build_judge", raising=False)
-    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B)])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["train", str(RECIPE_3B)])
     assert result.exit_code == 2
     assert "build_judge" in result.output and "balcaprl.train.train(recipe, judge)" in result.output
 
@@ -78,7 +69,7 @@ def test_without_a_judge_factory_the_cli_says_what_to_do(monkeypatch):
 def test_the_recipes_judge_reaches_the_judge_client(monkeypatch):
     """The shipped recipe's judge: section is a valid judge config; a missing API key is a clear error."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B)])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["train", str(RECIPE_3B)])
     assert result.exit_code == 2
     assert "OPENAI_API_KEY" in result.output
 
@@ -122,7 +113,7 @@ def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
     assert recipe.model.gradient_checkpointing and recipe.train.precision == "bf16"
     assert recipe.rollout.rollouts_per_prompt == 8 and recipe.train.per_device_batch_size == 16
 
-    result = CliRunner().invoke(app(), ["train", str(RECIPE_3B), *overrides])
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["train", str(RECIPE_3B), *overrides])
     assert result.exit_code == 0, result.output
     assert "done: 1 steps" in result.output
 

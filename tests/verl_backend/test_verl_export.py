@@ -1,4 +1,4 @@
-"""``balcaprl export verl`` writes verl's multimodal RL rows, and verl's own RLHFDataset loads them with
+"""``balcaprl verl export`` writes verl's multimodal RL rows, and verl's own RLHFDataset loads them with
 the tiny policies' processors (images through verl's own vision path)."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-import typer
 from typer.testing import CliRunner
 
 pytest.importorskip("verl")
@@ -16,8 +15,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl_testkit import ensure_qwen_vl_utils_importable  # noqa: E402
 
+from balcaprl.cli import app  # noqa: E402
 from balcaprl.data.format import read_card, read_split_rows  # noqa: E402
-from balcaprl.train.verl_backend.cli import register  # noqa: E402
 from balcaprl.train.verl_backend.export import export_verl, read_export  # noqa: E402
 
 
@@ -131,12 +130,10 @@ def test_verls_rlhf_dataset_with_a_tiny_qwen2_5_vl(tiny_dataset, tiny_qwen, tmp_
 
 
 def test_export_command(tiny_dataset, tmp_path):
-    app = typer.Typer()
-    register(app)
-    runner = CliRunner()
-    result = runner.invoke(app, ["export", "verl", "--data", str(tiny_dataset), "--out", str(tmp_path / "o")])
+    runner = CliRunner(env={"COLUMNS": "120"})
+    result = runner.invoke(app, ["verl", "export", "--data", str(tiny_dataset), "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
     assert "rows to" in result.output
     assert json.loads((tmp_path / "o" / "export.json").read_text())["counts"]["eval"] == 2
-    bad = runner.invoke(app, ["export", "verl", "--data", str(tiny_dataset), "--reference", "caption"])
+    bad = runner.invoke(app, ["verl", "export", "--data", str(tiny_dataset), "--reference", "caption"])
     assert bad.exit_code != 0

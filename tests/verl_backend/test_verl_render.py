@@ -8,7 +8,6 @@ import copy
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
@@ -222,30 +221,22 @@ def test_checked_in_renderings_are_current(name):
     verl_config(overrides)
 
 
-def test_train_backend_verl_dry_run_prints_the_overrides(tmp_path):
-    from balcaprl.train.cli import register as register_train
+def test_verl_launch_dry_run_prints_the_overrides(tmp_path):
+    from balcaprl.cli import app
 
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:  # a group, so that `train` is a subcommand as in `balcaprl train`
-        pass
-
-    register_train(app)
     data = copy.deepcopy(base_dict())
     data["data"]["path"] = str(tmp_path / "data")
     data["run"]["output_dir"] = str(tmp_path / "run")
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(data))
-    runner = CliRunner()
+    runner = CliRunner(env={"COLUMNS": "120"})
     result = runner.invoke(
         app,
         [
-            "train",
+            "verl",
+            "launch",
             str(recipe_file),
             "train.learning_rate=1e-6",
-            "--backend",
-            "verl",
             "--nnodes",
             "2",
             "--dry-run",
@@ -261,18 +252,17 @@ def test_train_backend_verl_dry_run_prints_the_overrides(tmp_path):
     bad = runner.invoke(
         app,
         [
-            "train",
+            "verl",
+            "launch",
             str(recipe_file),
             "train.use_cpu=true",
             "rollout.vllm.mode=off",
-            "--backend",
-            "verl",
             "--dry-run",
         ],
     )
     assert bad.exit_code == 2 and "train.use_cpu" in bad.output
-    unknown = runner.invoke(app, ["train", str(recipe_file), "--backend", "jax"])
-    assert unknown.exit_code == 2
+    trl_only = runner.invoke(app, ["verl", "launch", str(recipe_file), "--resume"])
+    assert trl_only.exit_code == 2
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "scripts" / "verl").glob("*.sh")), ids=lambda p: p.name)

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-import typer
 
 from balcaprl.data.format import (
     SPLITS,
@@ -50,7 +49,6 @@ __all__ = [
     "RecaptionOutcome",
     "RecaptionReport",
     "Recaptioner",
-    "recaption_command",
     "recaption_dataset",
 ]
 
@@ -452,77 +450,3 @@ def _token_counter(name: str | None) -> TokenCounter | None:
     except ValueError as error:
         log.warning("reference_tokens left empty: %s (the trainer recounts them)", error)
         return None
-
-
-# --------------------------------------------------------------------------------------------------
-# The command
-
-
-def recaption_command(
-    data: Path = typer.Option(..., "--data", help="A balcaprl dataset folder; rewritten in place."),
-    model: str = typer.Option(..., "--model", help="The re-captioning model (the paper: gpt-5-mini)."),
-    judge_config: Path = typer.Option(
-        ...,
-        "--judge-config",
-        help="Judge config YAML: endpoint, key variable, concurrency, limits, cache, prices.",
-    ),
-    limit: int | None = typer.Option(
-        None, "--limit", min=1, help="Re-caption only the first N rows (trial run)."
-    ),
-    tokenizer: str | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="Recount reference_tokens with this tokenizer (default: the one the card names).",
-    ),
-    cache: Path | None = typer.Option(
-        None, "--cache", help="Cache file (overrides the config's cache_path)."
-    ),
-    no_cache: bool = typer.Option(
-        False, "--no-cache", help="No judge cache (the progress file still resumes)."
-    ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
-) -> None:
-    """Re-caption every reference with a strong model, reusing each sample's original prompt.
-
-    Keeps `reference_original`; a failed call keeps the original reference and is listed in
-    recaption_failures.jsonl. Re-running resumes without paying twice for a finished row.
-    """
-    from rich.console import Console
-
-    from balcaprl.judge import JudgeConfigError
-
-    try:
-        report = recaption_dataset(
-            data,
-            judge_config,
-            model=model,
-            limit=limit,
-            tokenizer=tokenizer,
-            cache_path=cache,
-            no_cache=no_cache,
-            progress=progress,
-        )
-    except (JudgeConfigError, FileNotFoundError) as error:
-        typer.secho(f"error: {error}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2) from None
-    console = Console()
-    failed = sum(report.failed.values())
-    console.print(
-        f"[bold]{report.recaptioned}[/] of {report.rows} references re-captioned by {report.model} "
-        f"(rubric {report.rubric_version}); asked for {report.requested}; "
-        f"{report.from_progress} finished by an earlier run, {report.from_cache} from the cache"
-    )
-    reasons = ", ".join(f"{k} {v}" for k, v in report.failed.most_common()) or "none"
-    console.print(f"failed (kept the original reference): {failed} ({reasons})")
-    cost = "" if report.cost_usd is None else f", ~${report.cost_usd:.4f}"
-    total = "" if report.total_cost_usd is None else f", ~${report.total_cost_usd:.4f}"
-    console.print(
-        f"this run: {report.calls} calls, tokens {report.prompt_tokens} in / "
-        f"{report.completion_tokens} out{cost}"
-    )
-    console.print(
-        f"all re-captions in the dataset: tokens {report.total_prompt_tokens} in / "
-        f"{report.total_completion_tokens} out{total}"
-    )
-    console.print(f"reference_tokens counted with: {report.tokenizer or 'none (the trainer recounts)'}")
-    console.print(f"wrote {report.out}")

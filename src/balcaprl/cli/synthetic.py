@@ -1,5 +1,5 @@
-"""Synthetic-world commands (`balcaprl synthetic ...`), registered on the main app. Thin: parse
-arguments, call into the modules, print."""
+"""``balcaprl synthetic ...``: the offline synthetic world piece by piece. Thin: parse arguments,
+call into the modules, print."""
 
 from __future__ import annotations
 
@@ -8,17 +8,11 @@ from pathlib import Path
 
 import typer
 
-synthetic_app = typer.Typer(
-    help="The offline synthetic captioning world: scenes, oracle judge, tiny policy.", no_args_is_help=True
-)
+from balcaprl.errors import UserError
+
+__all__ = ["build", "caption", "init_policy", "sft", "show"]
 
 
-def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``."""
-    app.add_typer(synthetic_app, name="synthetic")
-
-
-@synthetic_app.command("build")
 def build(
     out: Path = typer.Option(..., "--out", help="Dataset folder to write."),
     n_train: int = typer.Option(2000, "--n-train", min=1, help="Training scenes."),
@@ -38,12 +32,11 @@ def build(
     try:
         spec = SceneSpec(min_objects=min_objects, max_objects=max_objects)
     except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+        raise UserError(f"--min-objects/--max-objects: {error}") from error
     root = build_dataset(out, n_train, n_eval, seed, image_size=image_size, spec=spec, policy_dir=policy)
     typer.echo(f"wrote {n_train} train + {n_eval} eval scenes to {root}")
 
 
-@synthetic_app.command("sft")
 def sft(
     data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
     out: Path = typer.Option(..., "--out", help="Policy folder to write (loadable with from_pretrained)."),
@@ -94,7 +87,6 @@ def sft(
             typer.echo(f"held-out {label:>10}: {scores.summary()}")
 
 
-@synthetic_app.command("show")
 def show(
     data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
     index: int = typer.Option(0, "--index", min=0, help="Row of the split."),
@@ -112,7 +104,7 @@ def show(
 
     rows = read_split_rows(data, split)
     if index >= len(rows):
-        raise typer.BadParameter(f"--index {index} out of range: {split} has {len(rows)} rows")
+        raise UserError(f"--index {index} out of range: {split} has {len(rows)} rows")
     row = rows[index]
     oracle = OracleJudge.from_dataset(data)
     scene = oracle.lookup(row["image_path"])
@@ -135,7 +127,6 @@ def show(
         typer.echo(f"judge failure: {outcome.reason}: {outcome.detail}")
 
 
-@synthetic_app.command("caption")
 def caption(
     policy: Path = typer.Option(..., "--policy", help="Policy folder (e.g. from `balcaprl synthetic sft`)."),
     data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
@@ -161,7 +152,6 @@ def caption(
     typer.echo(scores.summary())
 
 
-@synthetic_app.command("init-policy")
 def init_policy(
     out: Path = typer.Option(..., "--out", help="Folder for a fresh random-initialised tiny policy."),
     seed: int = typer.Option(0, "--seed"),

@@ -1,4 +1,4 @@
-"""Data commands (`balcaprl prepare sharegpt4v`, `balcaprl recaption`, `balcaprl data info`).
+"""``balcaprl data ...``: build (``prepare sharegpt4v``), re-caption and inspect dataset folders.
 
 Thin on purpose: arguments in, one call into the data modules, a printed report out.
 """
@@ -9,15 +9,11 @@ from pathlib import Path
 
 import typer
 
-prepare_app = typer.Typer(
-    help="Turn a published dataset into a balcaprl dataset folder.", no_args_is_help=True
-)
-data_app = typer.Typer(help="Inspect balcaprl dataset folders.", no_args_is_help=True)
+from balcaprl.errors import InputError, UserError
 
+__all__ = ["info", "prepare_sharegpt4v", "recaption"]
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
+IMAGE_MODES = ("auto", "hardlink", "copy", "reencode")
 
 
 def _console():
@@ -26,8 +22,19 @@ def _console():
     return Console()
 
 
-@prepare_app.command("sharegpt4v")
-def prepare_sharegpt4v_command(
+def _token_counter(tokenizer: str | None):
+    """The tokenizer's counter, or None; a tokenizer that cannot be loaded is the user's input."""
+    if tokenizer is None:
+        return None
+    from balcaprl.data.format import TokenCounter
+
+    try:
+        return TokenCounter.load(tokenizer)
+    except ValueError as error:
+        raise InputError(f"--tokenizer: {error}") from error
+
+
+def prepare_sharegpt4v(
     json_file: Path = typer.Option(
         ..., "--json", help="ShareGPT4V JSON (cap100k or the 1.2M ShareCaptioner file)."
     ),
@@ -69,22 +76,17 @@ def prepare_sharegpt4v_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """ShareGPT4V -> train/eval parquet + images + card; every rejected entry is reported with its reason."""
-    from balcaprl.data.format import TokenCounter
-    from balcaprl.data.sharegpt4v import JsonFileError, PrepareOptions, prepare_sharegpt4v
+    from balcaprl.data.sharegpt4v import PrepareOptions
+    from balcaprl.data.sharegpt4v import prepare_sharegpt4v as prepare
     from balcaprl.data.validation import ImageLimits
 
-    if images not in ("auto", "hardlink", "copy", "reencode"):
-        _fail(f"--images {images!r}: choose auto, hardlink, copy or reencode")
+    if images not in IMAGE_MODES:
+        raise UserError(f"--images {images!r}: choose auto, hardlink, copy or reencode")
     if not json_file.is_file():
-        _fail(f"--json {json_file} is not a file")
+        raise InputError(f"--json {json_file} is not a file")
     if not image_root.is_dir():
-        _fail(f"--image-root {image_root} is not a folder")
-    counter = None
-    if tokenizer is not None:
-        try:
-            counter = TokenCounter.load(tokenizer)
-        except ValueError as error:
-            _fail(str(error))
+        raise InputError(f"--image-root {image_root} is not a folder")
+    counter = _token_counter(tokenizer)
     options = PrepareOptions(
         eval_size=eval_size,
         seed=seed,
@@ -97,11 +99,13 @@ def prepare_sharegpt4v_command(
         name=name,
     )
     try:
-        report = prepare_sharegpt4v(
+        report = prepare(
             json_file, image_root, out, options=options, token_counter=counter, progress=progress
         )
-    except (JsonFileError, ValueError, OSError) as error:
-        _fail(str(error))
+    except UserError:  # JsonFileError: already says what is wrong
+        raise
+    except (ValueError, OSError) as error:  # a rejected folder or an unreadable file, by the user
+        raise InputError(str(error)) from error
     _print_prepare_report(report)
 
 
@@ -135,8 +139,74 @@ def _print_prepare_report(report) -> None:
     console.print(f"wrote {report.out}")
 
 
-@data_app.command("info")
-def info_command(
+def recaption(
+    data: Path = typer.Option(..., "--data", help="A balcaprl dataset folder; rewritten in place."),
+    model: str = typer.Option(..., "--model", help="The re-captioning model (the paper: gpt-5-mini)."),
+    judge_config: Path = typer.Option(
+        ...,
+        "--judge-config",
+        help="Judge config YAML: endpoint, key variable, concurrency, limits, cache, prices.",
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Re-caption only the first N rows (trial run)."
+    ),
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="Recount reference_tokens with this tokenizer (default: the one the card names).",
+    ),
+    cache: Path | None = typer.Option(
+        None, "--cache", help="Cache file (overrides the config's cache_path)."
+    ),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="No judge cache (the progress file still resumes)."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Re-caption every reference with a strong model, reusing each sample's original prompt.
+
+    Keeps `reference_original`; a failed call keeps the original reference and is listed in
+    recaption_failures.jsonl. Re-running resumes without paying twice for a finished row.
+    """
+    from balcaprl.data.recaption import recaption_dataset
+
+    try:
+        report = recaption_dataset(
+            data,
+            judge_config,
+            model=model,
+            limit=limit,
+            tokenizer=tokenizer,
+            cache_path=cache,
+            no_cache=no_cache,
+            progress=progress,
+        )
+    except FileNotFoundError as error:  # JudgeConfigError is a UserError already
+        raise InputError(str(error)) from error
+    console = _console()
+    failed = sum(report.failed.values())
+    console.print(
+        f"[bold]{report.recaptioned}[/] of {report.rows} references re-captioned by {report.model} "
+        f"(rubric {report.rubric_version}); asked for {report.requested}; "
+        f"{report.from_progress} finished by an earlier run, {report.from_cache} from the cache"
+    )
+    reasons = ", ".join(f"{k} {v}" for k, v in report.failed.most_common()) or "none"
+    console.print(f"failed (kept the original reference): {failed} ({reasons})")
+    cost = "" if report.cost_usd is None else f", ~${report.cost_usd:.4f}"
+    total = "" if report.total_cost_usd is None else f", ~${report.total_cost_usd:.4f}"
+    console.print(
+        f"this run: {report.calls} calls, tokens {report.prompt_tokens} in / "
+        f"{report.completion_tokens} out{cost}"
+    )
+    console.print(
+        f"all re-captions in the dataset: tokens {report.total_prompt_tokens} in / "
+        f"{report.total_completion_tokens} out{total}"
+    )
+    console.print(f"reference_tokens counted with: {report.tokenizer or 'none (the trainer recounts)'}")
+    console.print(f"wrote {report.out}")
+
+
+def info(
     dataset: Path = typer.Argument(..., help="A balcaprl dataset folder."),
     png: Path | None = typer.Option(
         None, "--png", help="Histogram file (default DIR/reference_lengths.png)."
@@ -147,31 +217,16 @@ def info_command(
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON instead of tables."),
 ) -> None:
     """Counts, splits, length statistics (original vs re-captioned), rejections; writes a length histogram."""
-    from balcaprl.data.format import TokenCounter
     from balcaprl.data.info import dataset_info, info_json, render_info, write_length_histogram
 
-    counter = None
-    if tokenizer is not None:
-        try:
-            counter = TokenCounter.load(tokenizer)
-        except ValueError as error:
-            _fail(str(error))
+    counter = _token_counter(tokenizer)
     try:
-        info = dataset_info(dataset, tokenizer=counter)
+        statistics = dataset_info(dataset, tokenizer=counter)
     except FileNotFoundError as error:
-        _fail(str(error))
-    path = write_length_histogram(info, png or dataset / "reference_lengths.png")
+        raise InputError(str(error)) from error
+    path = write_length_histogram(statistics, png or dataset / "reference_lengths.png")
     if as_json:
-        typer.echo(info_json(info))
+        typer.echo(info_json(statistics))
     else:
-        render_info(info, _console())
+        render_info(statistics, _console())
     typer.echo(f"wrote {path}", err=as_json)
-
-
-def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``: `prepare sharegpt4v`, `recaption`, `data info`."""
-    app.add_typer(prepare_app, name="prepare")
-    app.add_typer(data_app, name="data")
-    from balcaprl.data.recaption import recaption_command
-
-    app.command("recaption")(recaption_command)

@@ -1,4 +1,4 @@
-"""``balcaprl demo``: registered on the main app. Thin: parse arguments, run the pipeline, print."""
+"""``balcaprl demo``: the offline main job. Thin: parse arguments, run the pipeline, print."""
 
 from __future__ import annotations
 
@@ -8,13 +8,9 @@ from pathlib import Path
 import typer
 
 from balcaprl.demo.variants import VARIANTS
+from balcaprl.errors import UserError
 
-__all__ = ["demo", "register"]
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``demo`` to ``app``."""
-    app.command("demo")(demo)
+__all__ = ["demo"]
 
 
 def demo(
@@ -44,43 +40,40 @@ def demo(
         [], "--set", help="Override a config value, e.g. --set recipe.train.learning_rate=1e-4 (repeatable)."
     ),
 ) -> None:
-    """Offline, on a CPU: build a synthetic world, warm-start a tiny captioner, train it with c-GDPO
-    against the oracle judge, and compare held-out oracle scores before and after RL."""
+    """The whole method offline on a CPU: a synthetic world, c-GDPO against its oracle judge.
+
+    Builds a synthetic world, warm-starts a tiny captioner, trains it with c-GDPO against the oracle
+    judge, and compares held-out oracle scores before and after RL.
+    """
     from rich.console import Console
 
-    from balcaprl.config import RecipeError
-    from balcaprl.demo.config import DemoConfigError, load_demo_config
-    from balcaprl.demo.pipeline import DemoError, run_demo
-    from balcaprl.demo.report import rich_before_after_table, rich_comparison_table
+    from balcaprl.demo.config import load_demo_config
+    from balcaprl.demo.pipeline import run_demo
+    from balcaprl.demo.report import comparison_rows, rich_before_after_table, rich_comparison_table
     from balcaprl.demo.variants import parse_variants
 
-    console = Console()
-    _quiet_library_progress_bars()
     if variant is not None and variants is not None:
-        raise typer.BadParameter("give --variant or --variants, not both")
+        raise UserError("give --variant or --variants, not both")
+    try:
+        chosen = parse_variants(variants or variant or "full")
+    except ValueError as error:
+        raise UserError(f"{'--variants' if variants is not None else '--variant'}: {error}") from error
     overrides = list(set_)
     if out is not None:
         overrides.append(f"output_dir={out}")
     if judge is not None:
         overrides.append(f"judge.transport={judge}")
-    try:
-        chosen = parse_variants(variants or variant or "full")
-        settings = load_demo_config(config, overrides)
-    except (ValueError, DemoConfigError) as error:
-        raise typer.BadParameter(str(error)) from None
+    settings = load_demo_config(config, overrides)
 
+    console = Console()
+    _quiet_library_progress_bars()
     start = time.perf_counter()
 
     def log(message: str) -> None:
         console.print(f"[dim]{time.perf_counter() - start:6.0f}s[/dim]  {message}", highlight=False)
 
-    sft_progress = _sft_progress(console, settings.sft.steps)
-    try:
-        with sft_progress:
-            result = run_demo(settings, chosen, steps=steps, log=log, sft_progress=sft_progress.update)
-    except (DemoError, RecipeError, DemoConfigError) as error:
-        console.print(f"[red]demo failed:[/red] {error}")
-        raise typer.Exit(1) from None
+    with _SFTProgress(console, settings.sft.steps) as sft_progress:
+        result = run_demo(settings, chosen, steps=steps, log=log, sft_progress=sft_progress.update)
     wall = time.perf_counter() - start
 
     if len(result.variants) == 1:
@@ -89,8 +82,6 @@ def demo(
         title = f"balcaprl demo — {r.variant.name}: held-out oracle scores, {r.after.held_out.n} scenes"
         console.print(rich_before_after_table(result.before.held_out, r.after.held_out, r.ci, title))
     else:
-        from balcaprl.demo.report import comparison_rows
-
         rows = comparison_rows(
             result.before.held_out,
             [(r.variant.name, r.after.held_out, r.ci, r.steps) for r in result.variants],
@@ -142,7 +133,7 @@ def _quiet_library_progress_bars() -> None:
     )
 
 
-class _sft_progress:
+class _SFTProgress:
     """A rich progress bar for the SFT stage, shown only while SFT runs."""
 
     def __init__(self, console, total: int):

@@ -1,5 +1,9 @@
-"""Evaluation commands (`balcaprl caption`, `evaluate`, `report`, `bench-general`), registered on the
-main app. Thin on purpose: arguments in, one call into the evaluate modules, a printed result out."""
+"""Evaluation commands: ``balcaprl caption``, ``score``, ``evaluate``, ``report``, ``evaluate-general``.
+
+Thin on purpose: arguments in, one call into the evaluate (or judge) modules, a printed result out.
+``score`` and the b-CapScore protocol of ``evaluate`` share one implementation
+(:func:`balcaprl.judge.score.score_captions`).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ from pathlib import Path
 
 import typer
 
+from balcaprl.errors import InputError, UserError
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
+__all__ = ["caption", "evaluate", "evaluate_general", "report", "score"]
+
+PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool = True):
+    """Transient progress bars on stderr, so stdout stays the command's result."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -37,7 +43,7 @@ def caption(
     ),
     split: str = typer.Option("eval", "--split", help="Dataset split, for a balcaprl dataset."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Caption only the first N images."),
-    backend: str = typer.Option("transformers", "--backend", help="transformers | vllm (the [vllm] extra)."),
+    backend: str = typer.Option("transformers", "--backend", help="transformers | vllm (the vllm extra)."),
     prompt: str = typer.Option(
         "detailed", "--prompt",
         help="Preset (detailed: 'Describe this image in detail.'; dataset: each row's own prompt) or your text.",
@@ -55,15 +61,15 @@ def caption(
 ) -> None:  # fmt: skip
     """Caption images with a model; resumable; writes JSONL and the benchmark's own input format."""
     from balcaprl.evaluate.captioning import (
-        CaptionError,
         GenerationSettings,
         TransformersCaptioner,
         VLLMCaptioner,
         caption_items,
         collect_items,
     )
-    from balcaprl.evaluate.formats import FormatError
 
+    if backend not in ("transformers", "vllm"):
+        raise UserError(f"--backend {backend}: choose transformers or vllm")
     try:
         items = collect_items(images, benchmark=benchmark, annotations=annotations, split=split, limit=limit)  # type: ignore[arg-type]
         settings = GenerationSettings(
@@ -75,22 +81,79 @@ def caption(
         )
         if backend == "transformers":
             captioner = TransformersCaptioner(model, device=device, dtype=dtype)
-        elif backend == "vllm":
-            captioner = VLLMCaptioner(model, tensor_parallel_size=tensor_parallel)
         else:
-            _fail(f"--backend {backend}: choose transformers or vllm")
+            captioner = VLLMCaptioner(model, tensor_parallel_size=tensor_parallel)
         with _progress(progress) as bars:
             task = bars.add_task(f"captioning with {model}", total=len(items))
             run = caption_items(
                 items, captioner, out, prompt=prompt, benchmark=benchmark, settings=settings, overwrite=overwrite,
                 on_progress=lambda done, total: bars.update(task, completed=done, total=total),
             )  # fmt: skip
-    except (CaptionError, FormatError, FileNotFoundError) as error:
-        _fail(str(error))
+    except FileNotFoundError as error:  # CaptionError and FormatError are UserErrors already
+        raise InputError(str(error)) from error
     typer.echo(
         f"{len(run.rows)} captions ({run.generated} generated now, {len(run.rows) - run.generated} resumed)"
     )
     typer.echo(f"wrote {run.out}\nwrote {run.native}")
+
+
+def score(
+    images: Path = typer.Option(
+        ..., "--images", help="Folder the caption files' image names are relative to."
+    ),
+    captions: Path = typer.Option(
+        ..., "--captions", help='JSONL {"image", "caption"} lines, or a JSON {image: caption}.'
+    ),
+    references: Path = typer.Option(
+        ..., "--references", help="Same formats; the reference caption per image."
+    ),
+    judge: Path = typer.Option(..., "--judge", help="Judge config YAML (base_url, model, api_key_env, ...)."),
+    out: Path = typer.Option(..., "--out", help="Folder for scores.jsonl and summary.json."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the verdict cache."),
+    cache: Path | None = typer.Option(None, "--cache", help="Verdict cache file (overrides cache_path)."),
+    resamples: int = typer.Option(
+        1000, "--bootstrap-resamples", min=100, help="Bootstrap resamples for the CIs."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+) -> None:
+    """b-CapScore (x100) with precision, recall and linguistic quality, judged with the evaluation rubric.
+
+    Re-running resumes: verdicts already in the cache are not judged again.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from balcaprl.judge.client import build_judge
+    from balcaprl.judge.score import score_captions
+
+    if not images.is_dir():
+        raise InputError(f"--images {images} is not a folder")
+    try:
+        judge_client = build_judge(judge, image_root=images, no_cache=no_cache, cache_path=cache)
+    except OSError as error:  # JudgeConfigError is a UserError already
+        raise InputError(f"--judge {judge}: {error}") from error
+    with _progress() as progress:
+        task = progress.add_task("judging", total=None)
+        run = score_captions(
+            judge_client, captions, references, out, resamples=resamples, seed=seed,
+            on_start=lambda n: progress.update(task, total=n),
+            on_outcome=lambda i, o: progress.advance(task),
+        )  # fmt: skip
+    summary = run.summary
+    table = Table(title=f"b-CapScore — {summary['n_scored']}/{summary['n_captions']} captions scored")
+    for column in ("metric", "mean", "95% CI"):
+        table.add_column(column)
+    for name, figures in summary["metrics"].items():
+        if figures is None:
+            table.add_row(name, "-", "-")
+        else:
+            table.add_row(
+                name, f"{figures['mean']:.3f}", f"[{figures['ci95_low']:.3f}, {figures['ci95_high']:.3f}]"
+            )
+    Console().print(table)
+    if summary["failures"]:
+        typer.echo(f"failures (left out of the means): {json.dumps(summary['failures'])}")
+    typer.echo(f"wrote {run.scores_path}\nwrote {run.summary_path}")
 
 
 def evaluate(
@@ -117,8 +180,7 @@ def evaluate(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:  # fmt: skip
     """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable via the judge cache."""
-    from balcaprl.evaluate.suite import EvaluationError, load_evaluation_config, run_suite
-    from balcaprl.judge.config import JudgeConfigError
+    from balcaprl.evaluate.suite import load_evaluation_config, run_suite
 
     overrides: dict = {
         "judge": str(judge) if judge else None,
@@ -129,30 +191,27 @@ def evaluate(
     }
     for spec in judge_for:
         protocol, _, path = spec.partition("=")
-        if not path or protocol not in ("bcapscore", "dcscore", "captionqa", "caparena"):
-            _fail(f"--judge-for {spec!r}: expected PROTOCOL=FILE with a protocol of the suite")
+        if not path or protocol not in PROTOCOLS:
+            raise UserError(f"--judge-for {spec!r}: expected PROTOCOL=FILE with a protocol of the suite")
         overrides[protocol]["judge"] = path
     names = [p.strip() for p in suite.split(",") if p.strip()]
-    try:
-        settings = load_evaluation_config(config, overrides)
-        with _progress(progress) as bars:
-            tasks: dict[str, int] = {}
+    settings = load_evaluation_config(config, overrides)
+    with _progress(progress) as bars:
+        tasks: dict[str, int] = {}
 
-            def on_start(protocol: str, n: int) -> None:
-                tasks[protocol] = bars.add_task(protocol, total=None)
+        def on_start(protocol: str, n: int) -> None:
+            tasks[protocol] = bars.add_task(protocol, total=None)
 
-            def on_progress(protocol: str, done: int, total: int) -> None:
-                bars.update(tasks[protocol], completed=done, total=total)
+        def on_progress(protocol: str, done: int, total: int) -> None:
+            bars.update(tasks[protocol], completed=done, total=total)
 
-            results = run_suite(
-                captions, names, out, settings, label=label, cache_path=cache, no_cache=no_cache,
-                on_start=on_start, on_progress=on_progress,
-            )  # fmt: skip
-    except (EvaluationError, JudgeConfigError) as error:
-        _fail(str(error))
+        results = run_suite(
+            captions, names, out, settings, label=label, cache_path=cache, no_cache=no_cache,
+            on_start=on_start, on_progress=on_progress,
+        )  # fmt: skip
     for name, result in results.items():
-        score = "–" if result.score is None else f"{result.score:.1f}"
-        line = f"{name:>10}: {score}  ({result.n_scored} scored"
+        value = "–" if result.score is None else f"{result.score:.1f}"
+        line = f"{name:>10}: {value}  ({result.n_scored} scored"
         if result.failures:
             line += f", failed: {json.dumps(result.failures)}"
         if result.missing:
@@ -179,19 +238,19 @@ def report(
     title: str = typer.Option("Caption evaluation", "--title"),
 ) -> None:  # fmt: skip
     """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
-    from balcaprl.evaluate.report import ReportError, build_report
+    from balcaprl.evaluate.report import build_report
 
     try:
         result = build_report(
             runs or [], out, baseline=baseline, published=published, human_ranking=human_ranking, title=title
         )
-    except (ReportError, FileNotFoundError) as error:
-        _fail(str(error))
+    except FileNotFoundError as error:  # ReportError is a UserError already
+        raise InputError(str(error)) from error
     typer.echo(result.markdown)
     typer.echo(f"wrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'report.png'}")
 
 
-def bench_general(
+def evaluate_general(
     model: str | None = typer.Option(None, "--model", help="Checkpoint to evaluate (lmms-eval's pretrained=)."),
     out: Path = typer.Option(..., "--out", help="Evaluation folder; results go into its eval.json."),
     benchmarks: str | None = typer.Option(
@@ -225,11 +284,11 @@ def bench_general(
     try:
         chosen = select([b.strip() for b in benchmarks.split(",")] if benchmarks else None)
     except ValueError as error:
-        _fail(str(error))
+        raise UserError(f"--benchmarks: {error}") from error
     output_path = out / "lmms_eval"
     if import_only is None:
         if model is None:
-            _fail("give --model (or --import-only FILE)")
+            raise UserError("give --model (or --import-only FILE)")
         argv = lmms_eval_command(
             model, output_path, benchmarks=chosen, model_type=model_type, model_args=model_args,
             batch_size=batch_size, num_processes=num_processes, limit=limit, extra=extra,
@@ -239,29 +298,21 @@ def bench_general(
             return
         try:
             status = run_lmms_eval(argv)
-        except RuntimeError as error:
-            _fail(str(error))
+        except RuntimeError as error:  # lmms-eval is not installed
+            raise UserError(str(error)) from error
         if status != 0:
-            _fail(f"lmms-eval exited with status {status}; nothing imported")
+            raise UserError(f"lmms-eval exited with status {status}; nothing imported")
         source = output_path
     else:
         source = import_only
     try:
         results_file = source if Path(source).is_file() else find_results_file(Path(source))
         imported = import_lmms_eval_results(results_file)
-    except (FileNotFoundError, ValueError, json.JSONDecodeError) as error:
-        _fail(str(error))
+    except (FileNotFoundError, ValueError) as error:  # includes json.JSONDecodeError
+        raise InputError(str(error)) from error
     path = record_general(out, imported, label=label)
     for name, value in imported["scores"].items():
         typer.echo(f"{name:>10}: {value:.2f}")
     if imported["missing"]:
         typer.echo(f"not in the results: {', '.join(imported['missing'])}")
     typer.echo(f"wrote {path}")
-
-
-def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``."""
-    app.command("caption")(caption)
-    app.command("evaluate")(evaluate)
-    app.command("report")(report)
-    app.command("bench-general")(bench_general)

@@ -1,0 +1,120 @@
+"""The `balcaprl` command line, grouped by what a user is doing.
+
+This file is the table of contents (which command lives where, in which help panel) and the one
+error boundary; each activity's commands live in a module of their own (``cli/data.py``,
+``cli/train.py``, ...). Command modules import the heavy libraries (torch, transformers, openai,
+pyarrow) inside the command bodies, so ``balcaprl --help`` starts in a fraction of a second.
+
+The error boundary: a :class:`~balcaprl.errors.UserError` escaping any command is printed as one
+line, ``error: <message>``, on stderr (plain text: never wrapped at the console width) and the exit
+status is 2, as for typer's own usage errors. ``--debug`` (or ``BALCAPRL_DEBUG=1``) lets it through
+with its traceback. Anything else is a bug and keeps its traceback; typer's pretty tracebacks never
+show local variables, which may hold API keys.
+"""
+
+from __future__ import annotations
+
+import typer
+from typer.core import TyperGroup
+
+from balcaprl import __version__
+from balcaprl.cli import data, demo, evaluate, figure, judge, synthetic, train, verl
+from balcaprl.errors import UserError
+
+__all__ = ["app"]
+
+DEBUG_ENV = "BALCAPRL_DEBUG"
+PANELS = ("Demo", "Data", "Judge", "Train", "Evaluate", "Paper")  # the help's sections, in this order
+
+
+class RootGroup(TyperGroup):
+    """The root command group: the error boundary (every command runs inside :meth:`invoke`) and the
+    order of the help's activity panels (typer would list plain commands before groups)."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        rank = {panel: i for i, panel in enumerate(PANELS)}
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: rank.get(self.commands[name].rich_help_panel, len(rank)))
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as error:
+            if ctx.params.get("debug"):
+                raise
+            typer.echo(f"error: {error}", err=True)  # plain text: no console width, no wrapping
+            ctx.exit(2)
+
+
+def _group(help: str) -> typer.Typer:
+    return typer.Typer(help=help, no_args_is_help=True, add_completion=False)
+
+
+app = typer.Typer(
+    name="balcaprl",
+    cls=RootGroup,
+    help="Balanced RL for image captioners (c-GDPO) and multi-view caption evaluation (b-CapScore).",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_show_locals=False,  # locals may hold API keys
+)
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(
+        False, "--debug", envvar=DEBUG_ENV, help="Show a user error's traceback too (or BALCAPRL_DEBUG=1)."
+    ),
+) -> None:
+    """Balanced RL for image captioners (c-GDPO) and multi-view caption evaluation (b-CapScore)."""
+
+
+@app.command("version")
+def version() -> None:
+    """Print the installed balcaprl version."""
+    typer.echo(__version__)
+
+
+# Demo: the offline synthetic world, end to end and piece by piece.
+app.command("demo", rich_help_panel="Demo")(demo.demo)
+synthetic_app = _group("The offline synthetic captioning world: scenes, oracle judge, tiny policy.")
+synthetic_app.command("build")(synthetic.build)
+synthetic_app.command("sft")(synthetic.sft)
+synthetic_app.command("caption")(synthetic.caption)
+synthetic_app.command("show")(synthetic.show)
+synthetic_app.command("init-policy")(synthetic.init_policy)
+app.add_typer(synthetic_app, name="synthetic", rich_help_panel="Demo")
+
+# Data: dataset folders in the pinned format.
+data_app = _group("Build, re-caption and inspect balcaprl dataset folders.")
+prepare_app = _group("Turn a published dataset into a balcaprl dataset folder.")
+prepare_app.command("sharegpt4v")(data.prepare_sharegpt4v)
+data_app.add_typer(prepare_app, name="prepare")
+data_app.command("recaption")(data.recaption)
+data_app.command("info")(data.info)
+app.add_typer(data_app, name="data", rich_help_panel="Data")
+
+# Judge: the OpenAI-compatible judge endpoint.
+judge_app = _group("Serve a local judge behind the OpenAI-compatible API.")
+judge_app.command("serve")(judge.serve)
+app.add_typer(judge_app, name="judge", rich_help_panel="Judge")
+
+# Train: TRL on one node, verl on a cluster.
+app.command("train", rich_help_panel="Train")(train.train)
+verl_app = _group("Train on a Ray cluster with verl (needs the verl extra).")
+verl_app.command("export")(verl.export)
+verl_app.command("launch")(verl.launch)
+app.add_typer(verl_app, name="verl", rich_help_panel="Train")
+
+# Evaluate: caption with a model, score the captions, compare runs.
+app.command("caption", rich_help_panel="Evaluate")(evaluate.caption)
+app.command("score", rich_help_panel="Evaluate")(evaluate.score)
+app.command("evaluate", rich_help_panel="Evaluate")(evaluate.evaluate)
+app.command("report", rich_help_panel="Evaluate")(evaluate.report)
+app.command("evaluate-general", rich_help_panel="Evaluate")(evaluate.evaluate_general)
+
+# Paper: the paper's figures.
+figure_app = _group("Reproduce the paper's figures.")
+figure_app.command("advantage-collapse")(figure.advantage_collapse)
+app.add_typer(figure_app, name="figure", rich_help_panel="Paper")
