@@ -117,11 +117,7 @@ class Progress:
     @completed.setter
     def completed(self, value: float) -> None:
         with self._lock:
-            if value != self._completed:
-                self._last_advance_at = self._clock()
-            self._completed = value
-            self._update_bar(completed=value)
-            self._maybe_line()
+            self._move_to(value)
 
     @property
     def description(self) -> str:
@@ -144,8 +140,16 @@ class Progress:
             self._update_bar(status=value)
 
     def advance(self, n: float = 1) -> None:
-        """``n`` more units are done."""
-        self.completed = self._completed + n
+        """``n`` more units are done (safe to call from several threads)."""
+        with self._lock:
+            self._move_to(self._completed + n)
+
+    def _move_to(self, value: float) -> None:
+        if value != self._completed:
+            self._last_advance_at = self._clock()
+        self._completed = value
+        self._update_bar(completed=value)
+        self._maybe_line()
 
     def log(self, message: str) -> None:
         """Print a line of its own (above the bar on a terminal; never interpreted as markup)."""
