@@ -1,4 +1,4 @@
-"""`prepare sharegpt4v`: reading the published JSON, and checking images, on ShareGPT4V-layout fixtures.
+"""`data prepare sharegpt4v`: reading the published JSON, and checking images, on ShareGPT4V-layout fixtures.
 
 Two parts (both by default; ``--part json`` or ``--part images`` for one):
 

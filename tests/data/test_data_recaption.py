@@ -1,4 +1,4 @@
-"""`balcaprl recaption` against a loopback OpenAI-compatible server with a scripted captioner."""
+"""`balcaprl data recaption` against a loopback OpenAI-compatible server with a scripted captioner."""
 
 import json
 import shutil

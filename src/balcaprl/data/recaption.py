@@ -1,4 +1,4 @@
-"""`balcaprl recaption`: new reference captions from a strong model, through the judge's machinery.
+"""`balcaprl data recaption`: new reference captions from a strong model, through the judge's machinery.
 
 The paper re-captions ShareGPT4V with GPT-5-mini, reusing each sample's original captioning prompt;
 better references beat the originals (Table 3, "w/o recap"). Per row:

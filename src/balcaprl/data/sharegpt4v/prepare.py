@@ -54,7 +54,7 @@ RENAMES_FILE = "renamed_ids.jsonl"
 
 @dataclass(frozen=True)
 class PrepareOptions:
-    """Everything `balcaprl prepare sharegpt4v` can be told, with its defaults."""
+    """Everything `balcaprl data prepare sharegpt4v` can be told, with its defaults."""
 
     eval_size: int = 1000  # samples held out for evaluation (at most half of the kept samples)
     seed: int = 0  # seeds the train/eval split
