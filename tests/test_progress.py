@@ -136,7 +136,8 @@ def test_where_the_output_goes_decides_bar_or_lines(monkeypatch):
     assert not Progress("x", stream=Tty())._terminal
 
 
-def test_rich_bar_on_a_terminal():
+def test_rich_bar_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # rich's width for a file: whatever the runner's terminal is
     out = io.StringIO()
     with Progress("placing images", total=4, unit="images", stream=out, terminal=True) as progress:
         assert progress._rich is not None
