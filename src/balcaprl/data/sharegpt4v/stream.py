@@ -1,10 +1,11 @@
 """Reading ShareGPT4V's published JSON as a stream: one list element at a time, never the whole file.
 
 The 1.2M-entry ShareCaptioner file is ~1.5 GB of JSON; loading it whole would take several times
-that in memory. The parsing is ijson's, with its C backend (yajl2_c), a maintained library in place
+that in memory. The parsing is ijson's, with its C backend (yajl2_c): a maintained library in place
 of the hand-written reader balcaprl had (the standard library's decoder driven one element at a
-time): on a 100,000-entry file in ShareGPT4V's layout it reads 1.0-1.2x as many entries per second,
-the file's sha256 computed on the way included (``benchmarks/bench_prepare.py --part json``).
+time), as fast within the noise of a shared machine: 0.94-1.20x its entries per second on a
+100,000-entry file in ShareGPT4V's layout, the file's sha256 computed on the way included
+(``benchmarks/bench_prepare.py --part json``).
 """
 
 from __future__ import annotations
