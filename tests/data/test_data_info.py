@@ -93,3 +93,37 @@ def test_info_json_drops_raw_lengths(recaptioned_dataset):
 
     parsed = json.loads(info_json(dataset_info(recaptioned_dataset)))
     assert "lengths" not in parsed and parsed["counts"]["train"] == 8
+
+
+def test_plain_text_tables(recaptioned_dataset):
+    from balcaprl.data.info import format_info
+    from balcaprl.data.validation import REASONS
+
+    lines = format_info(dataset_info(recaptioned_dataset)).splitlines()
+    assert lines[0] == f"tiny (version 1) at {recaptioned_dataset}"
+    assert lines[2] == "re-captioned: 7 rows by m (rubric 1+abc); failures kept their original reference: 2"
+    lengths = lines.index("lengths")
+    assert lines[lengths + 1].split() == ["text", "unit", "n", "mean", "min", "p5", "median", "p95", "max"]
+    rows = {
+        tuple(line.split()[:2]): line.split()[2:] for line in lines[lengths + 3 : lines.index("", lengths)]
+    }
+    assert rows[("reference", "words")][:1] == ["10"] and rows[("reference", "words")][-1] == "33"
+    assert rows[("reference_original", "words")][2] == "5"  # min
+    # Numbers are right-aligned: every row of the lengths table ends at the same column.
+    table = lines[lengths + 1 : lines.index("", lengths)]
+    assert len({len(line) for line in table}) == 1
+    rejected = lines.index("rejected entries: 4")
+    assert lines[rejected + 3].split(maxsplit=2) == ["missing_image", "3", REASONS["missing_image"]]
+    assert lines[rejected + 4].split(maxsplit=2) == ["truncated_image", "1", REASONS["truncated_image"]]
+
+
+def test_render_info_prints_the_text_verbatim(recaptioned_dataset):
+    from rich.console import Console
+
+    from balcaprl.data.info import format_info, render_info
+
+    info = dataset_info(recaptioned_dataset)
+    info["name"] = "[bold]tiny[/bold]"  # brackets in a name are shown, not taken as markup
+    console = Console(record=True, width=400)
+    render_info(info, console)
+    assert console.export_text().rstrip("\n") == format_info(info)

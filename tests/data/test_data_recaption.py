@@ -1,4 +1,4 @@
-"""`balcaprl recaption` against a loopback OpenAI-compatible server with a scripted captioner."""
+"""`balcaprl data recaption` against a loopback OpenAI-compatible server with a scripted captioner."""
 
 import json
 import shutil
@@ -135,6 +135,17 @@ def test_failures_keep_the_original_and_are_reported_then_retried(dataset, recap
     new_calls = Counter(d for d, _ in model.calls) - calls_before
     assert set(new_calls) == set(digests[:6])
     assert (dataset / "recaption_failures.jsonl").read_text() == ""
+
+
+def test_progress_lines_in_a_log(dataset, recaption_server, capsys):
+    rows = rows_of(dataset)
+    model = ScriptedCaptioner({rows[0]["image_sha256"]: ["refusal"], rows[1]["image_sha256"]: ["refusal"]})
+    capsys.readouterr()
+    recaption_dataset(dataset, judge_config(recaption_server(model)), model="gpt-5-mini", progress=True)
+    lines = capsys.readouterr().err.splitlines()  # captured: not a terminal, so plain lines
+    assert lines[0] == "re-captioning with gpt-5-mini: started, 33 rows"
+    assert lines[-1].startswith("re-captioning with gpt-5-mini: done, 33/33 rows in ")
+    assert lines[-1].endswith("; 2 failed (kept the original)")
 
 
 class Interrupt(BaseException):

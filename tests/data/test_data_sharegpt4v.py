@@ -1,5 +1,6 @@
 """`prepare_sharegpt4v` on a fixture in ShareGPT4V's exact layout: every bad input is reported with
-its reason, no good sample is lost, and the run is parallel, seeded and resumable."""
+its reason, no good sample is lost, and the run is parallel, seeded and resumable. (Reading the JSON
+and checking one entry have their own files: test_data_sharegpt4v_stream.py, ..._entries.py.)"""
 
 import errno
 import hashlib
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from balcaprl.data import sharegpt4v as sg
 from balcaprl.data.format import TokenCounter, load_split, read_card, read_split_rows
-from balcaprl.data.sharegpt4v import PrepareOptions, parse_entry, prepare_sharegpt4v
-from balcaprl.data.validation import REASONS, ImageLimits, Rejection, inspect_image
+from balcaprl.data.sharegpt4v import JsonFileError, PrepareOptions, prepare_sharegpt4v
+from balcaprl.data.validation import REASONS, ImageLimits, inspect_image
+from balcaprl.errors import InputError
 
 
 def all_rows(out):
@@ -252,6 +253,28 @@ def test_parallel_and_serial_runs_agree(fixture_template, tmp_path):
     assert snapshot(0, "serial") == snapshot(2, "parallel")
 
 
+def test_progress_lines_in_a_log(fixture_template, tmp_path, capsys):
+    capsys.readouterr()
+    report = prepare_sharegpt4v(
+        fixture_template.json_path,
+        fixture_template.image_root,
+        tmp_path / "o",
+        options=PrepareOptions(eval_size=1, workers=0),
+        progress=True,
+    )
+    out = capsys.readouterr()
+    assert out.out == ""  # stdout stays free for a command's own output
+    lines = out.err.splitlines()  # captured: not a terminal, so plain lines, one per start and end
+    name, checked = fixture_template.json_path.name, report.images_checked
+    assert [line.split(":")[0] for line in lines] == [f"reading {name}"] * 2 + ["checking images"] * 2 + [
+        "placing images (auto)"
+    ] * 2
+    assert lines[0].startswith(f"reading {name}: started, ") and lines[0].endswith(" kB")
+    assert f"; {report.entries:,} entries" in lines[1]
+    assert lines[3].startswith(f"checking images: done, {checked}/{checked} images in ")
+    assert lines[5].startswith(f"placing images (auto): done, {report.kept}/{report.kept} images in ")
+
+
 def test_out_must_not_be_the_image_root(fixture_template):
     with pytest.raises(ValueError, match="must not be the image root"):
         prepare_sharegpt4v(
@@ -267,7 +290,7 @@ def test_copy_fallback_when_hard_links_fail(fixture_template, tmp_path, monkeypa
     def cross_device(src, dst, **kw):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(sg.os, "link", cross_device)
+    monkeypatch.setattr(os, "link", cross_device)
     report = prepare_sharegpt4v(
         fixture_template.json_path,
         fixture_template.image_root,
@@ -403,6 +426,30 @@ def test_checkpoint_survives_a_line_cut_short(fixture_template, tmp_path):
     assert json.loads(lines[-1]) in redone
 
 
+def test_broken_json_keeps_the_checks_of_an_earlier_run(sharegpt4v, tmp_path):
+    out = tmp_path / "o"
+    opts = PrepareOptions(eval_size=1, workers=0)
+    first = prepare_sharegpt4v(sharegpt4v.json_path, sharegpt4v.image_root, out, options=opts)
+    checkpoint = out / ".prepare" / "image-checks.jsonl"
+    before = checkpoint.read_bytes()
+    good = sharegpt4v.json_path.read_bytes()
+    sharegpt4v.json_path.write_bytes(good[: len(good) // 2])  # a new download, interrupted
+    inspect, calls = counting_inspector()
+    with pytest.raises(JsonFileError) as caught:
+        prepare_sharegpt4v(sharegpt4v.json_path, sharegpt4v.image_root, out, options=opts, inspect=inspect)
+    assert isinstance(caught.value, InputError) and str(sharegpt4v.json_path) in str(caught.value)
+    assert "complete entries" in " ".join(str(caught.value).split())
+    assert calls == [] and checkpoint.read_bytes() == before  # nothing checked, nothing lost
+    assert read_card(out)["counts"] == {"train": first.train, "eval": first.eval}  # still the old dataset
+
+    sharegpt4v.json_path.write_bytes(good)  # downloaded again
+    report = prepare_sharegpt4v(
+        sharegpt4v.json_path, sharegpt4v.image_root, out, options=opts, inspect=inspect
+    )
+    assert sorted(calls) == sorted(NO_FILE)  # every image with a file is known from the first run
+    assert report.images_reused == first.images_checked - len(NO_FILE) and report.kept == first.kept
+
+
 def test_changed_file_is_checked_again(sharegpt4v, tmp_path):
     out = tmp_path / "o"
     opts = PrepareOptions(eval_size=1, workers=0)
@@ -428,105 +475,6 @@ def test_checkpoint_of_another_image_root_is_set_aside(sharegpt4v, fixture_templ
     prepare_sharegpt4v(sharegpt4v.json_path, sharegpt4v.image_root, out, options=opts, inspect=inspect)
     assert len(calls) == len(set(calls)) > 30  # all checked again, against the new root
     assert (out / ".prepare" / "image-checks.jsonl.stale").exists()
-
-
-# --------------------------------------------------------------------------------------------------
-# Entries and the JSON stream
-
-
-@pytest.mark.parametrize(
-    ("human", "prompt"),
-    [
-        ("<image>\nDescribe this image in detail.", "Describe this image in detail."),
-        ("Describe this image in detail.\n<image>", "Describe this image in detail."),
-        ("  <image>\n\nWhat is happening?  \n", "What is happening?"),
-        ("Look:\n<image>\nWhat is it?", "Look:\nWhat is it?"),
-        ("No tag at all.", "No tag at all."),
-    ],
-)
-def test_prompt_is_the_human_turn_without_the_image_tag(human, prompt):
-    entry = {
-        "id": "x",
-        "image": "coco/train2017/x.jpg",
-        "conversations": [{"from": "human", "value": human}, {"from": "gpt", "value": " cap \n"}],
-    }
-    parsed = parse_entry(0, entry)
-    assert parsed.prompt == prompt and parsed.caption == "cap"
-
-
-def test_multi_turn_takes_first_human_and_the_gpt_turn_after_it():
-    entry = {
-        "id": 7,
-        "image": "sam/images/sa_1.jpg",
-        "conversations": [
-            {"from": "gpt", "value": "stray"},
-            {"from": "human", "value": "<image>\nQ1"},
-            {"from": "gpt", "value": "A1"},
-            {"from": "human", "value": "Q2"},
-            {"from": "gpt", "value": "A2"},
-        ],
-    }
-    parsed = parse_entry(3, entry)
-    assert (parsed.id, parsed.index, parsed.prompt, parsed.caption) == ("7", 3, "Q1", "A1")
-
-
-@pytest.mark.parametrize(
-    ("entry", "reason"),
-    [
-        (None, "malformed_entry"),
-        ({"id": True, "image": "a.jpg", "conversations": []}, "malformed_entry"),
-        ({"id": "x", "image": "", "conversations": []}, "malformed_entry"),
-        ({"id": "x", "image": "a.jpg", "conversations": "text"}, "missing_conversations"),
-        ({"id": "x", "image": "a.jpg", "conversations": ["turn"]}, "malformed_entry"),
-        ({"id": "x", "image": "C:\\images\\a.jpg", "conversations": []}, "unsafe_path"),
-        ({"id": "x", "image": "a/..\\..\\b.jpg", "conversations": []}, "unsafe_path"),
-    ],
-)
-def test_parse_entry_rejections(entry, reason):
-    result = parse_entry(0, entry)
-    assert isinstance(result, Rejection) and result.reason == reason
-
-
-def test_unknown_reason_is_a_programming_error():
-    with pytest.raises(ValueError, match="unknown rejection reason"):
-        Rejection(0, "x", None, "because", "")
-
-
-def test_json_stream_matches_json_load_with_tiny_chunks(tmp_path, monkeypatch):
-    data = [
-        {"id": i, "v": "é" * (i % 5), "n": 10 ** (i % 7), "f": 1.5e3, "z": [None, True]} for i in range(50)
-    ]
-    data += [12345678, "tail", 0.25, [], {}]
-    path = tmp_path / "a.json"
-    path.write_text(
-        "\ufeff  [ " + " ,\n".join(json.dumps(x, ensure_ascii=False) for x in data) + " ]\n", encoding="utf-8"
-    )
-    monkeypatch.setattr(sg.JsonArrayStream, "CHUNK", 7)  # elements and numbers straddle every chunk edge
-    stream = sg.JsonArrayStream(path)
-    assert list(stream) == data
-    assert stream.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ('{"id": 1}', "expected a JSON list"),
-        ('[{"id": 1}, {"id": 2', "JSON syntax error"),
-        ('[{"id": 1} {"id": 2}]', "expected ',' or ']'"),
-        ('[{"id": 1}', "ends inside the list"),
-        ('[{"id": 1}] x', "text after the closing"),
-        ("", "expected a JSON list"),
-    ],
-)
-def test_broken_json_file_is_a_clear_error(tmp_path, text, message, fixture_template):
-    path = tmp_path / "broken.json"
-    path.write_text(text)
-    with pytest.raises(sg.JsonFileError, match=message):
-        list(sg.JsonArrayStream(path))
-    with pytest.raises(sg.JsonFileError, match="download it again"):
-        prepare_sharegpt4v(
-            path, fixture_template.image_root, tmp_path / "o", options=PrepareOptions(workers=0)
-        )
 
 
 def test_empty_list_gives_an_empty_dataset(tmp_path, fixture_template):

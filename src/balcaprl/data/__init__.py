@@ -1,13 +1,26 @@
-"""Training data: the on-disk dataset format every producer writes and every trainer reads.
+"""Training data: the on-disk dataset format, the pieces its producers share, and the producers.
 
 Modules (imported on use; none is loaded by ``import balcaprl.data``):
 
-- ``format``      the pinned dataset folder: parquet splits, images/, the card (``dataset.json``)
-- ``sharegpt4v``  `balcaprl prepare sharegpt4v`: streaming JSON reader, validation, dedup, split
-- ``validation``  rejection reasons, per-image checks (process pool) and their resumable checkpoint
+The format
+- ``format``      the dataset folder every producer writes and every trainer reads: parquet splits,
+                  images/, the card (``dataset.json``); DatasetSample, TokenCounter, write/read
+
+Shared by producers
+- ``validation``  rejection reasons, per-image checks (read, hash, full decode) and thresholds
+- ``placement``   existing image files into a dataset folder: hard link, copy or re-encode
 - ``split``       the seeded, hash-based train/eval split
-- ``recaption``   `balcaprl recaption`: new references from a strong model through the judge machinery
-- ``info``        `balcaprl data info`: statistics and the reference-length histogram
+
+Producers
+- ``sharegpt4v``  `data prepare sharegpt4v`: a package, one module per idea (``stream`` reads the
+                  published JSON, ``entries`` checks one entry, ``checkpoint`` is the resume file,
+                  ``prepare`` is the pipeline)
+- ``recaption``   `data recaption`: new references from a strong model through the judge machinery
+
+Around them
+- ``info``        `data info`: statistics, plain-text tables and the reference-length histogram
 - ``fixture``     a generated stand-in for ShareGPT4V in its exact layout (tests, benchmark)
-- ``cli``         the commands, added to the main app by ``register(app)``
+- ``cli``         the commands
+
+Long steps report progress through :mod:`balcaprl.progress`.
 """

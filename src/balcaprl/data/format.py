@@ -1,4 +1,4 @@
-"""The on-disk dataset format (pinned in DESIGN.md): one folder that the synthetic world, the
+"""The on-disk dataset format: one folder that the synthetic world, the
 ShareGPT4V preparation and re-captioning write, and that the TRL trainer and the verl exporter read.
 
     DIR/train.parquet, DIR/eval.parquet   columns: id, image, image_sha256, prompt, reference,
@@ -251,7 +251,7 @@ def read_card(dataset_dir: Path | str) -> dict[str, Any]:
     if not card.is_file():
         raise FileNotFoundError(
             f"{card} not found: {dataset_dir} is not a finished balcaprl dataset "
-            "(build one with `balcaprl synthetic build` or `balcaprl prepare sharegpt4v`)"
+            "(build one with `balcaprl synthetic build` or `balcaprl data prepare sharegpt4v`)"
         )
     return json.loads(card.read_text())
 

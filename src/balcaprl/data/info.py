@@ -12,7 +12,14 @@ import numpy as np
 from balcaprl.data.format import SPLITS, TokenCounter, read_card, read_split_rows
 from balcaprl.data.validation import REASONS
 
-__all__ = ["dataset_info", "length_stats", "render_info", "write_length_histogram"]
+__all__ = [
+    "dataset_info",
+    "format_info",
+    "info_json",
+    "length_stats",
+    "render_info",
+    "write_length_histogram",
+]
 
 
 def length_stats(lengths: list[int]) -> dict[str, float] | None:
@@ -142,51 +149,61 @@ def write_length_histogram(info: dict[str, Any], png: Path | str) -> Path:
     return png
 
 
-def render_info(info: dict[str, Any], console: Any) -> None:
-    """Print ``info`` as rich tables."""
-    from rich.table import Table
-
-    console.print(f"[bold]{info['name']}[/] (version {info['version']}) at {info['path']}")
+def format_info(info: dict[str, Any]) -> str:
+    """``info`` as plain text: a summary, a table of lengths, a table of rejections."""
+    lines = [f"{info['name']} (version {info['version']}) at {info['path']}"]
     counts = info["counts"]
-    console.print(
+    lines.append(
         f"train {counts['train']}, eval {counts['eval']}; distinct prompts {info['distinct_prompts']}; "
         f"reference tokens counted with: {info['tokenizer'] or 'none'}"
     )
     recaption = info.get("recaption")
     if recaption:
-        console.print(
+        lines.append(
             f"re-captioned: {info['recaptioned']} rows by {recaption.get('model')} "
             f"(rubric {recaption.get('rubric_version')}); failures kept their original reference: "
             f"{recaption.get('failed', 0)}"
         )
     else:
-        console.print(f"re-captioned: {info['recaptioned']} rows (references are the original captions)")
+        lines.append(f"re-captioned: {info['recaptioned']} rows (references are the original captions)")
     if info["sources"]:
-        console.print("sources: " + ", ".join(f"{k} {v}" for k, v in info["sources"].items()))
+        lines.append("sources: " + ", ".join(f"{k} {v}" for k, v in info["sources"].items()))
 
-    table = Table(title="lengths", show_lines=False)
-    for column in ("text", "unit", "n", "mean", "min", "p5", "median", "p95", "max"):
-        table.add_column(column, justify="left" if column in ("text", "unit") else "right")
-    for unit, per_field in info["length_stats"].items():
-        for name, stats in per_field.items():
-            if stats:
-                table.add_row(
-                    name,
-                    unit,
-                    *(f"{stats[k]:g}" for k in ("count", "mean", "min", "p5", "median", "p95", "max")),
-                )
-    console.print(table)
-
+    keys = ("count", "mean", "min", "p5", "median", "p95", "max")
+    length_rows = [
+        [name, unit, *(f"{stats[k]:g}" for k in keys)]
+        for unit, per_field in info["length_stats"].items()
+        for name, stats in per_field.items()
+        if stats
+    ]
+    lines += ["", "lengths", *_table(["text", "unit", "n", *keys[1:]], length_rows, left=2)]
     if info["rejections"]:
-        rejected = Table(title=f"rejected entries: {info['rejected']}")
-        rejected.add_column("reason")
-        rejected.add_column("count", justify="right")
-        rejected.add_column("meaning")
-        for reason, n in info["rejections"].items():
-            rejected.add_row(reason, str(n), REASONS.get(reason, ""))
-        console.print(rejected)
+        rejected = [[reason, str(n), REASONS.get(reason, "")] for reason, n in info["rejections"].items()]
+        lines += ["", f"rejected entries: {info['rejected']}"]
+        lines += _table(["reason", "count", "meaning"], rejected, left=1, last_left=True)
     else:
-        console.print("rejected entries: 0")
+        lines += ["", "rejected entries: 0"]
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]], *, left: int, last_left: bool = False) -> list[str]:
+    """Aligned columns: the first ``left`` columns (and the last, if ``last_left``) to the left,
+    numbers to the right."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for i, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+            to_left = i < left or (last_left and i == len(cells) - 1)
+            out.append(cell.ljust(width) if to_left else cell.rjust(width))
+        return "  ".join(out).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+
+
+def render_info(info: dict[str, Any], console: Any) -> None:
+    """Print :func:`format_info` through a rich ``Console`` (what the command passes), verbatim."""
+    console.print(format_info(info), markup=False, highlight=False, soft_wrap=True)
 
 
 def info_json(info: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""`balcaprl recaption`: new reference captions from a strong model, through the judge's machinery.
+"""`balcaprl data recaption`: new reference captions from a strong model, through the judge's machinery.
 
 The paper re-captions ShareGPT4V with GPT-5-mini, reusing each sample's original captioning prompt;
 better references beat the originals (Table 3, "w/o recap"). Per row:
@@ -44,6 +44,7 @@ from balcaprl.data.format import (
     write_dataset,
 )
 from balcaprl.files import atomic_write_text
+from balcaprl.progress import Progress
 
 __all__ = [
     "RecaptionOutcome",
@@ -185,7 +186,7 @@ class RecaptionReport:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-class _Progress:
+class _CallLog:
     """``DIR/.recaption/progress.jsonl``: one line per finished call, appended and flushed at once."""
 
     def __init__(self, path: Path) -> None:
@@ -239,7 +240,7 @@ class _Run:
     def __init__(
         self,
         recaptioner: Recaptioner,
-        store: _Progress,
+        store: _CallLog,
         report: RecaptionReport,
         on_result: Callable[[str, RecaptionOutcome], None] | None,
     ) -> None:
@@ -250,17 +251,17 @@ class _Run:
         self.failures_in_a_row = 0
 
     async def all(self, rows: list[dict[str, Any]], workers: int, progress: bool) -> None:
-        from balcaprl.data.sharegpt4v import make_progress
-
         queue = iter(rows)  # shared by the workers: each row is taken once
+        description = f"re-captioning with {self.recaptioner.model}"
         async with self.recaptioner:
-            with make_progress(progress) as bars:
-                task = bars.add_task(f"re-captioning with {self.recaptioner.model}", total=len(rows))
+            with Progress(description, total=len(rows), unit="rows", enabled=progress) as bar:
 
                 async def worker() -> None:
                     for row in queue:
                         outcome = await self.one(row)
-                        bars.advance(task)
+                        bar.advance()
+                        if outcome.failure is not None:
+                            bar.status = f"{len(self.failures)} failed (kept the original)"
                         if self.on_result is not None:
                             self.on_result(row["id"], outcome)
 
@@ -349,7 +350,7 @@ def recaption_dataset(
     stash = work / "card.json"
     if (root / "dataset.json").is_file():
         shutil.copyfile(root / "dataset.json", stash)
-    store = _Progress(work / PROGRESS_FILE)
+    store = _CallLog(work / PROGRESS_FILE)
     recaptioner = Recaptioner(cfg, image_root=root, model=model, http_client=http_client)
     report = RecaptionReport(
         out=root,

@@ -1,15 +1,16 @@
-"""Checking real images: the reasons a sample is rejected, the per-image facts, and their checkpoint.
+"""Checking entries and images: the reasons a sample is rejected, and the per-image checks.
 
-Work is split so that the expensive part is done once and can be resumed:
+Shared by the producers of dataset folders. Work is split so that the expensive part is done once:
 
 * :func:`inspect_image` (run in worker processes) resolves the path, reads the file once, hashes it,
   and decodes it fully (truncation only shows up when the last bytes are decoded). It returns raw
   :class:`ImageFacts`, not a verdict.
 * :func:`image_rejection` applies the thresholds (aspect ratio, smallest side) to those facts in the
   parent, so changing a threshold never forces a re-check.
-* :class:`CheckCheckpoint` appends every fact to a JSONL file as soon as it is known, so an
-  interrupted run continues where it stopped; a fact is reused only while the file's size, mtime
-  and inode are unchanged.
+
+Facts are plain data (:meth:`ImageFacts.to_json`), so a producer can keep them in a resume file
+(the ShareGPT4V preparation: :class:`~balcaprl.data.sharegpt4v.checkpoint.CheckCheckpoint`); the
+size, mtime and inode in ``ImageFacts.stat`` say whether the file is still the one that was checked.
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ import json
 import os
 import stat
 import warnings
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
 __all__ = [
     "REASONS",
-    "CheckCheckpoint",
     "ImageFacts",
     "ImageLimits",
     "Rejection",
@@ -35,6 +32,7 @@ __all__ = [
     "inspect_image",
     "lexical_path_problem",
     "normalise_path",
+    "stat_key",
 ]
 
 # Every reason a ShareGPT4V entry can be rejected for, with what it means (printed by `data info`).
@@ -120,7 +118,8 @@ def normalise_path(image: str) -> str:
     return "/".join(part for part in image.strip().split("/") if part not in ("", "."))
 
 
-def _stat_key(st: os.stat_result) -> list[int]:
+def stat_key(st: os.stat_result) -> list[int]:
+    """``[size, mtime_ns, inode]``: while these are unchanged, the file is the one that was checked."""
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
@@ -155,7 +154,7 @@ def inspect_image(root: str, image: str, allow_symlinks_out: bool = False) -> Im
     if not stat.S_ISREG(st.st_mode):
         facts.error = ["missing_image", f"{real} is not a regular file"]
         return facts
-    facts.stat = _stat_key(st)
+    facts.stat = stat_key(st)
     if st.st_size == 0:
         facts.error = ["zero_size_image", f"{real} is empty (0 bytes)"]
         return facts
@@ -203,90 +202,3 @@ def image_rejection(facts: ImageFacts, limits: ImageLimits) -> tuple[str, str] |
             f"{facts.width}x{facts.height}: aspect ratio {long / short:.1f} > {limits.max_aspect_ratio:g}",
         )
     return None
-
-
-class CheckCheckpoint:
-    """Append-only JSONL of :class:`ImageFacts`, keyed by image path, for resuming a preparation.
-
-    The first line names the image root; a checkpoint for another root is set aside (renamed to
-    ``*.stale``), never mixed in. Each fact is flushed as soon as it is written, so a killed run
-    loses at most the line being written, which is cut off when the file is next opened.
-    """
-
-    KIND = "balcaprl.prepare.image-checks"
-
-    def __init__(self, path: Path, image_root: str) -> None:
-        self.path = Path(path)
-        self.image_root = image_root
-        self.facts: dict[str, ImageFacts] = {}
-        self._handle: Any = None
-        self._since_sync = 0
-        self._load()
-
-    def _load(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("r", encoding="utf-8") as handle:
-            try:
-                header = json.loads(handle.readline() or "{}")
-            except json.JSONDecodeError:
-                header = {}
-            if header.get("kind") == self.KIND and header.get("image_root") == self.image_root:
-                for line in handle:  # line by line: 1.2M facts are ~400 MB of JSON
-                    try:
-                        record = json.loads(line)
-                        self.facts[record["image"]] = ImageFacts(**record)
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        continue  # a line cut short by an interruption
-                return
-        os.replace(self.path, self.path.with_suffix(self.path.suffix + ".stale"))
-
-    def reusable(self, image: str) -> ImageFacts | None:
-        """The stored facts for ``image`` if its file is unchanged since it was checked."""
-        facts = self.facts.get(image)
-        if facts is None or facts.stat is None:
-            return None  # missing / unsafe files are cheap to check again, and may have appeared
-        try:
-            current = _stat_key(os.stat(os.path.join(self.image_root, image)))
-        except OSError:
-            return None
-        return facts if current == facts.stat else None
-
-    def __enter__(self) -> CheckCheckpoint:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            self._drop_partial_line()
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        self._handle = self.path.open("a", encoding="utf-8")
-        if fresh:
-            self._handle.write(json.dumps({"kind": self.KIND, "image_root": self.image_root}) + "\n")
-            self._handle.flush()
-        return self
-
-    def _drop_partial_line(self) -> None:
-        """Cut a last line left unfinished by an interruption, so the file stays valid JSONL."""
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with self.path.open("r+b") as handle:
-                handle.truncate(data.rfind(b"\n") + 1)
-
-    def add(self, facts: ImageFacts) -> None:
-        self.facts[facts.image] = facts
-        self._handle.write(facts.to_json() + "\n")
-        self._handle.flush()
-        self._since_sync += 1
-        if self._since_sync >= 1000:
-            os.fsync(self._handle.fileno())
-            self._since_sync = 0
-
-    def extend(self, many: Iterable[ImageFacts]) -> Iterator[ImageFacts]:
-        for facts in many:
-            self.add(facts)
-            yield facts
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
-            self._handle.close()
-            self._handle = None
