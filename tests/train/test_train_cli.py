@@ -110,7 +110,7 @@ def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
     judges = []
 
     def factory(cfg, image_root=None):
-        assert cfg["model"] == "gpt-4o-mini"  # the recipe's judge section reaches the judge factory
+        assert cfg.model == "gpt-4o-mini"  # the recipe's judge section (a JudgeConfig) reaches the factory
         assert image_root == Path(tiny_dataset).resolve()
         judges.append(ScriptedJudge(fail_every=5))
         return judges[-1]
