@@ -114,3 +114,99 @@ def test_json_schema_is_strict_for_structured_outputs():
         "explanation",
     }
     assert schema["additionalProperties"] is False
+
+
+# -- score_rollout: the one place a verdict becomes a rollout's rewards --------------------------------
+
+LINGUISTIC = (9 / 9 + 0 / 9 + 6 / 9) / 3  # clarity 10, fluency 1, coherency 7 of verdict()
+
+
+def rewards(mode="mask", pointability=True, tau_low=0.5, tau_high=2.0, strength=1.0):
+    from balcaprl.rewards import LengthControlConfig, RewardConfig
+
+    length = LengthControlConfig(mode=mode, tau_low=tau_low, tau_high=tau_high, linear_strength=strength)
+    return RewardConfig(pointability=pointability, length=length)
+
+
+@pytest.mark.parametrize(
+    ("caption_tokens", "in_band"),
+    [(10, True), (5, True), (20, True), (4, False), (21, False), (1, False), (100, False)],
+)
+def test_score_rollout_masks_linguistic_outside_the_inclusive_band(caption_tokens, in_band):
+    from balcaprl.rewards import score_rollout
+
+    s = score_rollout(verdict(), rewards(), caption_tokens, 10)  # band [5, 20] tokens, bounds included
+    assert (s.precision, s.recall) == (pytest.approx(1 / 4), pytest.approx(2 / 3))
+    assert s.linguistic_raw == pytest.approx(LINGUISTIC)
+    assert s.linguistic == (pytest.approx(LINGUISTIC) if in_band else 0.0)
+    assert s.masked is (not in_band) and s.in_band is in_band
+    assert s.length_ratio == pytest.approx(caption_tokens / 10) and s.length_penalty == 0.0
+    assert s.as_tuple() == (s.precision, s.recall, s.linguistic)
+    assert (s.non_pointable_share, s.non_visible_share) == (pytest.approx(2 / 4), pytest.approx(1 / 2))
+
+
+def test_score_rollout_follows_the_pointability_rule():
+    from balcaprl.rewards import score_rollout
+
+    assert score_rollout(verdict(), rewards(pointability=True), 10, 10).precision == pytest.approx(1 / 4)
+    # 'w/o pointability': every visible assertion counts, meta-commentary included
+    assert score_rollout(verdict(), rewards(pointability=False), 10, 10).precision == pytest.approx(2 / 4)
+
+
+def test_score_rollout_linear_and_none_leave_linguistic_and_report_the_penalty():
+    from balcaprl.rewards import score_rollout
+
+    long = score_rollout(verdict(), rewards("linear", strength=0.5), 30, 10)  # rho 3: d = 3 - 2 = 1
+    assert long.linguistic == long.linguistic_raw == pytest.approx(LINGUISTIC) and not long.masked
+    assert long.length_penalty == pytest.approx(0.5 * 1.0) and long.in_band is False
+    short = score_rollout(verdict(), rewards("linear", strength=2.0), 2, 10)  # rho 0.2: d = 0.5 - 0.2
+    assert short.length_penalty == pytest.approx(2.0 * 0.3)
+    assert score_rollout(verdict(), rewards("linear"), 20, 10).length_penalty == 0.0  # tau_u itself: in band
+    off = score_rollout(verdict(), rewards("none"), 30, 10)
+    assert off.linguistic == pytest.approx(LINGUISTIC) and off.length_penalty == 0.0 and not off.masked
+    # without token counts: only length mode none, and the length fields say so
+    bare = score_rollout(verdict(), rewards("none"))
+    assert bare.length_ratio is None and bare.in_band is None and bare.linguistic == pytest.approx(LINGUISTIC)
+    with pytest.raises(ValueError, match="needs caption_tokens"):
+        score_rollout(verdict(), rewards("mask"))
+    with pytest.raises(ValueError, match="ref_len must be > 0"):
+        score_rollout(verdict(), rewards("mask"), 3, 0)
+
+
+def test_the_metric_rule_is_pointability_on_and_no_length_control():
+    from balcaprl.rewards import BCAPSCORE_REWARDS, score_rollout
+
+    assert BCAPSCORE_REWARDS.pointability and BCAPSCORE_REWARDS.length.mode == "none"
+    # a training ablation's settings never reach the metric: the same verdict scores the same
+    s = score_rollout(verdict(), BCAPSCORE_REWARDS, 100, 10)
+    assert (s.precision, s.linguistic, s.masked) == (pytest.approx(1 / 4), pytest.approx(LINGUISTIC), False)
+
+
+def test_reward_config_json_round_trip_and_errors():
+    from balcaprl.errors import ConfigError
+    from balcaprl.rewards import RewardConfig, RewardWeights
+
+    config = RewardConfig(
+        weights=RewardWeights(precision=0.0, recall=0.5, linguistic=0.25),
+        pointability=False,
+        length=rewards("linear", tau_low=0.25, tau_high=3.0, strength=0.7).length,
+    )
+    assert RewardConfig.from_json(config.to_json()) == config
+    assert " " not in config.to_json()  # one shell word in a rendered launch command
+    with pytest.raises(ConfigError, match=r"length\.tau_hihg: unknown key"):
+        RewardConfig.from_json('{"length": {"tau_hihg": 3}}')
+    with pytest.raises(ConfigError, match="not JSON"):
+        RewardConfig.from_json("{weights")
+
+
+def test_the_length_band_defaults_are_the_pinned_signatures():
+    import inspect
+
+    from balcaprl import mask_linguistic_by_length
+    from balcaprl.rewards import TAU_HIGH, TAU_LOW, LengthControlConfig
+
+    parameters = inspect.signature(mask_linguistic_by_length).parameters
+    assert (
+        (parameters["tau_low"].default, parameters["tau_high"].default) == (0.5, 2.0) == (TAU_LOW, TAU_HIGH)
+    )
+    assert (LengthControlConfig().tau_low, LengthControlConfig().tau_high) == (TAU_LOW, TAU_HIGH)

@@ -256,4 +256,4 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
     result = CliRunner(env={"COLUMNS": "120"}).invoke(
         app, ["data", "recaption", "--data", str(dataset), "--model", "m", "--judge-config", str(bad)]
     )
-    assert result.exit_code == 2 and "unknown key 'modell'" in result.output
+    assert result.exit_code == 2 and "modell: unknown key" in result.output

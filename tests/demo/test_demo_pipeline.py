@@ -12,8 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
-from balcaprl.demo.config import DEFAULT_RECIPE, DemoConfig, DemoConfigError, load_demo_config
+from balcaprl.demo.config import DemoConfig, demo_recipe, load_demo_config
 from balcaprl.demo.variants import VARIANTS, parse_variants
+from balcaprl.errors import ConfigError
+from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.train.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,23 +135,60 @@ def test_variant_sweep_shares_the_start_and_writes_a_comparison(demo_run, toy_co
     assert "balcaprl demo — variants" in output and "comparison.md" in output
 
 
-def test_config_file_spells_out_the_built_in_defaults():
-    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    assert set(raw) == set(DemoConfig.model_fields)  # every section written out, none left to defaults
-    assert DemoConfig.model_validate(raw) == DemoConfig()
-    assert raw["recipe"] == DEFAULT_RECIPE
+def test_the_shipped_config_adds_nothing_and_its_examples_are_valid_settings():
+    """configs/demo.yaml is no second copy of the defaults: it loads to exactly the built-in settings,
+    and each example its comments show (one YAML mapping per line) is a setting the demo accepts."""
+    path = REPO / "configs" / "demo.yaml"
+    assert load_demo_config(path) == DemoConfig()
+    examples = [
+        line.lstrip("#").split("  #")[0].strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("#   ") and ": {" in line
+    ]
+    assert len(examples) == 3
+    for example in examples:
+        changed = load_demo_config(None, [f"{key}={value}" for key, value in _flat(yaml.safe_load(example))])
+        assert changed != DemoConfig()
+    # the RL defaults are the demo recipe's, declared once (demo_recipe), over the paper's recipe
+    assert DemoConfig().recipe == demo_recipe()
+    recipe = DemoConfig().training_recipe("p", "d", "o")
+    assert recipe.rewards.weights.as_list() == [0.3, 0.3, 0.3] and recipe.train.max_steps == 350
+    assert (recipe.rewards.length.mode, recipe.rewards.length.tau_low, recipe.rewards.length.tau_high) == (
+        "mask",
+        0.5,
+        2.0,
+    )
+    assert (recipe.model.path, recipe.data.path, recipe.run.output_dir, recipe.judge) == ("p", "d", "o", None)
+
+
+def _flat(data, prefix=""):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def test_config_errors_name_the_key(tmp_path):
-    with pytest.raises(DemoConfigError, match="sft.stepz: unknown key"):
+    with pytest.raises(ConfigError, match="sft.stepz: unknown key"):
         load_demo_config(None, ["sft.stepz=3"])
-    with pytest.raises(DemoConfigError, match="recipe.train.learning_rat"):
+    with pytest.raises(ConfigError, match="recipe.train.learning_rat"):
         load_demo_config(None, ["recipe.train.learning_rat=1"])
-    with pytest.raises(DemoConfigError, match="set by the demo"):
+    with pytest.raises(ConfigError, match="set by the demo"):
         load_demo_config(None, ["recipe.model.path=x"])
-    with pytest.raises(DemoConfigError, match="evaluation.scenes"):
+    with pytest.raises(ConfigError, match=r"recipe: run\.output_dir is set by the demo"):
+        load_demo_config(None, ["recipe.run.output_dir=x"])
+    with pytest.raises(ConfigError, match=r"recipe: run\.save_steps \(3\) must be a multiple"):
+        load_demo_config(None, ["recipe.run.save_steps=3", "recipe.train.updates_per_batch=2"])
+    with pytest.raises(ConfigError, match=r"recipe\.rewards\.length\.tau_hihg: unknown key"):
+        DemoConfig().training_recipe("p", "d", "o", ["rewards.length.tau_hihg=3"])  # a variant's override
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recipe: {rollout: {temprature: 1}}\n")
+    with pytest.raises(ConfigError, match=rf"invalid demo config \({bad}\):\s+recipe\.rollout\.temprature"):
+        load_demo_config(bad)
+    with pytest.raises(ConfigError, match="evaluation.scenes"):
         load_demo_config(None, ["evaluation.scenes=5000"])
-    with pytest.raises(DemoConfigError, match=r"dataset: .*kinds must be distinct.*'blob'"):
+    with pytest.raises(ConfigError, match=r"dataset: .*kinds must be distinct.*'blob'"):
         load_demo_config(None, ["dataset.kinds=[circle, blob]"])
 
 
@@ -164,3 +203,33 @@ def test_variants_are_one_override_each():
     assert [v.name for v in parse_variants("all")] == list(VARIANTS)
     with pytest.raises(ValueError, match="unknown variant"):
         parse_variants("full,nope")
+
+
+class CountingOracle(OracleJudge):
+    """The oracle, counting the captions it judges."""
+
+    judged = 0
+
+    def judge(self, request):
+        type(self).judged += 1
+        return super().judge(request)
+
+
+def test_each_held_out_caption_is_judged_once(demo_run, toy_config):
+    from balcaprl.demo.pipeline import evaluate_heldout
+    from balcaprl.rewards import b_capscore
+
+    out, _ = demo_run
+    config = load_demo_config(toy_config, [f"output_dir={out}"])
+    CountingOracle.judged = 0
+    oracle = CountingOracle.from_dataset(out / "data")
+    evaluation = evaluate_heldout(out / "sft", out / "data", config, "SFT", oracle)
+    assert CountingOracle.judged == config.evaluation.scenes == len(evaluation.records) == 6
+    # every figure comes from that one judgement: per scene and in the headline
+    for record in evaluation.records:
+        assert record["b_capscore"] == pytest.approx(
+            float(b_capscore(record["precision"], record["recall"], record["linguistic"]))
+        )
+    per_scene = [r["b_capscore"] for r in evaluation.records]
+    assert evaluation.held_out.b_capscore == pytest.approx(100 * sum(per_scene) / len(per_scene))
+    assert evaluation.held_out.precision == pytest.approx(sum(r["precision"] for r in evaluation.records) / 6)

@@ -18,7 +18,8 @@ from evaluate_testkit import (
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
-from balcaprl.evaluate.suite import EvaluationError, load_evaluation_config, read_eval
+from balcaprl.errors import ConfigError
+from balcaprl.evaluate.suite import load_evaluation_config, read_eval
 
 # b-CapScore with the scripted verdict judge (see tests/judge/judge_testkit.py for its rules):
 # iiw_001: clauses "a red door on the left" (visible, pointable), "a purple elephant" (not visible),
@@ -151,9 +152,35 @@ def test_set_up_errors_are_found_before_any_call(tmp_path, world):
     )
     assert result.exit_code == 2 and "unknown protocol" in result.output
     assert server.counters.total == 0
-    with pytest.raises(EvaluationError, match="dcscore.n_match"):
+    with pytest.raises(ConfigError, match=r"dcscore\.n_match"):
         load_evaluation_config(None, {"dcscore": {"n_match": 0}})
+    with pytest.raises(ConfigError, match=r"dcscore\.n_match"):
+        load_evaluation_config(None, ["dcscore.n_match=0"])  # the common override syntax
     bad = tmp_path / "bad.yaml"
     bad.write_text("dcscore: {annotaions: x}\n")
-    with pytest.raises(EvaluationError, match="annotaions"):
+    with pytest.raises(
+        ConfigError,
+        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, extract_temperature, images",
+    ):
         load_evaluation_config(bad)
+
+
+def test_the_evaluation_config_resolves_paths_and_validates_judges_when_it_loads(tmp_path):
+    (tmp_path / "judges").mkdir()
+    (tmp_path / "judges" / "a.yaml").write_text("model: judge-a\ncache_path: null\n")
+    (tmp_path / "judges" / "typo.yaml").write_text("modle: x\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "base.yaml").write_text("judge: judges/a.yaml\ndcscore: {annotations: data/iiw.jsonl}\n")
+    config_file = tmp_path / "eval" / "config.yaml"
+    config_file.write_text(
+        "base: ../base.yaml\ncaptionqa: {questions: qa.parquet, judge: ../judges/a.yaml}\n"
+    )
+    config = load_evaluation_config(config_file, {"caparena": {"images": None}, "dcscore": {"n_match": 2}})
+    assert config.judge is not None and config.judge.model == "judge-a"  # relative to base.yaml
+    assert config.dcscore.annotations == tmp_path / "data" / "iiw.jsonl" and config.dcscore.n_match == 2
+    assert config.captionqa.questions == tmp_path / "eval" / "qa.parquet"  # relative to its own file
+    assert config.judge_for("captionqa") == config.judge_for("bcapscore") == config.judge
+    assert config.caparena.images is None  # a flag that was not given changes nothing
+    config_file.write_text("base: ../base.yaml\nbcapscore: {judge: ../judges/typo.yaml}\n")
+    with pytest.raises(ConfigError, match=r"bcapscore\.judge\.modle: unknown key; allowed here: api_key_env"):
+        load_evaluation_config(config_file)

@@ -44,11 +44,11 @@ def test_price_table_and_mapping_input():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("modle: gpt-4o\n", "unknown key 'modle'"),
+        ("modle: gpt-4o\n", r"modle: unknown key; allowed here: api_key_env, base_url, cache_path"),
         ("reference_mode: both\n", "reference_mode"),
         ("concurrency: 0\n", "concurrency"),
         ("http_backend: curl\n", "http_backend"),
-        ("price_per_million_tokens: {prompt: 1}\n", "price_per_million_tokens.completion"),
+        ("price_per_million_tokens: {prompt: 1}\n", r"price_per_million_tokens\.completion: required"),
         ("- a list\n", "expected a mapping"),
         ("base_url: [unclosed\n", "not valid YAML"),
     ],
@@ -62,8 +62,11 @@ def test_bad_configs_name_the_file_and_the_key(tmp_path, text, message):
 
 
 def test_missing_file_is_a_config_error(tmp_path):
-    with pytest.raises(JudgeConfigError, match="cannot read"):
+    with pytest.raises(JudgeConfigError, match="judge config not found"):
         load_judge_config(tmp_path / "nope.yaml")
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(JudgeConfigError, match="cannot read it"):
+        load_judge_config(tmp_path / "folder.yaml")
 
 
 def test_api_key_comes_only_from_the_named_variable(monkeypatch):

@@ -89,33 +89,80 @@ def test_linear_length_penalty_is_subtracted_from_the_normalised_advantage():
     groups = group_index_from_ids(ids)
     caption = torch.tensor([10.0, 40.0, 2.0, 100.0, 20.0, 21.0, 5.0, 19.0, 60.0, 20.0, 20.0])
     reference = torch.full((11,), 20.0)
-    step = AdvantageStep(
-        weights=WEIGHTS, length_mode="linear", tau_low=0.5, tau_high=2.0, linear_strength=0.7
-    )
-    got = step(rewards, groups, caption, reference)
     penalty = linear_length_penalty(caption, reference, 0.5, 2.0, 0.7)
+    got = AdvantageStep(weights=WEIGHTS)(rewards, groups, penalty)
     base = c_gdpo_advantages(rewards, groups, WEIGHTS)
     failed = torch.isnan(rewards).all(dim=1)
     torch.testing.assert_close(got[~failed], (base - penalty)[~failed], atol=1e-6, rtol=0)
     assert torch.all(got[failed] == 0)  # a failed rollout is left out, penalty included
     assert penalty[2] > 0 and penalty[8] > 0 and penalty[0] == 0  # 2/20 < 0.5, 60/20 > 2, 10/20 in band
-    assert torch.equal(step.length_penalty(caption, reference), penalty)
 
 
-def test_mask_and_none_modes_leave_advantages_alone():
+def test_without_a_penalty_advantages_are_the_estimators():
     ids, rewards = crafted_batch()
     groups = group_index_from_ids(ids)
     expected = c_gdpo_advantages(rewards, groups, WEIGHTS)
-    for mode in ("mask", "none"):
-        torch.testing.assert_close(
-            AdvantageStep(weights=WEIGHTS, length_mode=mode)(rewards, groups), expected
-        )
+    step = AdvantageStep(weights=WEIGHTS)
+    torch.testing.assert_close(step(rewards, groups), expected)
+    torch.testing.assert_close(step(rewards, groups, torch.zeros(len(ids))), expected)
 
 
 def test_invalid_settings_are_refused():
     with pytest.raises(ValueError, match="estimator"):
         AdvantageStep(weights=WEIGHTS, estimator="ppo")
-    with pytest.raises(ValueError, match="length_mode"):
-        AdvantageStep(weights=WEIGHTS, length_mode="soft")
-    with pytest.raises(ValueError, match="caption_tokens"):
-        AdvantageStep(weights=WEIGHTS, length_mode="linear")(torch.rand(4, 3), [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="length_penalty must have shape"):
+        AdvantageStep(weights=WEIGHTS)(torch.rand(4, 3), [0, 0, 1, 1], torch.zeros(3))
+
+
+def test_both_backends_give_identical_advantages_with_the_linear_penalty():
+    """The same captions, judged and scored once: the TRL trainer's path (scorer records -> AdvantageStep)
+    and verl's (compute_score dicts -> reward columns -> the balcaprl estimator) give the same numbers,
+    and both equal the reference c-GDPO minus p_len on judged rollouts (eq. A.5)."""
+    import asyncio
+
+    from train_testkit import ScriptedJudge
+
+    from balcaprl.rewards import LengthControlConfig, RewardConfig, RewardWeights
+    from balcaprl.train.rewards import SharedVerdictScorer
+    from balcaprl.train.verl_backend import reward as verl_reward
+    from balcaprl.train.verl_backend.estimator import RolloutRewards, verl_rollout_advantages
+
+    config = RewardConfig(
+        weights=RewardWeights(precision=0.2, recall=0.3, linguistic=0.5),
+        length=LengthControlConfig(mode="linear", tau_low=0.5, tau_high=1.5, linear_strength=0.7),
+    )
+    reference = "a red circle on the left ."
+    captions = [
+        "a red circle", "a red circle on the left .", "blue", "a red circle on the left on the left on the left",
+        "green triangle on the left", "a red square", "this image shows a red circle", "red", "left circle",
+    ]  # fmt: skip
+    ids = ["p", "q", "p", "q", "p", "r", "q", "r", "p"]
+    judge = ScriptedJudge(fail_every=4, check_images=False)
+    scorer = SharedVerdictScorer(judge, config)
+    columns = {
+        "id": ids,
+        "image_path": ["x.png"] * 9,
+        "reference": [reference] * 9,
+        "reference_tokens": [7] * 9,
+    }
+    completion_ids = [[1] * len(c.split()) for c in captions]
+    batch = asyncio.run(scorer.score(captions, completion_ids, **columns))
+    assert any(r.failure for r in batch.rollouts) and any(r.length_penalty > 0 for r in batch.rollouts)
+
+    # TRL: the gathered (N, 3) float32 tensor and the records' p_len (trl_backend's advantage step).
+    trl = AdvantageStep(weights=tuple(config.weights.as_list()))(
+        batch.rewards(), group_index_from_ids(ids), torch.tensor([r.length_penalty for r in batch.rollouts])
+    )
+    # verl: what compute_score returns per rollout, gathered by key, read by the estimator (float64).
+    settings = verl_reward.RewardSettings(rewards=config, tokenizer="policy", judge_factory="x:y")
+    results = [verl_reward._as_result(r, settings) for r in batch.rollouts]
+    verl_columns = RolloutRewards.from_columns(ids, verl_reward.gather_results(results))
+    verl = verl_rollout_advantages(verl_columns, config.weights.as_list())
+    torch.testing.assert_close(trl.double(), verl, atol=1e-6, rtol=0)
+    # Both are the reference estimator minus the penalty, judged rollouts only.
+    rewards, groups = verl_columns.rewards, group_index_from_ids(ids)
+    expected = c_gdpo_advantages(rewards, groups, config.weights.as_list())
+    penalty = torch.tensor([r.length_penalty for r in batch.rollouts], dtype=torch.float64)
+    failed = torch.isnan(rewards).all(dim=1)
+    torch.testing.assert_close(verl, torch.where(failed, expected, expected - penalty))
+    assert torch.all(verl[failed] == 0) and torch.all(trl[failed] == 0)

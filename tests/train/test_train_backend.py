@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from balcaprl.config import RecipeError, recipe_from_dict
+from balcaprl.recipe import RecipeError, recipe_from_dict
 from balcaprl.train.rewards import judge_usage
 from balcaprl.train.trl_backend import EpochSeededRepeatSampler, batch_layout, grpo_config
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 from train_testkit import ScriptedJudge
@@ -12,8 +11,7 @@ from typer.testing import CliRunner
 
 import balcaprl.judge
 from balcaprl.cli import app
-from balcaprl.cli.train import judge_for_recipe
-from balcaprl.config import load_recipe
+from balcaprl.recipe import load_recipe
 from balcaprl.train.metrics import read_jsonl
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -59,13 +57,6 @@ def test_bad_override_exits_with_the_key_named():
     assert "rewards.length.tau_hgih: unknown key" in result.output
 
 
-def test_without_a_judge_factory_the_cli_says_what_to_do(monkeypatch):
-    monkeypatch.delattr(balcaprl.judge, "build_judge", raising=False)
-    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["train", str(RECIPE_3B)])
-    assert result.exit_code == 2
-    assert "build_judge" in result.output and "balcaprl.train.train(recipe, judge)" in result.output
-
-
 def test_the_recipes_judge_reaches_the_judge_client(monkeypatch):
     """The shipped recipe's judge: section is a valid judge config; a missing API key is a clear error."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -74,23 +65,25 @@ def test_the_recipes_judge_reaches_the_judge_client(monkeypatch):
     assert "OPENAI_API_KEY" in result.output
 
 
-def test_judge_yaml_paths_resolve_relative_to_the_recipe(tmp_path, monkeypatch):
+def test_judge_flag_replaces_the_recipes_judge_and_a_missing_judge_is_named(tmp_path, monkeypatch):
     seen = {}
 
     def factory(cfg, image_root=None):
         seen.update(cfg=cfg, image_root=image_root)
-        return ScriptedJudge()
+        raise SystemExit(0)  # stop before any model is loaded
 
     monkeypatch.setattr(balcaprl.judge, "build_judge", factory)
     (tmp_path / "judge.yaml").write_text("model: local-judge\n")
-    judge_for_recipe("judge.yaml", tmp_path, image_root=tmp_path)
-    assert seen == {"cfg": tmp_path / "judge.yaml", "image_root": tmp_path}
-    judge_for_recipe({"model": "m"})
-    assert seen["cfg"] == {"model": "m"}
-    with pytest.raises(Exception, match="no judge"):
-        judge_for_recipe(None)
-    with pytest.raises(Exception, match="judge config not found"):
-        judge_for_recipe("missing.yaml", tmp_path)
+    runner = CliRunner(env={"COLUMNS": "120"})
+    runner.invoke(app, ["train", str(RECIPE_3B), "--judge", str(tmp_path / "judge.yaml")])
+    assert seen["cfg"] == tmp_path / "judge.yaml"
+    assert seen["image_root"] == Path(load_recipe(RECIPE_3B).data.path).expanduser().resolve()
+
+    no_judge = tmp_path / "no_judge.yaml"
+    no_judge.write_text(f"base: {RECIPE_3B}\n")
+    result = runner.invoke(app, ["train", str(no_judge), "judge=null"])
+    assert result.exit_code == 2
+    assert "has no judge: section" in " ".join(result.output.split())
 
 
 def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
@@ -101,7 +94,7 @@ def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
     judges = []
 
     def factory(cfg, image_root=None):
-        assert cfg["model"] == "gpt-4o-mini"  # the recipe's judge section reaches the judge factory
+        assert cfg.model == "gpt-4o-mini"  # the recipe's judge section (a JudgeConfig) reaches the factory
         assert image_root == Path(tiny_dataset).resolve()
         judges.append(ScriptedJudge(fail_every=5))
         return judges[-1]

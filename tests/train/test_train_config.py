@@ -1,4 +1,5 @@
-"""The recipe schema: paper defaults, clear errors, overrides, base chains, and every shipped recipe."""
+"""The recipe schema: paper defaults, clear errors, overrides, base chains, the judge section, and every
+shipped recipe."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from balcaprl.config import Recipe, RecipeError, apply_overrides, load_recipe, recipe_from_dict
+from balcaprl.config import apply_overrides
+from balcaprl.errors import ConfigError
+from balcaprl.judge import JudgeConfig
+from balcaprl.recipe import Recipe, load_recipe, recipe_from_dict
+from balcaprl.rewards import TAU_HIGH, TAU_LOW, RewardConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 MINIMAL = {"model": {"path": "m"}, "data": {"path": "d"}, "run": {"output_dir": "o"}}
@@ -53,12 +58,12 @@ def test_defaults_are_the_papers():
     ],
 )
 def test_bad_recipes_name_the_key(overrides, message):
-    with pytest.raises(RecipeError, match=message):
+    with pytest.raises(ConfigError, match=message):
         recipe_from_dict(MINIMAL, overrides)
 
 
 def test_missing_required_sections_are_named():
-    with pytest.raises(RecipeError, match=r"model: required, but missing"):
+    with pytest.raises(ConfigError, match=r"model: required, but missing"):
         recipe_from_dict({"data": {"path": "d"}, "run": {"output_dir": "o"}})
 
 
@@ -77,11 +82,11 @@ def test_overrides_parse_yaml_values_and_create_sections():
     assert r.run.report_to == ["tensorboard", "wandb"]
     assert r.model.lora is not None and r.model.lora.r == 8 and r.model.lora.target_modules == "all-linear"
     assert r.rollout.vllm.mode == "off"
-    assert r.judge == {"model": "gpt-4o-mini"}
+    assert r.judge == JudgeConfig(model="gpt-4o-mini")
     assert recipe_from_dict(MINIMAL, ["model.lora.r=8", "model.lora=null"]).model.lora is None
-    with pytest.raises(RecipeError, match="key.sub=value"):
+    with pytest.raises(ConfigError, match="key.sub=value"):
         apply_overrides(MINIMAL, ["rewards.weights"])
-    with pytest.raises(RecipeError, match="is a value"):
+    with pytest.raises(ConfigError, match="is a value"):
         apply_overrides(MINIMAL, ["model.path.x=1"])
 
 
@@ -93,13 +98,45 @@ def test_base_chains_merge_and_loops_are_refused(tmp_path):
     assert r.rewards.weights.as_list() == [0.2, 0.5, 0.3]
     (tmp_path / "x.yaml").write_text("base: y.yaml\n")
     (tmp_path / "y.yaml").write_text("base: x.yaml\n")
-    with pytest.raises(RecipeError, match="loops"):
+    with pytest.raises(ConfigError, match="loops"):
         load_recipe(tmp_path / "x.yaml")
-    with pytest.raises(RecipeError, match="not found"):
+    with pytest.raises(ConfigError, match="not found"):
         load_recipe(tmp_path / "nope.yaml")
     (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
-    with pytest.raises(RecipeError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML"):
         load_recipe(tmp_path / "bad.yaml")
+
+
+def test_the_judge_section_is_validated_when_the_recipe_loads(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        recipe_from_dict({**MINIMAL, "judge": {"model": "m", "temprature": 0}})
+    assert "judge.temprature: unknown key; allowed here:" in str(info.value)
+    assert "temperature" in str(info.value).split("allowed here:")[1]  # the key meant is listed
+    # A judge YAML named by a recipe is relative to that recipe file, through base chains too.
+    (tmp_path / "judges").mkdir()
+    (tmp_path / "judges" / "local.yaml").write_text("model: local-judge\nconcurrency: 3\n")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**MINIMAL, "judge": "judges/local.yaml"}))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "child.yaml").write_text("base: ../base.yaml\nname: child\n")
+    for path in (tmp_path / "base.yaml", tmp_path / "runs" / "child.yaml"):
+        judge = load_recipe(path).judge
+        assert judge is not None and (judge.model, judge.concurrency) == ("local-judge", 3)
+    (tmp_path / "runs" / "bad.yaml").write_text("base: ../base.yaml\njudge: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"judge: judge config not found: .*runs/missing\.yaml"):
+        load_recipe(tmp_path / "runs" / "bad.yaml")
+    (tmp_path / "judges" / "typo.yaml").write_text("modle: x\n")
+    (tmp_path / "runs" / "typo.yaml").write_text("base: ../base.yaml\njudge: ../judges/typo.yaml\n")
+    with pytest.raises(ConfigError, match=r"judge\.modle: unknown key"):
+        load_recipe(tmp_path / "runs" / "typo.yaml")
+
+
+def test_the_reward_defaults_are_declared_once():
+    r = recipe_from_dict(MINIMAL)
+    assert (r.rewards.length.tau_low, r.rewards.length.tau_high) == (TAU_LOW, TAU_HIGH) == (0.5, 2.0)
+    assert r.rewards.reward_config() == RewardConfig()  # the recipe's rewards are the reward config's
+    assert (
+        "max_failed_batches_in_a_row" not in RewardConfig.model_fields
+    )  # a run guard, not a scoring setting
 
 
 def test_a_recipe_round_trips_through_yaml():
@@ -120,7 +157,7 @@ ALL_RECIPES = sorted(
 def test_every_shipped_recipe_validates(path):
     recipe = load_recipe(path)
     assert recipe.run.output_dir.startswith("runs/")
-    assert isinstance(recipe.judge, dict) and recipe.judge["model"] == "gpt-4o-mini"
+    assert isinstance(recipe.judge, JudgeConfig) and recipe.judge.model == "gpt-4o-mini"
 
 
 def test_main_recipes_reproduce_the_paper():

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 from train_testkit import SIDE, build_tiny_dataset
 
-from balcaprl.config import DataConfig, ImageConfig, ModelConfig, RecipeError
 from balcaprl.data.format import DatasetSample, write_dataset
+from balcaprl.recipe import DataConfig, ImageConfig, ModelConfig, RecipeError
 from balcaprl.train.data import count_tokens, prepare_train_dataset, reference_tokens_source
 from balcaprl.train.modeling import load_processor, model_init_kwargs, peft_config
 

@@ -15,7 +15,7 @@ import torch
 from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty
-from balcaprl.config import recipe_from_dict
+from balcaprl.recipe import recipe_from_dict
 from balcaprl.train.advantages import group_index_from_ids
 from balcaprl.train.metrics import read_jsonl
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from train_testkit import ScriptedJudge, tiny_recipe_dict
 
-from balcaprl.config import recipe_from_dict
+from balcaprl.recipe import recipe_from_dict
 from balcaprl.train.loss import LOSS_TYPES, reference_policy_loss, trl_loss_settings
 
 

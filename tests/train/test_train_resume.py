@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from train_testkit import ScriptedJudge, tiny_recipe_dict
 
-from balcaprl.config import RecipeError, recipe_from_dict
+from balcaprl.recipe import RecipeError, recipe_from_dict
 from balcaprl.train import train
 from balcaprl.train.metrics import read_jsonl
 

@@ -9,7 +9,7 @@ import pytest
 from train_testkit import ScriptedJudge
 
 from balcaprl.judge.protocol import JudgeFailure
-from balcaprl.rewards import REWARD_NAMES
+from balcaprl.rewards import REWARD_NAMES, LengthControlConfig, RewardConfig, linear_length_penalty
 from balcaprl.train.rewards import JUDGE_EXCEPTION, SharedVerdictScorer, caption_text, judge_usage
 
 EOS, PAD = 100, 101
@@ -135,7 +135,9 @@ def test_a_judge_breaking_the_one_outcome_per_request_rule_is_an_error():
 
 def test_caption_tokens_leave_special_tokens_out_and_drive_the_mask():
     scorer = SharedVerdictScorer(
-        _AnyImageJudge(fail_every=None), special_token_ids=[EOS, PAD], tau_low=0.5, tau_high=1.0
+        _AnyImageJudge(fail_every=None),
+        RewardConfig(length=LengthControlConfig(tau_low=0.5, tau_high=1.0)),
+        special_token_ids=[EOS, PAD],
     )
     run_like_trl(scorer, *batch(CAPTIONS))
     by_caption = {r.caption: r for r in scorer.last_batch.rollouts}
@@ -149,17 +151,23 @@ def test_caption_tokens_leave_special_tokens_out_and_drive_the_mask():
 
 @pytest.mark.parametrize("mode", ["linear", "none"])
 def test_without_the_mask_mode_linguistic_is_left_as_judged(mode):
-    scorer = SharedVerdictScorer(_AnyImageJudge(fail_every=None), length_mode=mode, tau_high=1.0)
+    length = LengthControlConfig(mode=mode, tau_high=1.0, linear_strength=0.5)
+    scorer = SharedVerdictScorer(
+        _AnyImageJudge(fail_every=None), RewardConfig(length=length), special_token_ids=[EOS, PAD]
+    )
     run_like_trl(scorer, *batch(CAPTIONS))
     long = next(r for r in scorer.last_batch.rollouts if r.caption == CAPTIONS[3])
     assert not long.in_band and not long.masked and long.linguistic == long.linguistic_raw
+    # the linear mode's p_len is scored with the rewards, for the advantage step (eq. A.5)
+    expected = float(linear_length_penalty(18, 7, 0.5, 1.0, 0.5)) if mode == "linear" else 0.0
+    assert long.length_penalty == pytest.approx(expected) and (mode == "none" or expected > 0)
 
 
 def test_pointability_switch_rescores_the_verdict():
     caption = "this image shows a red circle"  # 'this', 'image', 'shows' are not pointable
     for pointability in (True, False):
         judge = _AnyImageJudge(fail_every=None)
-        scorer = SharedVerdictScorer(judge, pointability=pointability)
+        scorer = SharedVerdictScorer(judge, RewardConfig(pointability=pointability))
         out = run_like_trl(scorer, *batch([caption]))
         expected = judge.expected(caption, REFERENCE, pointability=pointability)
         assert out["precision"][0] == pytest.approx(expected.precision)

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accelerate import PartialState  # noqa: E402
 from train_testkit import ScriptedJudge, tiny_recipe_dict  # noqa: E402
 
-from balcaprl.config import recipe_from_dict  # noqa: E402
+from balcaprl.recipe import recipe_from_dict  # noqa: E402
 from balcaprl.train import build_trainer  # noqa: E402
 
 CASES = {

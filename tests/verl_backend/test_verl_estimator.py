@@ -17,7 +17,7 @@ from verl_testkit import crafted_batch  # noqa: E402
 
 import balcaprl.train.verl_backend.plugin  # noqa: E402,F401  (registers the estimators)
 from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty  # noqa: E402
-from balcaprl.rewards import REWARD_NAMES  # noqa: E402
+from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights  # noqa: E402
 from balcaprl.train.advantages import group_index_from_ids  # noqa: E402
 from balcaprl.train.verl_backend.estimator import RolloutRewards, provide_rollout_rewards  # noqa: E402
 
@@ -25,9 +25,9 @@ WEIGHTS = [0.1, 0.3, 0.3]
 
 
 def algorithm_config(weights=WEIGHTS, **balcaprl):
-    cfg = {"gdpo_reward_keys": list(REWARD_NAMES), "gdpo_reward_weights": list(weights)}
-    if balcaprl:
-        cfg["balcaprl"] = balcaprl
+    """The algorithm section as rendered: the recipe's reward config (weights inside) under balcaprl.rewards."""
+    rewards = RewardConfig(weights=RewardWeights(**dict(zip(REWARD_NAMES, weights, strict=True))))
+    cfg = {"gdpo_reward_keys": list(REWARD_NAMES), "balcaprl": {"rewards": rewards.to_json(), **balcaprl}}
     return OmegaConf.create(cfg)
 
 
@@ -112,6 +112,15 @@ def test_eps_and_weights_come_from_the_algorithm_config():
     assert torch.allclose(per_rollout(advantages, mask), expected, atol=1e-6, rtol=0)
 
 
+def test_the_weights_are_required_from_the_reward_config():
+    uids, rewards, mask = crafted_batch(2)
+    config = OmegaConf.create(
+        {"gdpo_reward_keys": list(REWARD_NAMES), "gdpo_reward_weights": [1.0, 1.0, 1.0]}
+    )
+    with pytest.raises(ValueError, match=r"algorithm\.balcaprl\.rewards"):
+        run_verl("balcaprl_c_gdpo", uids, rewards, mask, config=config)
+
+
 def test_verls_own_gdpo_is_not_the_contract():
     """Why balcaprl ships its own estimator: verl's gdpo whitens over tokens, so on the same (NaN-free)
     rewards its advantages differ once captions have different lengths."""
@@ -123,7 +132,9 @@ def test_verls_own_gdpo_is_not_the_contract():
     data.batch["attention_mask"] = torch.cat([torch.ones(n, 4, dtype=torch.long), mask.long()], dim=1)
     for k, name in enumerate(REWARD_NAMES):
         data.non_tensor_batch[name] = rewards[:, k].numpy().astype(np.float32)
-    out = compute_advantage(data, adv_estimator="gdpo", config=algorithm_config())
+    config = algorithm_config()
+    config.gdpo_reward_weights = WEIGHTS  # verl's own estimator reads its own key
+    out = compute_advantage(data, adv_estimator="gdpo", config=config)
     verl_gdpo = out.batch["advantages"][:, 0].double()
     ours = c_gdpo_advantages(rewards, group_index_from_ids(uids), WEIGHTS)
     assert (verl_gdpo - ours).abs().max() > 1e-3

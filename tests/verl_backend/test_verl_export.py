@@ -114,7 +114,7 @@ def test_verls_rlhf_dataset_loads_the_rows_with_the_tiny_policys_processor(
 
 
 def test_verls_rlhf_dataset_with_a_tiny_qwen2_5_vl(tiny_dataset, tiny_qwen, tmp_path):
-    from balcaprl.config import ModelConfig
+    from balcaprl.recipe import ModelConfig
     from balcaprl.train.modeling import load_processor
 
     export = export_verl(tiny_dataset, tmp_path / "verl")

@@ -17,7 +17,10 @@ from hydra import compose, initialize_config_module  # noqa: E402
 from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
 from verl.utils.config import validate_config  # noqa: E402
 
-from balcaprl.config import RecipeError, load_recipe, load_recipe_dict, recipe_from_dict  # noqa: E402
+from balcaprl.errors import ConfigError  # noqa: E402
+from balcaprl.recipe import load_recipe, load_recipe_dict, recipe_from_dict  # noqa: E402
+from balcaprl.rewards import RewardConfig  # noqa: E402
+from balcaprl.train.verl_backend.estimator import reward_config  # noqa: E402
 from balcaprl.train.verl_backend.render import (  # noqa: E402
     REFERENCE_RENDERINGS,
     format_value,
@@ -25,6 +28,7 @@ from balcaprl.train.verl_backend.render import (  # noqa: E402
     reference_rendering,
     render_verl,
 )
+from balcaprl.train.verl_backend.reward import RewardSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE_3B = ROOT / "configs" / "qwen2_5_vl_3b.yaml"
@@ -44,12 +48,10 @@ PAPER = {
     "trainer.total_epochs": "1",
     "actor_rollout_ref.actor.clip_ratio_low": "0.2",
     "actor_rollout_ref.actor.clip_ratio_high": "0.2",
-    "algorithm.gdpo_reward_weights": "[0.1,0.3,0.3]",
-    "reward.custom_reward_function.reward_kwargs.weights": "[0.1,0.3,0.3]",
-    "reward.custom_reward_function.reward_kwargs.tau_low": "0.5",
-    "reward.custom_reward_function.reward_kwargs.tau_high": "2.0",
-    "reward.custom_reward_function.reward_kwargs.length_mode": "mask",
-    "reward.custom_reward_function.reward_kwargs.pointability": "true",
+    # The reward config once, as JSON (weights 0.1/0.3/0.3, pointability, mask 0.5/2.0), and the
+    # estimator's weights read from that same string.
+    "reward.custom_reward_function.reward_kwargs.rewards": "'" + RewardConfig().to_json() + "'",
+    "algorithm.balcaprl.rewards": "'${reward.custom_reward_function.reward_kwargs.rewards}'",
     "algorithm.adv_estimator": "balcaprl_c_gdpo",
     "algorithm.balcaprl.eps": "1e-06",
     "trainer.v1.trainer_mode": "balcaprl_sync",
@@ -97,24 +99,39 @@ def test_every_paper_setting_reaches_verl(recipe_path, nnodes, tmp_path):
     )
     assert actor.optim.lr == 5e-6 and actor.optim.lr_scheduler_type == "cosine"
     assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.data.train_batch_size == 256
-    assert cfg.trainer.total_epochs == 1 and list(algorithm.gdpo_reward_weights) == [0.1, 0.3, 0.3]
+    assert cfg.trainer.total_epochs == 1 and "gdpo_reward_weights" not in values
     assert need_reference_policy(cfg) is False and need_critic(cfg) is False  # no KL: no reference model
+    # The reward config round-trips through verl's config: the reward worker's settings and the
+    # estimator's both validate (with RewardConfig) to exactly the recipe's.
     kwargs = cfg.reward.custom_reward_function.reward_kwargs
-    assert (kwargs.tau_low, kwargs.tau_high, kwargs.tokenizer) == (0.5, 2.0, recipe.model.path)
+    settings = RewardSettings.from_kwargs(dict(kwargs))
+    assert settings.rewards == recipe.rewards.reward_config() == RewardConfig()
+    assert (settings.tokenizer, settings.workers) == (recipe.model.path, 8)
+    assert reward_config(algorithm) == settings.rewards
+    assert algorithm.balcaprl.rewards == kwargs.rewards  # the interpolation: one string, not a copy
 
 
 def test_ablations_render_to_their_estimator_and_length_control():
     no_cgdpo = render_verl(load_recipe(ROOT / "configs/ablations/leave_one_out/no_cgdpo.yaml")).as_dict()
     assert no_cgdpo["algorithm.adv_estimator"] == "balcaprl_grpo"
-    linear = render_verl(load_recipe(ROOT / "configs/ablations/length/linear_length_penalty.yaml")).as_dict()
-    kwargs = "reward.custom_reward_function.reward_kwargs."
-    assert linear[kwargs + "length_mode"] == "linear" and linear[kwargs + "linear_strength"] == "1.0"
+    linear_recipe = load_recipe(ROOT / "configs/ablations/length/linear_length_penalty.yaml")
+    cfg = verl_config(render_verl(linear_recipe).overrides)
+    rewards = RewardSettings.from_kwargs(dict(cfg.reward.custom_reward_function.reward_kwargs)).rewards
+    assert rewards == linear_recipe.rewards.reward_config()
+    assert (rewards.length.mode, rewards.length.linear_strength, rewards.weights.precision) == (
+        "linear",
+        1.0,
+        0.3,
+    )
     no_pointability = load_recipe(ROOT / "configs/ablations/leave_one_out/no_pointability.yaml")
-    assert render_verl(no_pointability).as_dict()[kwargs + "pointability"] == "false"
-    verl_config(render_verl(no_pointability).overrides)
+    cfg = verl_config(render_verl(no_pointability).overrides)
+    assert reward_config(cfg.algorithm) == no_pointability.rewards.reward_config()
+    assert reward_config(cfg.algorithm).pointability is False
 
 
 def test_recipe_knobs_map_to_verl(tmp_path):
+    judge_file = tmp_path / "judge.yaml"
+    judge_file.write_text("model: another-judge\n")
     recipe = load_recipe(
         RECIPE_3B,
         [
@@ -128,7 +145,7 @@ def test_recipe_knobs_map_to_verl(tmp_path):
             "rollout.vllm.tensor_parallel_size=2",
             "model.image.max_pixels=200704",
             "run.report_to=[wandb]",
-            "judge=judge.yaml",
+            f"judge={judge_file}",
         ],
     )
     launch = render_verl(recipe, extra=["actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
@@ -145,9 +162,13 @@ def test_recipe_knobs_map_to_verl(tmp_path):
     assert values["data.mm_processor_kwargs.max_pixels"] == "200704"
     assert values["trainer.logger"] == "[console,wandb]"
     assert launch.overrides[-1] == "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"  # extras win
-    assert values["reward.custom_reward_function.reward_kwargs.judge_config"] == str(
-        Path("judge.yaml").resolve()
-    )
+    # the recipe's judge (loaded from its YAML with the recipe) is what the reward workers read
+    written = Path("runs/qwen2_5_vl_3b/verl/judge.yaml")
+    assert values["reward.custom_reward_function.reward_kwargs.judge_config"] == str(written.resolve())
+    assert yaml.safe_load(launch.files[written]) == {"model": "another-judge"}
+    # a judge YAML on the command line replaces it, read where it is
+    replaced = render_verl(recipe, judge=judge_file).as_dict()
+    assert replaced["reward.custom_reward_function.reward_kwargs.judge_config"] == str(judge_file)
     cfg = verl_config(launch.overrides)
     assert need_reference_policy(cfg) is True  # KL needs the reference model
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.7
@@ -185,22 +206,22 @@ def test_impossible_combinations_are_rejected(override, message):
     if override.startswith("train.use_cpu"):
         data["rollout"]["vllm"]["mode"] = "off"
     recipe = recipe_from_dict(data, override.split(" "))
-    with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         render_verl(recipe)
 
 
 def test_bad_cluster_shapes_are_rejected():
     recipe = recipe_from_dict(base_dict())
-    with pytest.raises(RecipeError, match="nnodes"):
+    with pytest.raises(ConfigError, match="nnodes"):
         render_verl(recipe, nnodes=0)
-    with pytest.raises(RecipeError, match="do not split over 24 GPUs"):
+    with pytest.raises(ConfigError, match="do not split over 24 GPUs"):
         render_verl(recipe, nnodes=3)  # 2048 captions over 24 GPUs
 
 
 def test_an_inline_judge_with_a_bad_key_is_rejected_before_launch():
     data = base_dict()
     data["judge"] = {"model": "m", "temprature": 0}
-    with pytest.raises(RecipeError, match="temprature"):
+    with pytest.raises(ConfigError, match="temprature"):
         render_verl(recipe_from_dict(data))
 
 

@@ -20,23 +20,21 @@ from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
 from verl_testkit import JUDGES, train_testkit  # noqa: E402
 
 from balcaprl import linear_length_penalty  # noqa: E402
-from balcaprl.rewards import score_verdict  # noqa: E402
+from balcaprl.errors import ConfigError  # noqa: E402
+from balcaprl.rewards import LengthControlConfig, RewardConfig, score_verdict  # noqa: E402
 from balcaprl.train.verl_backend import reward as reward_module  # noqa: E402
 from balcaprl.train.verl_backend.reward import RewardSettings, compute_score, result_keys  # noqa: E402
 
 REFERENCE = "a red circle on the left ."
 
 
-def kwargs(policy: Path, dataset: Path, **overrides):
+def kwargs(policy: Path, dataset: Path, length: dict | None = None, **overrides):
+    """reward_kwargs as rendered: the reward config as one JSON string, the worker's set-up beside it."""
     values = {
+        "rewards": RewardConfig(length=LengthControlConfig(**(length or {}))).to_json(),
         "tokenizer": str(policy),
         "judge_factory": "verl_testkit:scripted_judge",
         "image_root": str(dataset),
-        "weights": [0.1, 0.3, 0.3],
-        "pointability": True,
-        "length_mode": "mask",
-        "tau_low": 0.5,
-        "tau_high": 2.0,
     }
     values.update(overrides)
     return values
@@ -92,7 +90,7 @@ def test_the_length_mask_uses_the_policy_tokenizer_counts(tiny_qwen, tiny_datase
     result = score(long_caption, tiny_qwen, tiny_dataset)
     assert result["caption_tokens"] == 21 and result["length_ratio"] == pytest.approx(3.0)
     assert result["linguistic"] == 0.0 and result["linguistic_raw"] > 0 and result["masked"] == 1.0
-    kept = score(long_caption, tiny_qwen, tiny_dataset, tau_high=3.0)
+    kept = score(long_caption, tiny_qwen, tiny_dataset, length={"tau_high": 3.0})
     assert kept["linguistic"] == kept["linguistic_raw"] > 0 and kept["masked"] == 0.0
 
 
@@ -109,7 +107,7 @@ def test_a_stored_reference_length_is_used_only_for_the_policys_tokenizer(tiny_q
 
 def test_linear_mode_returns_the_penalty_and_keeps_linguistic(tiny_qwen, tiny_dataset):
     caption = "a red circle on the left . " * 3
-    result = score(caption, tiny_qwen, tiny_dataset, length_mode="linear", linear_strength=0.5)
+    result = score(caption, tiny_qwen, tiny_dataset, length={"mode": "linear", "linear_strength": 0.5})
     assert result["length_penalty"] == pytest.approx(float(linear_length_penalty(21, 7, 0.5, 2.0, 0.5)))
     assert result["linguistic"] == result["linguistic_raw"] > 0
 
@@ -128,12 +126,21 @@ def test_a_failed_judge_is_nan_never_zero(tiny_qwen, tiny_dataset, factory, reas
 
 
 def test_settings_are_checked(tiny_qwen, tiny_dataset):
-    with pytest.raises(TypeError, match="unknown reward_kwargs"):
+    with pytest.raises(ConfigError, match="tau_hihg: unknown key; allowed here: image_root, judge_config"):
         RewardSettings.from_kwargs({**kwargs(tiny_qwen, tiny_dataset), "tau_hihg": 3})
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ConfigError, match="exactly one"):
         RewardSettings.from_kwargs({**kwargs(tiny_qwen, tiny_dataset), "judge_config": "judge.yaml"})
-    with pytest.raises(ValueError, match="length_mode"):
-        RewardSettings.from_kwargs(kwargs(tiny_qwen, tiny_dataset, length_mode="sometimes"))
+    with pytest.raises(
+        ConfigError, match=r"rewards\.length\.mode: Input should be 'mask', 'linear' or 'none'"
+    ):
+        RewardSettings.from_kwargs(
+            kwargs(tiny_qwen, tiny_dataset, rewards='{"length": {"mode": "sometimes"}}')
+        )
+    # verl's own additions are accepted; the JSON is validated by the reward config's own model
+    settings = RewardSettings.from_kwargs(
+        {**kwargs(tiny_qwen, tiny_dataset, length={"tau_low": 0.25}), "reward_router_address": None}
+    )
+    assert settings.rewards == RewardConfig(length=LengthControlConfig(tau_low=0.25))
 
 
 def test_a_judge_config_shares_its_limits_between_reward_workers(tmp_path, tiny_qwen, tiny_dataset):

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl_testkit import crafted_batch  # noqa: E402
 
 from balcaprl import c_gdpo_advantages  # noqa: E402
-from balcaprl.rewards import REWARD_NAMES  # noqa: E402
+from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights  # noqa: E402
 from balcaprl.train.advantages import group_index_from_ids  # noqa: E402
 from balcaprl.train.verl_backend.render import PLUGIN_MODULE, render_verl  # noqa: E402
 from balcaprl.train.verl_backend.trainer import (  # noqa: E402
@@ -86,7 +86,7 @@ def ray_cluster():
 
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    from balcaprl.config import load_recipe
+    from balcaprl.recipe import load_recipe
 
     launch = render_verl(load_recipe(Path(__file__).resolve().parents[2] / "configs" / "qwen2_5_vl_3b.yaml"))
     from hydra import compose, initialize_config_module
@@ -146,8 +146,21 @@ def trainer_config():
                 "norm_adv_by_std_in_grpo": True,
                 "use_kl_in_reward": False,
                 "gdpo_reward_keys": list(REWARD_NAMES),
-                "gdpo_reward_weights": WEIGHTS,
-                "balcaprl": {"eps": 1e-6, "max_failed_batches_in_a_row": 2},
+                # as rendered: the estimator reads the reward function's reward config (one JSON string)
+                "balcaprl": {
+                    "eps": 1e-6,
+                    "max_failed_batches_in_a_row": 2,
+                    "rewards": "${reward.custom_reward_function.reward_kwargs.rewards}",
+                },
+            },
+            "reward": {
+                "custom_reward_function": {
+                    "reward_kwargs": {
+                        "rewards": RewardConfig(
+                            weights=RewardWeights(**dict(zip(REWARD_NAMES, WEIGHTS, strict=True)))
+                        ).to_json()
+                    }
+                }
             },
             "actor_rollout_ref": {"rollout": {"n": 8}},
             "trainer": {"v1": {"trainer_mode": TRAINER_MODE}},

@@ -5,46 +5,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import typer
 
-__all__ = ["judge_for_recipe", "train"]
-
-
-def judge_for_recipe(
-    spec: Mapping[str, Any] | str | Path | None, recipe_dir: Path | None = None, image_root=None
-):
-    """A Judge from a judge config (a mapping, or a YAML path relative to the cwd or the recipe) through
-    ``balcaprl.judge.build_judge``; errors become :class:`~balcaprl.config.RecipeError`."""
-    from balcaprl.config import RecipeError
-
-    if spec is None:
-        raise RecipeError(
-            "no judge: give the recipe a `judge:` section (or --judge JUDGE.yaml), or call "
-            "balcaprl.train.train(recipe, judge) with a Judge object"
-        )
-    import balcaprl.judge as judge_package
-
-    factory = getattr(judge_package, "build_judge", None)
-    if factory is None:
-        raise RecipeError(
-            "balcaprl.judge.build_judge is not available in this version, so a judge cannot be built from a "
-            "config; call balcaprl.train.train(recipe, judge) with a Judge object instead"
-        )
-    if not isinstance(spec, Mapping):
-        path = Path(spec).expanduser()
-        if not path.exists() and recipe_dir is not None and (recipe_dir / path).exists():
-            path = recipe_dir / path
-        if not path.is_file():
-            raise RecipeError(f"judge config not found: {spec}")
-        spec = path
-    try:
-        return factory(dict(spec) if isinstance(spec, Mapping) else spec, image_root=image_root)
-    except ValueError as err:  # JudgeConfigError: bad key, missing API key variable, ...
-        raise RecipeError(f"judge: {err}") from None
+__all__ = ["train"]
 
 
 def train(
@@ -70,16 +35,24 @@ def train(
 
     Several GPUs: run it under `accelerate launch`. For a Ray cluster, use `balcaprl verl launch`.
     """
-    from balcaprl.config import load_recipe
+    from balcaprl.recipe import load_recipe
 
     recipe = load_recipe(config, overrides or [])
     if print_config:
         typer.echo(recipe.to_yaml(), nl=False)
         return
-    judge_object = judge_for_recipe(
-        judge if judge is not None else recipe.judge,
-        config.resolve().parent,
-        image_root=Path(recipe.data.path).expanduser().resolve(),
+    from balcaprl.errors import ConfigError
+
+    judge_config = judge if judge is not None else recipe.judge
+    if judge_config is None:
+        raise ConfigError(
+            f"{config}: the recipe has no judge: section; add one (see configs/qwen2_5_vl_3b.yaml) or pass "
+            "--judge JUDGE.yaml (in Python: balcaprl.train.train(recipe, judge) with any Judge object)"
+        )
+    import balcaprl.judge
+
+    judge_object = balcaprl.judge.build_judge(
+        judge_config, image_root=Path(recipe.data.path).expanduser().resolve()
     )
 
     from balcaprl.train.trl_backend import train as train_with_trl

@@ -80,7 +80,7 @@ def launch(
     Needs the verl extra. verl resumes from the run's newest checkpoint by itself; export the dataset
     first with `balcaprl verl export`.
     """
-    from balcaprl.config import load_recipe
+    from balcaprl.recipe import load_recipe
     from balcaprl.train.verl_backend.render import render_verl
 
     recipe = load_recipe(config, overrides or [])

@@ -174,14 +174,13 @@ def evaluate_heldout(
     policy_dir: Path, data_dir: Path, config: DemoConfig, label: str, oracle: Any = None
 ) -> Evaluation:
     """Caption the first ``evaluation.scenes`` held-out images (sampled at the evaluation temperature
-    with a fixed seed, or greedily at 0) and score them with the oracle (the b-CapScore rubric, no
-    length mask: the paper's metric)."""
+    with a fixed seed, or greedily at 0) and judge each caption once with the oracle (the b-CapScore
+    rubric, scored as the metric is defined: ``BCAPSCORE_REWARDS``); every figure below comes from
+    that one judgement."""
     import torch
     from PIL import Image
 
     from balcaprl.data.format import read_split_rows
-    from balcaprl.judge.protocol import Judgement, JudgeRequest
-    from balcaprl.rewards import score_verdict
     from balcaprl.synthetic.evaluation import score_captions
     from balcaprl.synthetic.oracle import OracleJudge
     from balcaprl.synthetic.policy import caption_token_counts, generate_captions, load_policy
@@ -200,11 +199,11 @@ def evaluate_heldout(
     scores = score_captions(oracle, rows, captions)  # the headline numbers, as `synthetic sft` prints them
     tokens = caption_token_counts(processor, captions)
     records = []
-    for row, caption, n_tokens, b in zip(rows, captions, tokens, scores.per_caption, strict=True):
-        outcome = oracle.judge(JudgeRequest(row["image_path"], caption, row["reference"], "evaluation"))
+    for row, caption, n_tokens, b, outcome, v in zip(
+        rows, captions, tokens, scores.per_caption, scores.outcomes, scores.scored, strict=True
+    ):
         record: dict[str, Any] = {"id": row["id"], "caption": caption, "tokens": n_tokens, "b_capscore": b}
-        if isinstance(outcome, Judgement):
-            v = score_verdict(outcome.verdict)
+        if v is not None:
             record.update(
                 precision=v.precision,
                 recall=v.recall,

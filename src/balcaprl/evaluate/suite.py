@@ -11,15 +11,8 @@ into the same folder adds to it (run ``--suite caparena`` today and ``--suite dc
 Judge calls go through the judge's sqlite cache, so an interrupted or repeated run pays only for
 what is missing: the judge config's ``cache_path`` when it has one, else ``OUT/judge_cache.sqlite``.
 
-The evaluation config (YAML, ``--config``) names the benchmark files and, per protocol, an
-optional judge config and protocol settings; command-line flags override it::
-
-    judge: judges/gpt-4o.yaml            # default judge config for every protocol
-    bcapscore: {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images,
-                judge: judges/gpt-5.4.yaml}
-    dcscore:   {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images}
-    captionqa: {questions: captionqa/all.parquet, judge: judges/qwen2.5-72b.yaml}
-    caparena:  {annotations: caparena/caparena_auto_600.json, images: caparena/images}
+The evaluation config (YAML, ``--config``; ``balcaprl.evaluate.config``) names the benchmark files
+and, per protocol, an optional judge config and protocol settings; command-line flags override it.
 """
 
 from __future__ import annotations
@@ -30,12 +23,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from balcaprl.errors import InputError
 from balcaprl.evaluate.caparena import CapArenaSettings
 from balcaprl.evaluate.captionqa import CaptionQASettings
+from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
 from balcaprl.evaluate.dcscore import DCScoreSettings
 from balcaprl.evaluate.formats import CaptionSet, FormatError, read_caption_sets
 from balcaprl.evaluate.results import ProtocolResult
@@ -51,7 +42,6 @@ __all__ = [
     "run_suite",
 ]
 
-PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
 EVAL_FILE = "eval.json"
 # which benchmark's captions each protocol reads
 _BENCHMARK_OF = {
@@ -71,88 +61,8 @@ HEADLINE = {
 
 
 class EvaluationError(InputError):
-    """An evaluation that cannot run as asked (missing files, bad config); says what to do."""
-
-
-JudgeSpec = str | dict[str, Any] | None
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    judge: JudgeSpec = Field(None, description="Judge config (YAML path or mapping) for this protocol.")
-
-
-class BCapScoreSection(_Section):
-    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (human references).")
-    images: Path | None = Field(None, description="DeCapBench image folder.")
-
-
-class DCScoreSection(_Section, DCScoreSettings):
-    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (oracle facts).")
-    images: Path | None = Field(None, description="DeCapBench image folder.")
-
-
-class CaptionQASection(_Section, CaptionQASettings):
-    questions: Path | None = Field(None, description="CaptionQA questions (parquet/JSON/JSONL).")
-
-
-class CapArenaSection(_Section, CapArenaSettings):
-    annotations: Path | None = Field(None, description="caparena_auto_600.json.")
-    images: Path | None = Field(None, description="CapArena-Auto (DOCCI) image folder.")
-
-
-class EvaluationConfig(BaseModel):
-    """Benchmark files, judges and protocol settings for `balcaprl evaluate` (unknown keys are errors)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    judge: JudgeSpec = Field(None, description="Default judge config for every protocol.")
-    bcapscore: BCapScoreSection = Field(default_factory=BCapScoreSection)
-    dcscore: DCScoreSection = Field(default_factory=DCScoreSection)
-    captionqa: CaptionQASection = Field(default_factory=CaptionQASection)
-    caparena: CapArenaSection = Field(default_factory=CapArenaSection)
-
-
-def load_evaluation_config(path: Path | None, overrides: dict[str, Any] | None = None) -> EvaluationConfig:
-    """The config from ``path`` (relative paths resolved against its folder), then ``overrides``
-    (``{"judge": ..., "dcscore": {"annotations": ...}, ...}``; ``None`` values are ignored)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise EvaluationError(f"evaluation config {path}: cannot read it ({error})") from None
-        if not isinstance(data, dict):
-            raise EvaluationError(f"evaluation config {path}: expected a mapping")
-        base = Path(path).parent
-        data = _resolve_paths(data, base)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict):
-            section = dict(data.get(key) or {})
-            section.update({k: v for k, v in value.items() if v is not None})
-            data[key] = section
-        elif value is not None:
-            data[key] = value
-    try:
-        return EvaluationConfig.model_validate(data)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise EvaluationError(f"evaluation config: {problems}") from None
-
-
-def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    out = dict(data)
-    if isinstance(out.get("judge"), str):
-        out["judge"] = str(base / out["judge"])
-    for name in PROTOCOLS:
-        section = out.get(name)
-        if isinstance(section, dict):
-            section = dict(section)
-            for key in ("annotations", "images", "questions", "judge"):
-                if isinstance(section.get(key), str):
-                    section[key] = str(base / Path(section[key]).expanduser())
-            out[name] = section
-    return out
+    """An evaluation that cannot run as asked (missing files, no judge); says what to do. A config that
+    cannot be used is a :class:`balcaprl.errors.ConfigError`."""
 
 
 def read_eval(out_dir: Path) -> dict[str, Any]:
@@ -215,15 +125,14 @@ def run_suite(
     http_client: Any = None,
 ) -> dict[str, ProtocolResult]:
     """Run ``suite`` (protocol names, in order) on the caption files; write ``out_dir``; return the
-    results. Raises :class:`EvaluationError` (bad input) or ``JudgeConfigError`` before paying for
-    any call when the set-up is wrong."""
+    results. Raises :class:`EvaluationError` (bad input) or ``ConfigError`` (``JudgeConfigError``)
+    before paying for any call when the set-up is wrong."""
     from balcaprl.evaluate.caparena import run_caparena
     from balcaprl.evaluate.captionqa import run_captionqa
     from balcaprl.evaluate.dcscore import run_dcscore
     from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
     from balcaprl.judge import build_judge
     from balcaprl.judge.calls import JudgeCaller
-    from balcaprl.judge.config import load_judge_config
 
     unknown = [p for p in suite if p not in PROTOCOLS]
     if unknown or not suite:
@@ -235,10 +144,9 @@ def run_suite(
         raise EvaluationError(str(error)) from None
 
     def judge_config(protocol: str):
-        spec = getattr(config, protocol).judge or config.judge
-        if spec is None:
+        cfg = config.judge_for(protocol)  # validated when the evaluation config loaded
+        if cfg is None:
             raise EvaluationError(f"{protocol} needs a judge: pass --judge FILE or set `judge:` in --config")
-        cfg = load_judge_config(spec if isinstance(spec, dict) else Path(spec))
         if no_cache:
             return cfg.model_copy(update={"cache_path": None})
         if cache_path is not None or cfg.cache_path is None:

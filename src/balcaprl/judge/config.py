@@ -1,28 +1,32 @@
-"""The judge configuration: what `--judge CONFIG` and a recipe's `judge:` section hold (DESIGN.md).
+"""The judge configuration: what `--judge CONFIG` and a recipe's `judge:` section hold.
 
 Unknown keys are an error (a typo must not silently fall back to a default that costs money). The
 API key itself never sits in a config: only the *name* of the environment variable that holds it.
+Loaded with the common machinery (:func:`balcaprl.config.load_config`): one error type, the same
+messages and ``base:`` chains as every other config.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
+from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
+from balcaprl.rewards.rubrics import ReferenceMode
 
-__all__ = ["JudgeConfig", "JudgeConfigError", "PriceTable", "load_judge_config"]
+__all__ = ["JudgeConfig", "JudgeConfigError", "JudgeSection", "PriceTable", "load_judge_config"]
+
+# A judge configuration that cannot work (bad file, bad key, missing API key, rejected by the server):
+# the one config error, under the name the judge client raises it by.
+JudgeConfigError = ConfigError
 
 
-class JudgeConfigError(ConfigError):
-    """A judge configuration that cannot work (bad file, bad key, missing API key, rejected by the server)."""
-
-
-class PriceTable(BaseModel):
+class PriceTable(Section):
     """USD per one million tokens, for the cost estimate in the accounting (not billing-exact)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -31,7 +35,7 @@ class PriceTable(BaseModel):
     completion: float = Field(ge=0, description="USD per 1M completion (output) tokens.")
 
 
-class JudgeConfig(BaseModel):
+class JudgeConfig(Section):
     """Settings of the OpenAI-compatible judge client. Defaults reproduce the paper's set-up."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -45,7 +49,7 @@ class JudgeConfig(BaseModel):
         "OPENAI_API_KEY",
         description="Name of the environment variable holding the API key; null for servers without auth.",
     )
-    reference_mode: Literal["joint", "cached-reference"] = Field(
+    reference_mode: ReferenceMode = Field(
         "joint",
         description="joint: one call decomposes caption and reference (the paper). cached-reference: the "
         "reference is decomposed once per (image, reference) and each rollout only marks coverage.",
@@ -101,38 +105,26 @@ class JudgeConfig(BaseModel):
         return key
 
 
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "<config>"
-        if item["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{where}' (allowed: {', '.join(JudgeConfig.model_fields)})")
-        else:
-            parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
+def _judge_file(value: Any) -> Any:
+    # A path: that YAML's keys (and its base: chain), validated as the section that names it, so
+    # errors read <section>.judge.<key>. A config file resolves its relative paths before this.
+    return read_config_file(value, "judge config") if isinstance(value, str | Path) else value
 
 
-def load_judge_config(source: Path | str | dict[str, Any]) -> JudgeConfig:
+# A judge section of another config (a recipe, an evaluation config): a JudgeConfig written inline or
+# the path of a judge YAML, validated when that config loads.
+JudgeSection = Annotated[JudgeConfig, BeforeValidator(_judge_file)]
+
+
+def load_judge_config(
+    source: Path | str | Mapping[str, Any], overrides: Iterable[Override] = ()
+) -> JudgeConfig:
     """A validated :class:`JudgeConfig` from a YAML file (path) or an already-parsed mapping.
 
-    Raises :class:`JudgeConfigError` that names the file and every offending key.
+    Raises :class:`ConfigError` (``JudgeConfigError``) naming the file and every offending key.
     """
-    where = "judge config"
-    if isinstance(source, dict):
-        data: Any = source
-    else:
-        path = Path(source)
-        where = f"judge config {path}"
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as error:
-            raise JudgeConfigError(f"{where}: cannot read it ({error.strerror})") from None
-        except yaml.YAMLError as error:
-            raise JudgeConfigError(f"{where}: not valid YAML ({error})") from None
-        data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise JudgeConfigError(f"{where}: expected a mapping of keys to values, got {type(data).__name__}")
-    try:
-        return JudgeConfig.model_validate(data)
-    except ValidationError as error:
-        raise JudgeConfigError(f"{where}: {_describe(error)}") from None
+    if isinstance(source, Mapping):
+        return load_config(
+            JudgeConfig, data=source, overrides=overrides, source="mapping", what="judge config"
+        )
+    return load_config(JudgeConfig, Path(source), overrides, what="judge config")

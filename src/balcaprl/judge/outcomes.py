@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import torch
 
 from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome
-from balcaprl.rewards import REWARD_NAMES, ReferenceAssertion, Verdict, score_verdict
+from balcaprl.rewards import (
+    BCAPSCORE_REWARDS,
+    REWARD_NAMES,
+    ReferenceAssertion,
+    RewardConfig,
+    Verdict,
+    score_rollout,
+)
 
 __all__ = ["EMPTY_CAPTION_EXPLANATION", "empty_caption_judgement", "judgement_from_verdict", "rewards_tensor"]
 
@@ -44,14 +51,27 @@ def empty_caption_judgement(reference: str) -> Judgement:
 
 
 def rewards_tensor(
-    outcomes: Sequence[JudgeOutcome], dtype: torch.dtype = torch.float32, pointability: bool = True
+    outcomes: Sequence[JudgeOutcome],
+    dtype: torch.dtype = torch.float32,
+    rewards: RewardConfig = BCAPSCORE_REWARDS,
+    caption_tokens: Sequence[int] | None = None,
+    reference_tokens: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """``(N, 3)`` rewards in the column order of ``REWARD_NAMES`` (precision, recall, linguistic),
-    scored from each verdict with ``score_verdict``; a :class:`JudgeFailure` row is all NaN."""
+    """``(N, 3)`` rewards in the column order of ``REWARD_NAMES`` (precision, recall, linguistic), each
+    verdict scored with ``score_rollout`` under ``rewards`` (by default the metric's rule: pointability
+    on, no length control); a :class:`JudgeFailure` row is all NaN. A length-controlled config needs
+    the token counts (policy tokens) of every caption and reference."""
+    lengths: list[tuple[int | None, int | None]] = [(None, None)] * len(outcomes)
+    if caption_tokens is not None or reference_tokens is not None:
+        if caption_tokens is None or reference_tokens is None:
+            raise ValueError("give caption_tokens and reference_tokens together")
+        lengths = list(zip(caption_tokens, reference_tokens, strict=True))
+        if len(lengths) != len(outcomes):
+            raise ValueError(f"{len(lengths)} token counts for {len(outcomes)} outcomes")
     rows = torch.full((len(outcomes), len(REWARD_NAMES)), float("nan"), dtype=dtype)
-    for i, outcome in enumerate(outcomes):
+    for i, (outcome, (n_caption, n_reference)) in enumerate(zip(outcomes, lengths, strict=True)):
         if isinstance(outcome, Judgement):
-            scores = score_verdict(outcome.verdict, pointability=pointability)
+            scores = score_rollout(outcome.verdict, rewards, n_caption, n_reference)
             rows[i] = torch.tensor(scores.as_tuple(), dtype=dtype)
         elif not isinstance(outcome, JudgeFailure):
             raise TypeError(f"outcome {i} is a {type(outcome).__name__}, expected Judgement or JudgeFailure")

@@ -1,8 +1,9 @@
 """The `Judge` interface: what every judge (OpenAI-compatible client, synthetic oracle, scripted test
 judge) implements, and what trainers and evaluators call. Kept tiny on purpose.
 
-A request yields exactly one outcome: a `Judgement` (a validated verdict and its reward vector) or a
-`JudgeFailure` with a reason. A failure becomes NaN in the reward tensor, never 0.
+A request yields exactly one outcome: a `Judgement` (a validated verdict) or a `JudgeFailure` with a
+reason. The consumer scores a verdict with ``balcaprl.rewards.score_rollout`` and its own reward
+configuration; a failure becomes NaN in the reward tensor, never 0.
 """
 
 from __future__ import annotations

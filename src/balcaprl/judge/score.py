@@ -25,7 +25,7 @@ from balcaprl.files import atomic_write_text
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.judge.summary import summarise_scores
-from balcaprl.rewards import b_capscore, score_verdict
+from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
 
 __all__ = ["CaptionFileError", "ScoreRun", "read_caption_file", "score_captions"]
 
@@ -74,7 +74,7 @@ def _row(image: str, outcome: JudgeOutcome) -> dict[str, Any]:
     if isinstance(outcome, JudgeFailure):
         return {"image": image, "precision": None, "recall": None, "linguistic": None, "b_capscore": None,
                 "failure": outcome.reason, "detail": outcome.detail}  # fmt: skip
-    r = score_verdict(outcome.verdict)  # b-CapScore: pointability on, no length mask (eq. A.1)
+    r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)  # the metric's rule, never a training recipe's
     return {
         "image": image,
         "precision": r.precision,

@@ -1,8 +1,29 @@
-"""Verdict schema, verdict -> reward vector, length control and b-CapScore."""
+"""Verdict schema, the reward configuration, verdict -> rewards, length control and b-CapScore."""
 
 from balcaprl.rewards.bcapscore import b_capscore
-from balcaprl.rewards.length import length_ratio, linear_length_penalty, mask_linguistic_by_length
-from balcaprl.rewards.scoring import REWARD_NAMES, RewardVector, score_verdict
+from balcaprl.rewards.config import (
+    BCAPSCORE_REWARDS,
+    LengthControlConfig,
+    LengthMode,
+    RewardConfig,
+    RewardWeights,
+)
+from balcaprl.rewards.length import (
+    TAU_HIGH,
+    TAU_LOW,
+    length_ratio,
+    linear_length_penalty,
+    mask_linguistic_by_length,
+)
+from balcaprl.rewards.scoring import (
+    REWARD_NAMES,
+    LengthGate,
+    RewardVector,
+    RolloutScore,
+    length_gate,
+    score_rollout,
+    score_verdict,
+)
 from balcaprl.rewards.verdict import (
     CaptionAssertion,
     ReferenceAssertion,
@@ -12,7 +33,16 @@ from balcaprl.rewards.verdict import (
 )
 
 __all__ = [
+    "BCAPSCORE_REWARDS",
     "REWARD_NAMES",
+    "TAU_HIGH",
+    "TAU_LOW",
+    "LengthControlConfig",
+    "LengthGate",
+    "LengthMode",
+    "RewardConfig",
+    "RewardWeights",
+    "RolloutScore",
     "CaptionAssertion",
     "ReferenceAssertion",
     "RewardVector",
@@ -22,6 +52,8 @@ __all__ = [
     "length_ratio",
     "linear_length_penalty",
     "mask_linguistic_by_length",
+    "length_gate",
     "parse_verdict",
+    "score_rollout",
     "score_verdict",
 ]

@@ -11,7 +11,11 @@ from typing import Any
 
 from balcaprl.rewards._elementwise import any_true, clamp_min0, where
 
-__all__ = ["mask_linguistic_by_length", "linear_length_penalty", "length_ratio"]
+__all__ = ["TAU_HIGH", "TAU_LOW", "length_ratio", "linear_length_penalty", "mask_linguistic_by_length"]
+
+# The paper's length band [tau_l, tau_u] (Sec. 2.3): the defaults of every config that holds one.
+TAU_LOW = 0.5
+TAU_HIGH = 2.0
 
 
 def length_ratio(pred_len: Any, ref_len: Any) -> Any:
@@ -25,7 +29,7 @@ def length_ratio(pred_len: Any, ref_len: Any) -> Any:
 
 
 def mask_linguistic_by_length(
-    linguistic: Any, pred_len: Any, ref_len: Any, tau_low: float = 0.5, tau_high: float = 2.0
+    linguistic: Any, pred_len: Any, ref_len: Any, tau_low: float = TAU_LOW, tau_high: float = TAU_HIGH
 ) -> Any:
     """R~_ling = R_ling if tau_l <= rho <= tau_u else 0 (Sec. 2.3, bounds inclusive).
 

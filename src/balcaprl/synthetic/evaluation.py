@@ -1,8 +1,10 @@
 """Held-out oracle b-CapScore of a policy (or of any captions) on a synthetic dataset split.
 
 Used by ``balcaprl synthetic sft`` to print its three figures (random init, after SFT, references),
-and reusable by the demo for its before/after table. Scored with the oracle's ``evaluation`` rubric
-(the paper's b-CapScore rubric) and without the length mask, as the paper's metric is defined.
+and by the demo for its before/after table. Judged with the oracle's ``evaluation`` rubric (the
+paper's b-CapScore rubric) and scored as the metric is defined, ``BCAPSCORE_REWARDS`` (pointability
+on, no length mask), whatever a training recipe chose. Each caption is judged once; its verdict and
+scores are kept (``CaptionScores.scored``) for every figure a caller reports.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 from PIL import Image
 
 from balcaprl.data.format import read_split_rows
-from balcaprl.judge.protocol import Judgement, JudgeRequest, Rubric
-from balcaprl.rewards import b_capscore, score_verdict
+from balcaprl.judge.protocol import Judgement, JudgeOutcome, JudgeRequest, Rubric
+from balcaprl.rewards import BCAPSCORE_REWARDS, RolloutScore, b_capscore, score_rollout
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import caption_token_counts, generate_captions
 
@@ -35,8 +37,10 @@ class CaptionScores:
     n: int
     failures: int = 0
     mean_tokens: float | None = None
-    per_caption: list[float] = field(default_factory=list, repr=False)
+    per_caption: list[float] = field(default_factory=list, repr=False)  # b-CapScore in [0, 1], 0 if failed
     captions: list[str] = field(default_factory=list, repr=False)
+    outcomes: list[JudgeOutcome] = field(default_factory=list, repr=False)  # the one judgement per caption
+    scored: list[RolloutScore | None] = field(default_factory=list, repr=False)  # None where the judge failed
 
     def summary(self) -> str:
         tokens = f", {self.mean_tokens:.0f} tokens" if self.mean_tokens is not None else ""
@@ -61,28 +65,30 @@ def score_captions(
         for r, c in zip(rows, captions, strict=True)
     ]
     outcomes = asyncio.run(oracle.judge_batch(requests))
-    per, prec, rec, ling, failures = [], [], [], [], 0
+    per, prec, rec, ling, scored = [], [], [], [], []
     for outcome in outcomes:
         if isinstance(outcome, Judgement):
-            v = score_verdict(outcome.verdict)
+            v = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)
             per.append(float(b_capscore(v.precision, v.recall, v.linguistic)))
             prec.append(v.precision)
             rec.append(v.recall)
             ling.append(v.linguistic)
+            scored.append(v)
         else:
-            failures += 1
             per.append(0.0)
-    n = len(per)
+            scored.append(None)
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return CaptionScores(
         b_capscore=100 * mean(per),
         precision=mean(prec),
         recall=mean(rec),
         linguistic=mean(ling),
-        n=n,
-        failures=failures,
+        n=len(per),
+        failures=scored.count(None),
         per_caption=per,
         captions=list(captions),
+        outcomes=list(outcomes),
+        scored=scored,
     )
 
 

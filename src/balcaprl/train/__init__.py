@@ -1,6 +1,6 @@
 """Training backends. ``balcaprl.train.train`` runs a recipe on TRL's GRPOTrainer (one machine).
 
-    from balcaprl.config import load_recipe
+    from balcaprl.recipe import load_recipe
     from balcaprl.train import train
 
     recipe = load_recipe("configs/qwen2_5_vl_3b.yaml", ["data.path=data/sharegpt4v", "run.output_dir=runs/3b"])

@@ -1,29 +1,43 @@
-"""The trainer's advantage step: exactly ``balcaprl.c_gdpo_advantages`` (or ``grpo_advantages``).
+"""The advantage step of both backends: exactly ``balcaprl.c_gdpo_advantages`` (or ``grpo_advantages``),
+then the linear length penalty (eq. A.5), in :func:`rollout_advantages`.
 
 TRL's ``multi_objective_aggregation="normalize_then_sum"`` is GDPO, but it differs from the pinned
-contract (DESIGN.md) in ways that change numbers: it adds 1e-4 to the std (we add 1e-6), it assumes
-each group is ``num_generations`` consecutive rows (we group by the prompt's row id, so any layout of
-groups works), and a reward that failed for one rollout but not another is handled row-wise rather
-than per reward column. So the trainer lets TRL compute its rewards tensor, then replaces TRL's
-advantages with the ones below, computed on the same gathered tensor. Nothing else in TRL changes.
+contract in ways that change numbers: it adds 1e-4 to the std (we add 1e-6), it assumes each group is
+``num_generations`` consecutive rows (we group by the prompt's row id, so any layout of groups works),
+and a reward that failed for one rollout but not another is handled row-wise rather than per reward
+column. So the TRL trainer lets TRL compute its rewards tensor, then replaces TRL's advantages with
+:class:`AdvantageStep`'s on the same gathered tensor; verl's estimators (``verl_backend/estimator.py``)
+call :func:`rollout_advantages` on the reward columns its reward function returned.
 
 One generation batch, all processes gathered:
     rewards (N, 3)  ->  eqs. 2.4-2.6 (c-GDPO) or sum-then-normalise (GRPO)  ->  A (N,)
-    mode "linear":      A~ = A - lambda_len * d(rho)                          (eq. A.5)
-A rollout whose judge failed (all rewards NaN) gets exactly 0 and no length penalty.
+    length mode "linear":  A~ = A - p_len                                      (eq. A.5)
+p_len = lambda_len * d(rho) is scored per rollout with its rewards (``balcaprl.rewards.score_rollout``),
+0 in the other modes. A rollout whose judge failed (all rewards NaN) gets exactly 0 and no penalty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from balcaprl.advantages import c_gdpo_advantages, grpo_advantages
-from balcaprl.rewards import linear_length_penalty
 
-__all__ = ["AdvantageStep", "group_index_from_ids"]
+__all__ = [
+    "ESTIMATORS",
+    "AdvantageStep",
+    "Estimator",
+    "group_index_from_ids",
+    "rollout_advantages",
+    "subtract_length_penalty",
+]
+
+# The estimators a recipe can choose (``advantage.estimator``): the paper's, and its Table 3 ablation.
+Estimator = Literal["c_gdpo", "grpo"]
+ESTIMATORS: tuple[str, ...] = get_args(Estimator)
 
 
 def group_index_from_ids(row_ids: Sequence[str]) -> torch.Tensor:
@@ -32,64 +46,76 @@ def group_index_from_ids(row_ids: Sequence[str]) -> torch.Tensor:
     return torch.tensor([first_seen.setdefault(str(i), len(first_seen)) for i in row_ids], dtype=torch.long)
 
 
+def subtract_length_penalty(
+    advantages: torch.Tensor, rewards: torch.Tensor, length_penalty: torch.Tensor | Sequence[float]
+) -> torch.Tensor:
+    """Eq. A.5: A~ = A - p_len for judged rollouts; a failed rollout (all rewards NaN) keeps its 0."""
+    penalty = torch.as_tensor(length_penalty, dtype=advantages.dtype, device=advantages.device)
+    if penalty.shape != advantages.shape:
+        raise ValueError(
+            f"length_penalty must have shape {tuple(advantages.shape)}, got {tuple(penalty.shape)}"
+        )
+    judged = ~torch.isnan(torch.as_tensor(rewards)).all(dim=1).to(advantages.device)
+    return torch.where(judged, advantages - torch.nan_to_num(penalty, nan=0.0), advantages)
+
+
+def rollout_advantages(
+    rewards: torch.Tensor,
+    group_index: torch.Tensor | Sequence[int],
+    weights: Sequence[float],
+    *,
+    estimator: Estimator = "c_gdpo",
+    eps: float = 1e-6,
+    length_penalty: torch.Tensor | Sequence[float] | None = None,
+) -> torch.Tensor:
+    """(N,) advantages of one generation batch: the contract's estimator, then eq. A.5.
+
+    ``rewards`` is (N, 3) with NaN for a failed judge; ``length_penalty`` (N,) is each rollout's p_len
+    (None or zeros unless the recipe's length mode is "linear").
+    """
+    if estimator == "c_gdpo":
+        # Eqs. 2.4-2.6: per-reward group normalisation, weighted sum, batch normalisation.
+        advantages = c_gdpo_advantages(rewards, group_index, weights, eps=eps)
+    elif estimator == "grpo":
+        # Table 3, 'w/o c-GDPO': weighted sum, then one group normalisation.
+        advantages = grpo_advantages(rewards, group_index, weights, eps=eps)
+    else:
+        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+    if length_penalty is None:
+        return advantages
+    return subtract_length_penalty(advantages, rewards, length_penalty)
+
+
 @dataclass(frozen=True)
 class AdvantageStep:
-    """The recipe's advantage estimator, applied to one generation batch.
+    """The recipe's advantage estimator, applied to one generation batch (the TRL trainer's step).
 
     Args:
         weights: (w_prec, w_rec, w_ling), eq. 2.5.
         estimator: "c_gdpo" (the paper) or "grpo" (the 'w/o c-GDPO' ablation).
         eps: added to every std (1e-6 by contract).
-        length_mode: "linear" subtracts the linear length penalty (eq. A.5); "mask" and "none" do not
-            touch advantages (the mask acts on the linguistic reward, before this step).
-        tau_low, tau_high, linear_strength: eqs. A.3-A.4.
     """
 
     weights: tuple[float, float, float]
-    estimator: str = "c_gdpo"
+    estimator: Estimator = "c_gdpo"
     eps: float = 1e-6
-    length_mode: str = "mask"
-    tau_low: float = 0.5
-    tau_high: float = 2.0
-    linear_strength: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.estimator not in ("c_gdpo", "grpo"):
-            raise ValueError(f"estimator must be 'c_gdpo' or 'grpo', got {self.estimator!r}")
-        if self.length_mode not in ("mask", "linear", "none"):
-            raise ValueError(f"length_mode must be mask, linear or none, got {self.length_mode!r}")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
 
     def __call__(
         self,
         rewards: torch.Tensor,
         group_index: torch.Tensor | Sequence[int],
-        caption_tokens: torch.Tensor | Sequence[float] | None = None,
-        reference_tokens: torch.Tensor | Sequence[float] | None = None,
+        length_penalty: torch.Tensor | Sequence[float] | None = None,
     ) -> torch.Tensor:
-        """(N,) advantages for the (N, 3) rewards (NaN = failed judge) of one generation batch."""
-        if self.estimator == "c_gdpo":
-            # Eqs. 2.4-2.6: per-reward group normalisation, weighted sum, batch normalisation.
-            advantages = c_gdpo_advantages(rewards, group_index, self.weights, eps=self.eps)
-        else:
-            # Table 3, 'w/o c-GDPO': weighted sum, then one group normalisation.
-            advantages = grpo_advantages(rewards, group_index, self.weights, eps=self.eps)
-        if self.length_mode == "linear":
-            if caption_tokens is None or reference_tokens is None:
-                raise ValueError("the linear length penalty needs caption_tokens and reference_tokens")
-            pred = torch.as_tensor(caption_tokens, dtype=advantages.dtype, device=advantages.device)
-            ref = torch.as_tensor(reference_tokens, dtype=advantages.dtype, device=advantages.device)
-            # Eq. A.5: A~ = A - lambda_len * d(rho); failed rollouts keep their 0.
-            penalty = linear_length_penalty(pred, ref, self.tau_low, self.tau_high, self.linear_strength)
-            judged = ~torch.isnan(torch.as_tensor(rewards)).all(dim=1).to(advantages.device)
-            advantages = torch.where(judged, advantages - penalty, advantages)
-        return advantages
-
-    def length_penalty(
-        self, caption_tokens: torch.Tensor | Sequence[float], reference_tokens: torch.Tensor | Sequence[float]
-    ) -> torch.Tensor:
-        """p_len per rollout (zeros unless length_mode is "linear"), for logging."""
-        pred = torch.as_tensor(caption_tokens, dtype=torch.float32)
-        ref = torch.as_tensor(reference_tokens, dtype=torch.float32)
-        if self.length_mode != "linear":
-            return torch.zeros_like(pred)
-        return linear_length_penalty(pred, ref, self.tau_low, self.tau_high, self.linear_strength)
+        """(N,) advantages for the (N, 3) rewards (NaN = failed judge) and per-rollout p_len."""
+        return rollout_advantages(
+            rewards,
+            group_index,
+            self.weights,
+            estimator=self.estimator,
+            eps=self.eps,
+            length_penalty=length_penalty,
+        )

@@ -24,8 +24,9 @@ from typing import Any
 import yaml
 from transformers import TrainerCallback
 
-from balcaprl.config import Recipe, RecipeError
+from balcaprl.errors import ConfigError
 from balcaprl.files import atomic_write_text
+from balcaprl.recipe import Recipe
 from balcaprl.train.metrics import read_jsonl
 
 __all__ = [
@@ -73,7 +74,7 @@ def latest_checkpoint(output_dir: Path | str) -> Path | None:
 def checkpoint_step(checkpoint: Path) -> int:
     state = Path(checkpoint) / "trainer_state.json"
     if not state.is_file():
-        raise RecipeError(f"{checkpoint} is not a training checkpoint (no trainer_state.json)")
+        raise ConfigError(f"{checkpoint} is not a training checkpoint (no trainer_state.json)")
     return int(json.loads(state.read_text())["global_step"])
 
 
@@ -83,7 +84,7 @@ def resolve_resume(output_dir: Path | str, resume: bool | str | Path) -> Path | 
     if resume is False or resume is None:
         existing = latest_checkpoint(output_dir)
         if existing is not None:
-            raise RecipeError(
+            raise ConfigError(
                 f"{output_dir} already holds a run ({existing.name}); pass --resume to continue it, or choose "
                 "another run.output_dir"
             )
@@ -91,7 +92,7 @@ def resolve_resume(output_dir: Path | str, resume: bool | str | Path) -> Path | 
     if resume is True:
         found = latest_checkpoint(output_dir)
         if found is None:
-            raise RecipeError(f"--resume: no checkpoint-* folder in {output_dir} to resume from")
+            raise ConfigError(f"--resume: no checkpoint-* folder in {output_dir} to resume from")
         return found
     checkpoint = Path(resume)
     checkpoint_step(checkpoint)  # validates
@@ -130,7 +131,7 @@ def check_resumable(output_dir: Path, recipe: Recipe, allow_changes: bool) -> No
         return
     changes = recipe_changes(yaml.safe_load(snapshot.read_text()) or {}, recipe.to_dict())
     if changes and not allow_changes:
-        raise RecipeError(
+        raise ConfigError(
             f"the recipe differs from the one {output_dir} was started with ({RECIPE_FILE}); resuming would not "
             "continue the same run:\n  "
             + "\n  ".join(changes)

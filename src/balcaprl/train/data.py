@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from balcaprl.config import DataConfig, ImageConfig, RecipeError
 from balcaprl.data.format import COLUMNS, read_card
+from balcaprl.errors import ConfigError
+from balcaprl.recipe import DataConfig, ImageConfig
 
 __all__ = ["count_tokens", "prepare_train_dataset", "reference_tokens_source"]
 
@@ -44,7 +45,7 @@ def reference_tokens_source(
         return "recount"
     if cfg.reference_tokens == "dataset":
         if not column_complete:
-            raise RecipeError(
+            raise ConfigError(
                 f"data.reference_tokens=dataset, but {cfg.path} has null reference_tokens; use 'auto' or 'recount'"
             )
         return "dataset"
@@ -75,18 +76,18 @@ def prepare_train_dataset(
     ds = load_split(root, "train")
     missing = [c for c in COLUMNS if c not in ds.column_names]
     if missing:
-        raise RecipeError(
+        raise ConfigError(
             f"{root}/train.parquet lacks columns {missing}; rebuild it with the balcaprl data tools"
         )
     if cfg.max_samples is not None:
         ds = ds.select(range(min(cfg.max_samples, len(ds))))
     if len(ds) == 0:
-        raise RecipeError(f"{root} has no training rows")
+        raise ConfigError(f"{root} has no training rows")
 
     references = ds[cfg.reference]
     absent = sum(r is None or not str(r).strip() for r in references)
     if absent:
-        raise RecipeError(
+        raise ConfigError(
             f"{absent} of {len(ds)} training rows of {root} have no {cfg.reference!r} caption; "
             "choose data.reference=reference or rebuild the dataset"
         )
@@ -100,7 +101,7 @@ def prepare_train_dataset(
     )
     empty = [row_id for row_id, n in zip(ds["id"], lengths, strict=True) if n <= 0]
     if empty:
-        raise RecipeError(
+        raise ConfigError(
             f"reference captions with no tokens (no length ratio possible), e.g. rows {empty[:5]}"
         )
 

@@ -37,6 +37,7 @@ import torch
 from transformers import TrainerCallback
 
 from balcaprl.judge.protocol import FailureReason
+from balcaprl.rewards import LengthMode
 
 __all__ = [
     "MetricsJsonlCallback",
@@ -59,7 +60,7 @@ def batch_metrics(
     advantages: torch.Tensor,
     length_penalties: torch.Tensor,
     *,
-    length_mode: str,
+    length_mode: LengthMode,
     judge_calls: int,
     usage: Mapping[str, float],
 ) -> dict[str, float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from balcaprl.config import ModelConfig
+from balcaprl.recipe import ModelConfig
 
 __all__ = ["image_only_processor_class", "load_processor", "model_init_kwargs", "peft_config"]
 

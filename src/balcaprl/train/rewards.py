@@ -7,13 +7,15 @@ memo keyed by the batch's (row id, caption) pairs). No triple billing; a test co
 
 For every rollout the scorer:
 1. sends one ``JudgeRequest(image, caption, reference)``;
-2. scores the verdict with ``score_verdict`` (``pointability=False`` for that ablation), eq. 2.3;
-3. counts the caption's tokens with the policy's tokenizer and applies the length mask to the
-   linguistic reward (Sec. 2.3) when the recipe asks for it.
+2. counts the caption's tokens with the policy's tokenizer;
+3. scores the verdict with :func:`balcaprl.rewards.score_rollout` under the recipe's
+   :class:`~balcaprl.rewards.RewardConfig`: eq. 2.3 with its pointability rule, the length mask on
+   the linguistic reward (Sec. 2.3), and the linear length penalty that the advantage step subtracts
+   (eq. A.5) when the recipe chose it.
 
 A failed judge (``JudgeFailure``, or an exception from the judge) gives ``None`` for all three
 rewards, which TRL turns into NaN, so the advantage step leaves the rollout out; never a 0. The length
-gate is applied to judged rollouts only: a rollout without a verdict has no reward at all.
+control acts on judged rollouts only: a rollout without a verdict has no reward at all.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest
-from balcaprl.rewards import REWARD_NAMES, length_ratio, mask_linguistic_by_length, score_verdict
+from balcaprl.rewards import REWARD_NAMES, RewardConfig, length_gate, score_rollout
 
 __all__ = [
     "JUDGE_EXCEPTION",
@@ -55,6 +57,7 @@ class ScoredRollout:
     reference_tokens: int  # policy tokenizer (see train/data.py)
     length_ratio: float  # rho = caption_tokens / reference_tokens
     in_band: bool  # tau_low <= rho <= tau_high
+    length_penalty: float = 0.0  # p_len (eq. A.4) in length mode "linear"; the advantage step subtracts it
     failure: str | None = None  # JudgeFailure.reason, or None when judged
     failure_detail: str = ""
     precision: float | None = None
@@ -144,9 +147,8 @@ class SharedVerdictScorer:
 
     Args:
         judge: any :class:`balcaprl.judge.Judge`.
+        rewards: the recipe's reward configuration (pointability rule, length control), whole.
         special_token_ids: the policy tokenizer's special ids, left out of the caption token count.
-        pointability: ``score_verdict``'s switch (False = the 'w/o pointability' ablation).
-        length_mode, tau_low, tau_high: the recipe's length control; the gate is applied only for "mask".
         max_failed_batches_in_a_row: raise after this many consecutive batches in which every rollout failed.
         image_column / reference_column / reference_tokens_column: dataset columns TRL passes along.
     """
@@ -154,12 +156,9 @@ class SharedVerdictScorer:
     def __init__(
         self,
         judge: Judge,
+        rewards: RewardConfig | None = None,
         *,
         special_token_ids: Sequence[int] = (),
-        pointability: bool = True,
-        length_mode: str = "mask",
-        tau_low: float = 0.5,
-        tau_high: float = 2.0,
         max_failed_batches_in_a_row: int = 3,
         image_column: str = "image_path",
         reference_column: str = "reference",
@@ -168,14 +167,9 @@ class SharedVerdictScorer:
     ):
         if not hasattr(judge, "judge_batch"):
             raise TypeError(f"{type(judge).__name__} is not a Judge: it has no async judge_batch(requests)")
-        if length_mode not in ("mask", "linear", "none"):
-            raise ValueError(f"length_mode must be mask, linear or none, got {length_mode!r}")
         self.judge = judge
+        self.rewards = rewards if rewards is not None else RewardConfig()
         self.special_token_ids = frozenset(int(i) for i in special_token_ids)
-        self.pointability = pointability
-        self.length_mode = length_mode
-        self.tau_low = tau_low
-        self.tau_high = tau_high
         self.max_failed_batches_in_a_row = max_failed_batches_in_a_row
         self.image_column = image_column
         self.reference_column = reference_column
@@ -285,14 +279,15 @@ class SharedVerdictScorer:
     def _score_one(
         self, row_id: str, caption: str, n_caption: int, n_reference: int, outcome: Judgement | JudgeFailure
     ) -> ScoredRollout:
-        rho = float(length_ratio(n_caption, n_reference))  # raises on a reference without tokens
+        # The length terms are known for every rollout (logged); they act on judged rollouts only.
+        gate = length_gate(self.rewards.length, n_caption, n_reference)  # raises for an empty reference
         rollout = ScoredRollout(
             id=row_id,
             caption=caption,
             caption_tokens=n_caption,
             reference_tokens=n_reference,
-            length_ratio=rho,
-            in_band=self.tau_low <= rho <= self.tau_high,
+            length_ratio=gate.ratio,
+            in_band=gate.in_band,
         )
         if isinstance(outcome, JudgeFailure):
             rollout.failure, rollout.failure_detail = outcome.reason, outcome.detail
@@ -301,21 +296,13 @@ class SharedVerdictScorer:
             raise TypeError(
                 f"judge outcome must be a Judgement or a JudgeFailure, got {type(outcome).__name__}"
             )
-        # Eq. 2.3 and Sec. 2.1, re-scored from the verdict so that the recipe's pointability switch applies.
-        scores = score_verdict(outcome.verdict, pointability=self.pointability)
+        scores = score_rollout(outcome.verdict, self.rewards, n_caption, n_reference)
         rollout.precision = scores.precision
         rollout.recall = scores.recall
-        rollout.linguistic_raw = scores.linguistic
-        # Sec. 2.3: R~_ling = R_ling if tau_l <= rho <= tau_u else 0.
-        if self.length_mode == "mask":
-            rollout.linguistic = float(
-                mask_linguistic_by_length(
-                    scores.linguistic, n_caption, n_reference, self.tau_low, self.tau_high
-                )
-            )
-            rollout.masked = not rollout.in_band
-        else:
-            rollout.linguistic = scores.linguistic
+        rollout.linguistic_raw = scores.linguistic_raw
+        rollout.linguistic = scores.linguistic
+        rollout.masked = scores.masked
+        rollout.length_penalty = scores.length_penalty
         rollout.non_pointable_share = scores.non_pointable_share
         rollout.non_visible_share = scores.non_visible_share
         rollout.n_caption_assertions = scores.n_caption_assertions

@@ -34,8 +34,9 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from balcaprl.config import Recipe, RecipeError
+from balcaprl.errors import ConfigError
 from balcaprl.judge.protocol import Judge
+from balcaprl.recipe import Recipe
 from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
 from balcaprl.train.checkpointing import (
     StopAfterStep,
@@ -176,11 +177,10 @@ class BalancedGRPOTrainer(GRPOTrainer):
                 "the shared verdict memo served another batch"
             )
         group_index = group_index_from_ids([r["id"] for r in records])
-        caption_tokens = torch.tensor([float(r["caption_tokens"]) for r in records])
-        reference_tokens = torch.tensor([float(r["reference_tokens"]) for r in records])
+        length_penalty = torch.tensor([float(r["length_penalty"]) for r in records])
 
-        # Eqs. 2.4-2.6 (or the GRPO ablation), then eq. A.5 for the linear length penalty.
-        advantages = self.advantage_step(rewards.cpu(), group_index, caption_tokens, reference_tokens)
+        # Eqs. 2.4-2.6 (or the GRPO ablation), then eq. A.5 (p_len is 0 unless the mode is "linear").
+        advantages = self.advantage_step(rewards.cpu(), group_index, length_penalty)
         self.last_advantages = advantages
         start = self.accelerator.process_index * len(inputs)
         output["advantages"] = advantages[start : start + len(inputs)].to(
@@ -200,8 +200,8 @@ class BalancedGRPOTrainer(GRPOTrainer):
         metrics = batch_metrics(
             records,
             advantages,
-            self.advantage_step.length_penalty(caption_tokens, reference_tokens),
-            length_mode=self.advantage_step.length_mode,
+            length_penalty,
+            length_mode=self.scorer.rewards.length.mode,
             judge_calls=sum(part["judge_calls"] for part in parts),
             usage=usage,
         )
@@ -252,14 +252,14 @@ def batch_layout(recipe: Recipe, world_size: int) -> dict[str, int]:
     t, g = recipe.train, recipe.rollout.rollouts_per_prompt
     captions = t.prompts_per_batch * g
     if captions % t.updates_per_batch:
-        raise RecipeError(
+        raise ConfigError(
             f"train.prompts_per_batch x rollout.rollouts_per_prompt ({captions} captions) must split evenly into "
             f"train.updates_per_batch ({t.updates_per_batch}) optimizer steps"
         )
     per_update = captions // t.updates_per_batch
     micro = t.per_device_batch_size * world_size
     if per_update % micro:
-        raise RecipeError(
+        raise ConfigError(
             f"{per_update} captions per optimizer step do not split into micro-batches of train.per_device_batch_size "
             f"({t.per_device_batch_size}) x {world_size} process(es); choose a per_device_batch_size dividing "
             f"{per_update // world_size if per_update % world_size == 0 else per_update}"
@@ -277,7 +277,7 @@ def _check_report_to(report_to: Sequence[str]) -> None:
     packages = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
     for sink in report_to:
         if importlib.util.find_spec(packages[sink]) is None:
-            raise RecipeError(
+            raise ConfigError(
                 f"run.report_to includes {sink!r} but the {packages[sink]} package is not installed"
             )
 
@@ -385,29 +385,21 @@ def build_trainer(
         names = [recipe.model.path, str(getattr(tokenizer, "name_or_path", ""))]
         train_dataset = prepare_train_dataset(recipe.data, recipe.model.image, tokenizer, names)
     if len(train_dataset) < recipe.train.prompts_per_batch:
-        raise RecipeError(
+        raise ConfigError(
             f"the dataset has {len(train_dataset)} training rows, fewer than train.prompts_per_batch "
             f"({recipe.train.prompts_per_batch}): not one batch can be formed"
         )
     args = grpo_config(recipe)
-    length = recipe.rewards.length
     scorer = SharedVerdictScorer(
         judge,
+        recipe.rewards.reward_config(),
         special_token_ids=tokenizer.all_special_ids,
-        pointability=recipe.rewards.pointability,
-        length_mode=length.mode,
-        tau_low=length.tau_low,
-        tau_high=length.tau_high,
         max_failed_batches_in_a_row=recipe.rewards.max_failed_batches_in_a_row,
     )
     advantage_step = AdvantageStep(
         weights=tuple(recipe.rewards.weights.as_list()),
         estimator=recipe.advantage.estimator,
         eps=recipe.advantage.eps,
-        length_mode=length.mode,
-        tau_low=length.tau_low,
-        tau_high=length.tau_high,
-        linear_strength=length.linear_strength,
     )
     output_dir = Path(args.output_dir)
     rollout_log = RolloutLog(output_dir / "rollouts.jsonl", recipe.run.log_rollouts_every)

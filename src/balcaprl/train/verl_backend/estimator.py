@@ -22,10 +22,13 @@ judge), the length penalty column and the row uids from one of two places:
 
 The uids of the columns must equal ``index`` row for row; anything else is an error, never a guess.
 The result is one scalar per rollout, broadcast over its response tokens (verl's convention).
-Weights come from ``algorithm.gdpo_reward_weights``; ``algorithm.balcaprl.eps`` (default 1e-6) is
-added to every std. The linear length penalty (eq. A.5) arrives precomputed per rollout in the
-``length_penalty`` column (0 unless the recipe chose ``length.mode: linear``) and is subtracted from the
-normalised advantage of judged rollouts; a rollout whose judge failed gets exactly 0.
+The weights are those of the recipe's reward config, ``algorithm.balcaprl.rewards`` (the rendering
+makes it an interpolation of the reward function's ``reward_kwargs.rewards``, so both read one JSON
+string); ``algorithm.balcaprl.eps`` (default 1e-6) is added to every std. The linear length penalty
+p_len arrives per rollout in the ``length_penalty`` column, scored with the rewards (0 unless the
+recipe chose ``length.mode: linear``); the advantage step is the TRL backend's own function,
+``balcaprl.train.advantages.rollout_advantages`` (eqs. 2.4-2.6, then A~ = A - p_len for judged
+rollouts, eq. A.5); a rollout whose judge failed gets exactly 0.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from balcaprl.advantages import c_gdpo_advantages, grpo_advantages
-from balcaprl.rewards import REWARD_NAMES
-from balcaprl.train.advantages import group_index_from_ids
+from balcaprl.rewards import REWARD_NAMES, RewardConfig
+from balcaprl.train.advantages import ESTIMATORS as ESTIMATOR_NAMES
+from balcaprl.train.advantages import group_index_from_ids, rollout_advantages
 
 __all__ = [
     "ESTIMATORS",
@@ -52,12 +55,13 @@ __all__ = [
     "balcaprl_grpo_advantage",
     "provide_rollout_rewards",
     "register_estimators",
-    "rollout_advantages",
+    "reward_config",
+    "verl_rollout_advantages",
 ]
 
 LENGTH_PENALTY_KEY = "length_penalty"
-# verl estimator name -> balcaprl.config AdvantageConfig.estimator
-ESTIMATORS = {"balcaprl_c_gdpo": "c_gdpo", "balcaprl_grpo": "grpo"}
+# verl estimator name -> the recipe's advantage.estimator
+ESTIMATORS = {f"balcaprl_{name}": name for name in ESTIMATOR_NAMES}
 
 
 @dataclass(frozen=True)
@@ -172,32 +176,38 @@ def _columns_for(index: Any, config: Any, non_tensor_batch: Mapping[str, Any] | 
     return columns
 
 
-def rollout_advantages(
+def verl_rollout_advantages(
     columns: RolloutRewards,
     weights: Sequence[float],
     estimator: str = "c_gdpo",
     eps: float = 1e-6,
     response_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(N,) float64 advantages: the contract's estimator on the columns, minus the length penalty.
-
-    Rows with no response token (verl's padding rows) are left out like failed judges.
-    """
+    """(N,) float64 advantages of verl's batch: :func:`balcaprl.train.advantages.rollout_advantages` on
+    the columns. Rows with no response token (verl's padding rows) are left out like failed judges."""
     rewards = columns.rewards.clone()
     if response_mask is not None:
         empty = response_mask.reshape(len(columns.uids), -1).sum(dim=-1).cpu() == 0
         rewards[empty] = float("nan")
-    group_index = group_index_from_ids(columns.uids)
-    if estimator == "c_gdpo":
-        advantages = c_gdpo_advantages(rewards, group_index, weights, eps=eps)  # eqs. 2.4-2.6
-    elif estimator == "grpo":
-        advantages = grpo_advantages(rewards, group_index, weights, eps=eps)  # Table 3, 'w/o c-GDPO'
-    else:
-        raise ValueError(f"estimator must be 'c_gdpo' or 'grpo', got {estimator!r}")
-    # Eq. A.5: A~ = A - p_len, for judged rollouts only (a failed judge keeps exactly 0).
-    judged = ~torch.isnan(rewards).all(dim=1)
-    penalty = torch.nan_to_num(columns.length_penalty, nan=0.0)
-    return torch.where(judged, advantages - penalty, advantages)
+    return rollout_advantages(
+        rewards,
+        group_index_from_ids(columns.uids),
+        weights,
+        estimator=estimator,
+        eps=eps,
+        length_penalty=columns.length_penalty,
+    )
+
+
+def reward_config(config: Any) -> RewardConfig:
+    """The recipe's reward config from the algorithm section (``algorithm.balcaprl.rewards``, JSON)."""
+    text = algorithm_setting(config, "rewards", None)
+    if text is None:
+        raise ValueError(
+            "algorithm.balcaprl.rewards (the recipe's reward config as JSON, as `balcaprl train --backend verl` "
+            "renders it) is required by the balcaprl estimators: it holds the weights w_prec, w_rec, w_ling"
+        )
+    return RewardConfig.from_json(str(text), "algorithm.balcaprl.rewards")
 
 
 def _estimate(
@@ -208,18 +218,14 @@ def _estimate(
     config: Any = None,
     non_tensor_batch: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    weights = _get(config, "gdpo_reward_weights")
-    if weights is None:
-        raise ValueError(
-            "algorithm.gdpo_reward_weights is required by the balcaprl estimators (w_prec, w_rec, w_ling)"
-        )
+    weights = reward_config(config).weights.as_list()
     columns = _columns_for(index, config, non_tensor_batch)
     if len(columns.uids) != token_level_rewards.shape[0]:
         raise ValueError(
             f"{len(columns.uids)} reward rows for a batch of {token_level_rewards.shape[0]} rollouts"
         )
     eps = float(algorithm_setting(config, "eps", 1e-6))
-    scalars = rollout_advantages(columns, [float(w) for w in weights], estimator, eps, response_mask)
+    scalars = verl_rollout_advantages(columns, weights, estimator, eps, response_mask)
     # One scalar per rollout, on every response token (verl's outcome-advantage convention).
     scalars = scalars.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
     advantages = scalars.unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)

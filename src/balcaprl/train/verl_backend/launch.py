@@ -16,8 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from balcaprl.config import Recipe, RecipeError
+from balcaprl.errors import ConfigError
 from balcaprl.files import atomic_write_text
+from balcaprl.recipe import Recipe
 from balcaprl.train.verl_backend.export import SPLIT_FILES, read_export
 from balcaprl.train.verl_backend.render import VerlLaunch
 
@@ -89,7 +90,7 @@ def run_verl(recipe: Recipe, launch: VerlLaunch) -> int:
     """Preflight, write the run files, run verl in a child process; returns its exit code."""
     problems = preflight(recipe, launch)
     if problems:
-        raise RecipeError("cannot start the verl run:\n  " + "\n  ".join(problems))
+        raise ConfigError("cannot start the verl run:\n  " + "\n  ".join(problems))
     write_run_files(recipe, launch, sys.executable)
     env = {**os.environ, **launch.env}
     return subprocess.run(launch.command(sys.executable), env=env, check=False).returncode

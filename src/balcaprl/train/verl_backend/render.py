@@ -15,11 +15,11 @@ by what they set. The paper's settings come from the recipe, never from verl's d
     train.dual_clip_c 3                     actor_rollout_ref.actor.clip_ratio_c=3.0
     train.kl_beta 0                         actor_rollout_ref.actor.use_kl_loss=false (no reference model)
     train.loss_aggregation token_sum_...    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum
-    rewards.weights 0.1/0.3/0.3             algorithm.gdpo_reward_weights=[0.1,0.3,0.3] (+ reward_kwargs)
-    rewards.length tau 0.5/2 (mask)         reward_kwargs tau_low=0.5, tau_high=2.0, length_mode=mask
+    rewards (weights, pointability, length) reward_kwargs.rewards='<RewardConfig JSON>' (the one copy;
+                                            algorithm.balcaprl.rewards interpolates it for the estimator)
     advantage.estimator c_gdpo              algorithm.adv_estimator=balcaprl_c_gdpo
 
-Settings verl cannot honour are rejected with a :class:`RecipeError` naming the key (never silently
+Settings verl cannot honour are rejected with a :class:`ConfigError` naming the key (never silently
 dropped): CPU training, TRL's vLLM server mode, fp16, an optimizer other than AdamW, lr schedules other
 than cosine/constant, no dual-clip (verl always applies it), repetition penalty, masking truncated
 captions, ``stop_after_step``, fractional epochs without ``max_steps``, LoRA dropout or
@@ -31,14 +31,15 @@ attention implementation is left to verl (flash-attention with padding removal).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from balcaprl.config import Recipe, RecipeError
+from balcaprl.errors import ConfigError
+from balcaprl.recipe import Recipe
 from balcaprl.rewards import REWARD_NAMES
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
 
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
 REWARD_FUNCTION = "pkg://balcaprl.train.verl_backend.reward"
+REWARD_KWARGS = "reward.custom_reward_function.reward_kwargs"
 ESTIMATOR_NAMES = {"c_gdpo": "balcaprl_c_gdpo", "grpo": "balcaprl_grpo"}
 LOSS_AGG_MODES = {
     "token_sum_sequence_mean": "seq-mean-token-sum",
@@ -74,7 +76,7 @@ class ClusterShape:
 
     def __post_init__(self) -> None:
         if self.nnodes < 1 or self.gpus_per_node < 1:
-            raise RecipeError(
+            raise ConfigError(
                 f"nnodes and gpus_per_node must be >= 1, got {self.nnodes}, {self.gpus_per_node}"
             )
 
@@ -229,26 +231,24 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
 def _judge_config_path(
     recipe: Recipe, recipe_dir: Path | None, judge: str | Path | None, out_dir: Path, absolute: bool
 ) -> tuple[str, dict[Path, str]]:
-    """Where the reward workers read the judge config, and a file to write when it is inline."""
-    spec = judge if judge is not None else recipe.judge
-    if spec is None:
-        raise RecipeError(
+    """Where the reward workers read the judge config, and a file to write for the recipe's own."""
+    from balcaprl.judge import load_judge_config
+
+    if judge is not None:  # a judge YAML given on the command line replaces the recipe's judge
+        path = Path(judge).expanduser()
+        if not path.is_absolute() and recipe_dir is not None and (recipe_dir / path).exists():
+            path = recipe_dir / path
+        load_judge_config(path)  # fail here, not on a worker 20 minutes into the job
+        return _path(path, absolute), {}
+    if recipe.judge is None:
+        raise ConfigError(
             "no judge: verl's reward workers build the judge from a config file; give the recipe a judge: "
             "section or --judge JUDGE.yaml"
         )
-    if isinstance(spec, Mapping):
-        from balcaprl.judge import load_judge_config
-
-        try:
-            load_judge_config(dict(spec))  # fail here, not on a worker 20 minutes into the job
-        except ValueError as err:
-            raise RecipeError(f"judge: {err}") from None
-        path = out_dir / "verl" / "judge.yaml"
-        return _path(path, absolute), {path: yaml.safe_dump(dict(spec), sort_keys=False)}
-    path = Path(spec).expanduser()
-    if not path.is_absolute() and recipe_dir is not None and (recipe_dir / path).exists():
-        path = recipe_dir / path
-    return _path(path, absolute), {}
+    # The recipe's judge was validated when it loaded; the workers read the keys it sets.
+    path = out_dir / "verl" / "judge.yaml"
+    text = yaml.safe_dump(recipe.judge.model_dump(mode="json", exclude_unset=True), sort_keys=False)
+    return _path(path, absolute), {path: text}
 
 
 def render_verl(
@@ -272,13 +272,13 @@ def render_verl(
     """
     cluster = ClusterShape(nnodes, gpus_per_node)
     if reward_workers < 1:
-        raise RecipeError(f"reward_workers must be >= 1, got {reward_workers}")
+        raise ConfigError(f"reward_workers must be >= 1, got {reward_workers}")
     if max_prompt_length < 64:
-        raise RecipeError(f"max_prompt_length must be >= 64, got {max_prompt_length}")
+        raise ConfigError(f"max_prompt_length must be >= 64, got {max_prompt_length}")
     problems: list[str] = []
     _check(recipe, cluster, problems)
     if problems:
-        raise RecipeError("this recipe cannot run on verl:\n  " + "\n  ".join(problems))
+        raise ConfigError("this recipe cannot run on verl:\n  " + "\n  ".join(problems))
 
     t, r, m, rw, run = recipe.train, recipe.rollout, recipe.model, recipe.rewards, recipe.run
     out_dir = Path(run.output_dir)
@@ -286,7 +286,6 @@ def render_verl(
     judge_path, files = _judge_config_path(
         recipe, Path(recipe_dir) if recipe_dir is not None else None, judge, out_dir, absolute_paths
     )
-    weights = rw.weights.as_list()
     high = t.clip_epsilon_high if t.clip_epsilon_high is not None else t.clip_epsilon
 
     data = [
@@ -370,15 +369,10 @@ def render_verl(
         rollout.append(_set("actor_rollout_ref.rollout.max_model_len", r.vllm.max_model_length))
 
     reward_kwargs = {
+        "rewards": rw.reward_config().to_json(),  # validated again by RewardConfig in every reward worker
         "tokenizer": m.path,
         "judge_config": judge_path,
         "image_root": _path(recipe.data.path, absolute_paths),
-        "weights": weights,
-        "pointability": rw.pointability,
-        "length_mode": rw.length.mode,
-        "tau_low": float(rw.length.tau_low),
-        "tau_high": float(rw.length.tau_high),
-        "linear_strength": float(rw.length.linear_strength),
         "workers": reward_workers,
     }
     reward = [
@@ -387,12 +381,13 @@ def render_verl(
         _set("reward.num_workers", reward_workers),
         _set("reward.custom_reward_function.path", REWARD_FUNCTION),
         _set("reward.custom_reward_function.name", "compute_score"),
-        *(_add(f"reward.custom_reward_function.reward_kwargs.{k}", v) for k, v in reward_kwargs.items()),
+        *(_add(f"{REWARD_KWARGS}.{k}", v) for k, v in reward_kwargs.items()),
     ]
     algorithm = [
         _set("algorithm.adv_estimator", ESTIMATOR_NAMES[recipe.advantage.estimator]),
         _add("algorithm.gdpo_reward_keys", list(REWARD_NAMES)),
-        _add("algorithm.gdpo_reward_weights", weights),
+        # The estimator's weights: the reward function's reward config itself (one JSON string).
+        _add("algorithm.balcaprl.rewards", f"${{{REWARD_KWARGS}.rewards}}"),
         _set("algorithm.use_kl_in_reward", False),
         _add("algorithm.balcaprl.eps", float(recipe.advantage.eps)),
         _add("algorithm.balcaprl.max_failed_batches_in_a_row", rw.max_failed_batches_in_a_row),
@@ -449,7 +444,7 @@ REFERENCE_RENDERINGS = {
 
 def reference_rendering(repo_root: str | Path, name: str) -> str:
     """The text of ``configs/verl/<name>``: the recipe's rendering with paths as the recipe writes them."""
-    from balcaprl.config import load_recipe
+    from balcaprl.recipe import load_recipe
 
     recipe_path, nnodes, gpus = REFERENCE_RENDERINGS[name]
     root = Path(repo_root)

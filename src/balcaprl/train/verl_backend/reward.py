@@ -10,10 +10,10 @@ worker process builds one judge (``balcaprl.judge``: concurrency bound, rate lim
 coalescing of identical calls, accounting) on first use and keeps it.
 
 Per rollout, exactly as the TRL backend (``balcaprl.train.rewards.SharedVerdictScorer``'s judge call and
-per-rollout scoring do the work):
-one judge call; ``score_verdict`` (pointability switch); the caption's length in the *policy's*
-tokenizer; the length mask on the linguistic reward (Sec. 2.3). The returned dict always has the same
-keys (verl requires it), all floats except ``failure``:
+per-rollout scoring do the work): one judge call; the caption's length in the *policy's* tokenizer;
+``balcaprl.rewards.score_rollout`` under the recipe's :class:`~balcaprl.rewards.RewardConfig`
+(pointability rule, length mask, linear length penalty). The returned dict always has the same keys
+(verl requires it), all floats except ``failure``:
 
     score                       w . (precision, recall, linguistic): verl's scalar, for its metrics only
     precision recall linguistic the reward columns the balcaprl estimator reads (linguistic masked)
@@ -22,7 +22,8 @@ keys (verl requires it), all floats except ``failure``:
                                 could not be built, "bad_input" for a bad set-up or row)
     failure_detail              "" or a short description of the failure
     linguistic_raw masked non_pointable_share non_visible_share caption_tokens reference_tokens
-    length_ratio length_penalty (lambda_len * d(rho) when length_mode=linear, else 0)
+    length_ratio length_penalty (p_len = lambda_len * d(rho) in length mode linear, else 0; the estimator
+                                subtracts it from the advantage, eq. A.5)
 
 A failed judge gives NaN for ``score`` and the three rewards, never 0: the balcaprl estimator leaves the
 rollout out and gives it advantage 0. What verl 0.9.1 itself does, and why this function never raises:
@@ -33,14 +34,15 @@ downstream (its docstring), i.e. the failure disappears from the statistics inst
 ``rate_limited`` manager turns timeouts and exceptions into reward 0.0 (plus extra keys the others lack),
 exactly the fake reward the contract forbids: do not use it (the judge has its own rate limits).
 
-reward_kwargs (what ``balcaprl train --backend verl`` renders):
+reward_kwargs (what ``balcaprl train --backend verl`` renders), validated as :class:`RewardSettings`:
+    rewards              the recipe's RewardConfig as JSON (``RewardConfig.to_json``), validated by the same
+                         model here; the estimator reads its weights from the same string (the rendering
+                         points ``algorithm.balcaprl.rewards`` at it), so the weights reach verl once
     tokenizer            the policy checkpoint (caption and reference lengths are counted with it)
-    judge_config         a judge YAML (DESIGN.md keys), or
+    judge_config         a judge YAML, or
     judge_factory        "package.module:callable" returning a Judge, called with image_root= (tests, the
                          synthetic oracle)
     image_root           the dataset folder; the row's relative image path is resolved against it
-    weights              [w_prec, w_rec, w_ling] (for ``score`` only; the estimator has its own copy)
-    pointability, length_mode, tau_low, tau_high, linear_strength   as in the recipe
     workers              verl's reward.num_workers: the judge's concurrency and rate limits are divided
                          by it, so the whole job respects the judge config
 """
@@ -48,16 +50,19 @@ reward_kwargs (what ``balcaprl train --backend verl`` renders):
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, field_validator, model_validator
+
+from balcaprl.config import Section, load_config
 from balcaprl.judge.protocol import JudgeRequest
-from balcaprl.rewards import linear_length_penalty
+from balcaprl.rewards import RewardConfig
 from balcaprl.train.rewards import JUDGE_EXCEPTION, ScoredRollout, SharedVerdictScorer, caption_text
 
 __all__ = ["RewardSettings", "compute_score", "gather_results", "result_keys", "scorer_for"]
@@ -68,56 +73,47 @@ logger = logging.getLogger(__name__)
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 
 
-@dataclass(frozen=True)
-class RewardSettings:
-    """The reward side of a recipe, as the reward function receives it (hashable: one scorer each)."""
+class RewardSettings(Section):
+    """verl's ``reward_kwargs`` as the reward function receives them: the recipe's reward config and
+    the worker's set-up (one scorer per distinct settings)."""
 
-    tokenizer: str
-    judge_config: str | None = None
-    judge_factory: str | None = None
-    image_root: str | None = None
-    weights: tuple[float, float, float] = (0.1, 0.3, 0.3)
-    pointability: bool = True
-    length_mode: str = "mask"
-    tau_low: float = 0.5
-    tau_high: float = 2.0
-    linear_strength: float = 1.0
-    workers: int = 1
+    rewards: RewardConfig = Field(description="RewardConfig.to_json() of the recipe's rewards section.")
+    tokenizer: str = Field(
+        min_length=1, description="The policy checkpoint (token counts use its tokenizer)."
+    )
+    judge_config: str | None = Field(None, description="A judge YAML.")
+    judge_factory: str | None = Field(None, description="'package.module:callable' returning a Judge.")
+    image_root: str | None = Field(
+        None, description="The dataset folder the rows' image paths are relative to."
+    )
+    workers: int = Field(
+        1, ge=1, description="verl's reward.num_workers (the judge's limits are shared out)."
+    )
 
-    def __post_init__(self) -> None:
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _from_json(cls, value: Any) -> Any:
+        # The JSON's keys, validated as this RewardConfig field: errors read rewards.<key>.
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not JSON (RewardConfig.to_json() renders it): {error}") from None
+
+    @model_validator(mode="after")
+    def _one_judge(self) -> RewardSettings:
         if (self.judge_config is None) == (self.judge_factory is None):
             raise ValueError("give exactly one of reward_kwargs.judge_config and reward_kwargs.judge_factory")
-        if self.length_mode not in ("mask", "linear", "none"):
-            raise ValueError(f"length_mode must be mask, linear or none, got {self.length_mode!r}")
-        if not 0 <= self.tau_low <= self.tau_high:
-            raise ValueError(f"need 0 <= tau_low <= tau_high, got {self.tau_low}, {self.tau_high}")
-        if len(self.weights) != 3:
-            raise ValueError(f"weights must be [w_prec, w_rec, w_ling], got {self.weights}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        return self
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RewardSettings:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(kwargs) - known - _VERL_KWARGS)
-        if unknown:
-            raise TypeError(
-                f"unknown reward_kwargs {unknown}; balcaprl's compute_score takes {sorted(known)}"
-            )
-        values = {k: v for k, v in kwargs.items() if k in known}
-        if "tokenizer" not in values:
-            raise TypeError("reward_kwargs.tokenizer (the policy checkpoint) is required")
-        if "weights" in values:
-            values["weights"] = tuple(float(w) for w in values["weights"])
-        for name in ("tau_low", "tau_high", "linear_strength"):
-            if name in values:
-                values[name] = float(values[name])
-        if "workers" in values:
-            values["workers"] = int(values["workers"])
-        for name in ("judge_config", "judge_factory", "image_root", "tokenizer"):
-            if values.get(name) is not None:
-                values[name] = str(values[name])
-        return cls(**values)
+        """Validated settings from verl's reward kwargs (the keys verl adds by itself are ignored)."""
+        ours = {k: v for k, v in kwargs.items() if k not in _VERL_KWARGS}
+        return load_config(
+            cls, data=ours, source="reward.custom_reward_function.reward_kwargs", what="reward_kwargs"
+        )
 
 
 def result_keys() -> tuple[str, ...]:
@@ -202,24 +198,22 @@ class _RolloutScorer(SharedVerdictScorer):
         return self._score_one(row_id, caption, self.count_caption_tokens(caption_ids), n_reference, outcome)
 
 
-_SCORERS: dict[RewardSettings, _RolloutScorer] = {}
+_SCORERS: dict[str, _RolloutScorer] = {}  # keyed by the settings' JSON
 
 
 def scorer_for(settings: RewardSettings) -> _RolloutScorer:
-    """This process's scorer (judge + length gate) for ``settings``; built on first use."""
-    scorer = _SCORERS.get(settings)
+    """This process's scorer (judge + reward config) for ``settings``; built on first use."""
+    key = settings.model_dump_json()
+    scorer = _SCORERS.get(key)
     if scorer is None:
         tokenizer = _tokenizer(settings.tokenizer)
         scorer = _RolloutScorer(
             _build_judge(settings),
+            settings.rewards,
             special_token_ids=tokenizer.all_special_ids,
-            pointability=settings.pointability,
-            length_mode=settings.length_mode,
-            tau_low=settings.tau_low,
-            tau_high=settings.tau_high,
             image_column="image",
         )
-        _SCORERS[settings] = scorer
+        _SCORERS[key] = scorer
     return scorer
 
 
@@ -256,19 +250,9 @@ def _as_result(rollout: ScoredRollout, settings: RewardSettings) -> dict[str, An
 
     judged = rollout.failure is None
     rewards = (num(rollout.precision), num(rollout.recall), num(rollout.linguistic))
-    penalty = 0.0
-    if settings.length_mode == "linear":
-        penalty = float(
-            linear_length_penalty(
-                rollout.caption_tokens,
-                rollout.reference_tokens,
-                settings.tau_low,
-                settings.tau_high,
-                settings.linear_strength,
-            )
-        )
+    weights = settings.rewards.weights.as_list()
     return {
-        "score": sum(w * r for w, r in zip(settings.weights, rewards, strict=True)) if judged else nan,
+        "score": sum(w * r for w, r in zip(weights, rewards, strict=True)) if judged else nan,
         "precision": rewards[0],
         "recall": rewards[1],
         "linguistic": rewards[2],
@@ -282,7 +266,7 @@ def _as_result(rollout: ScoredRollout, settings: RewardSettings) -> dict[str, An
         "caption_tokens": float(rollout.caption_tokens),
         "reference_tokens": float(rollout.reference_tokens),
         "length_ratio": float(rollout.length_ratio),
-        "length_penalty": penalty,
+        "length_penalty": float(rollout.length_penalty),
     }
 
 

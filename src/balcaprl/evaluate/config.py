@@ -1,0 +1,115 @@
+"""The evaluation config of ``balcaprl evaluate --config``: benchmark files, judges, protocol settings.
+
+    judge: judges/gpt-4o.yaml            # default judge config for every protocol
+    bcapscore: {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images,
+                judge: judges/gpt-5.4.yaml}
+    dcscore:   {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images}
+    captionqa: {questions: captionqa/all.parquet, judge: judges/qwen2.5-72b.yaml}
+    caparena:  {annotations: caparena/caparena_auto_600.json, images: caparena/images}
+
+Relative paths in a file are relative to that file (also through ``base:`` chains). A judge is a
+judge config, inline or the path of a judge YAML, validated when the evaluation config loads. Loaded
+with the common machinery (:func:`balcaprl.config.load_config`): unknown keys are errors naming their
+dotted path, overrides are ``key.sub=value`` (or typed ``(key.sub, value)`` pairs from flags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from balcaprl.config import Override, Section, load_config
+from balcaprl.evaluate.caparena import CapArenaSettings
+from balcaprl.evaluate.captionqa import CaptionQASettings
+from balcaprl.evaluate.dcscore import DCScoreSettings
+from balcaprl.judge.config import JudgeConfig, JudgeSection
+
+__all__ = ["PROTOCOLS", "EvaluationConfig", "flag_overrides", "load_evaluation_config"]
+
+PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
+_PATH_KEYS = ("annotations", "images", "questions", "judge")
+
+
+class _ProtocolSection(Section):
+    judge: JudgeSection | None = Field(
+        None, description="Judge config for this protocol (inline or a YAML path); null: the default judge."
+    )
+
+
+class BCapScoreSection(_ProtocolSection):
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (human references).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
+
+
+class DCScoreSection(_ProtocolSection, DCScoreSettings):
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (oracle facts).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
+
+
+class CaptionQASection(_ProtocolSection, CaptionQASettings):
+    questions: Path | None = Field(None, description="CaptionQA questions (parquet/JSON/JSONL).")
+
+
+class CapArenaSection(_ProtocolSection, CapArenaSettings):
+    annotations: Path | None = Field(None, description="caparena_auto_600.json.")
+    images: Path | None = Field(None, description="CapArena-Auto (DOCCI) image folder.")
+
+
+class EvaluationConfig(Section):
+    """Benchmark files, judges and protocol settings for `balcaprl evaluate` (unknown keys are errors)."""
+
+    judge: JudgeSection | None = Field(None, description="Default judge config (inline or a YAML path).")
+    bcapscore: BCapScoreSection = Field(
+        default_factory=BCapScoreSection, description="b-CapScore (DeCapBench)."
+    )
+    dcscore: DCScoreSection = Field(default_factory=DCScoreSection, description="DCScore (DeCapBench).")
+    captionqa: CaptionQASection = Field(default_factory=CaptionQASection, description="CaptionQA.")
+    caparena: CapArenaSection = Field(default_factory=CapArenaSection, description="CapArena-Auto.")
+
+    def judge_for(self, protocol: str) -> JudgeConfig | None:
+        """The protocol's own judge, else the default one (None when neither is set)."""
+        return getattr(self, protocol).judge or self.judge
+
+
+def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Paths written in an evaluation config file are relative to that file."""
+    out = dict(data)
+    if isinstance(out.get("judge"), str):
+        out["judge"] = str(folder / Path(out["judge"]).expanduser())
+    for name in PROTOCOLS:
+        section = out.get(name)
+        if isinstance(section, dict):
+            out[name] = {
+                key: str(folder / Path(value).expanduser())
+                if key in _PATH_KEYS and isinstance(value, str)
+                else value
+                for key, value in section.items()
+            }
+    return out
+
+
+def flag_overrides(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Typed overrides from nested command-line flag values (``{"dcscore": {"annotations": path}}``);
+    ``None`` means the flag was not given and is left out."""
+    items: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            items += flag_overrides(value, f"{prefix}{key}.")
+        elif value is not None:
+            items.append((f"{prefix}{key}", str(value) if isinstance(value, Path) else value))
+    return items
+
+
+def load_evaluation_config(
+    path: Path | str | None = None, overrides: Iterable[Override] | Mapping[str, Any] = ()
+) -> EvaluationConfig:
+    """The config from ``path`` (relative paths resolved against its folder), then ``overrides``:
+    ``key.sub=value`` strings or typed pairs, or a mapping of flag values (see :func:`flag_overrides`).
+
+    Raises :class:`balcaprl.errors.ConfigError` naming every bad key.
+    """
+    items = flag_overrides(overrides) if isinstance(overrides, Mapping) else overrides
+    return load_config(EvaluationConfig, path, items, what="evaluation config", resolve_paths=_resolve_paths)
