@@ -119,6 +119,8 @@ def test_identity_stands_in_for_the_messages(judge_server):
     assert caller.key("k", messages=messages("1")) != caller.key("k", messages=messages("1"), schema=Sum)
     with pytest.raises(ValueError, match="exactly one"):
         caller.key("k")
+    with pytest.raises(ValueError, match="need an `identity`"):  # messages built lazily: no hash to take
+        asyncio.run(caller.call(lambda: messages("1"), kind="k"))
     # an identity is kept apart from the key's own fields: it cannot stand in for another model
     assert caller.key("k", identity={"model": "other"}) != JudgeCaller(
         config("http://127.0.0.1:9/v1", model="other"), cache=None

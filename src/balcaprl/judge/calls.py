@@ -253,7 +253,7 @@ class JudgeCaller:
 
     async def call(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]],
         *,
         kind: str,
         schema: type[BaseModel] | None = None,
@@ -268,7 +268,12 @@ class JudgeCaller:
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
-        :attr:`stats`); the request itself is not counted (see :meth:`call_json`)."""
+        :attr:`stats`); the request itself is not counted (see :meth:`call_json`).
+
+        ``messages`` may be a function that builds them, together with an ``identity``: it is called
+        only when a call is made (a cache hit or a shared call never needs the messages)."""
+        if callable(messages) and identity is None:
+            raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
         temperature = cfg.temperature if temperature is USE_CONFIG else temperature
         max_tokens = max_tokens or cfg.max_tokens
@@ -277,11 +282,6 @@ class JudgeCaller:
             temperature=temperature, max_tokens=max_tokens, trial=trial, extra_body=extra_body,
         )  # fmt: skip
         stats = self.stats if stats is None else stats
-        send = dict(
-            temperature=temperature, max_tokens=max_tokens, schema=schema, check=check,
-            response_format=None if schema is None else json_response_format(schema, kind),
-            extra_body=extra_body, truncated_ok=truncated_ok,
-        )  # fmt: skip
 
         async def compute() -> CallResult:
             # The cache is used synchronously on the event loop, on purpose: a WAL read never blocks
@@ -294,13 +294,19 @@ class JudgeCaller:
                     return CallResult(_decode(stored, schema, check), None, key, cached=True)
                 except (KeyError, TypeError, ValueError, ValidationError):
                     log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
-            answer = await self.endpoint.send(messages, stats, **send)
+            conversation = messages() if callable(messages) else messages
+            send = dict(
+                temperature=temperature, max_tokens=max_tokens, schema=schema, check=check,
+                response_format=None if schema is None else json_response_format(schema, kind),
+                extra_body=extra_body, truncated_ok=truncated_ok,
+            )  # fmt: skip
+            answer = await self.endpoint.send(conversation, stats, **send)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
-                answer = await self.endpoint.send(reask_messages(messages, answer), stats, **send)
+                answer = await self.endpoint.send(reask_messages(conversation, answer), stats, **send)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:

@@ -36,7 +36,7 @@ from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
 from balcaprl.judge.prompt import build_judge_messages, clean_caption, clean_text
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
-from balcaprl.judge.schemas import CoverageVerdict, ReferenceAssertions, assemble_verdict
+from balcaprl.judge.schemas import CoverageVerdict, ReferenceAssertions, assemble_verdict, check_coverage
 from balcaprl.judge.transport import redact
 from balcaprl.rewards import Verdict
 from balcaprl.rewards.rubrics import Rubric, load_rubric
@@ -209,7 +209,7 @@ class OpenAICompatibleJudge:
     ) -> Verdict | JudgeFailure:
         """One call: the judge decomposes caption and reference and marks both (the paper)."""
         result = await self._calls.call(
-            build_judge_messages(rubric, image, reference=reference, caption=caption),
+            lambda: build_judge_messages(rubric, image, reference=reference, caption=caption),
             kind="verdict", schema=Verdict, stats=stats,
             identity=self._identity(rubric, image, reference=reference, caption=caption),
         )  # fmt: skip
@@ -225,10 +225,10 @@ class OpenAICompatibleJudge:
             return assertions
 
         def check(answer: CoverageVerdict) -> None:
-            assemble_verdict(answer, assertions)  # raises ValueError on a bad id list
+            check_coverage(answer, len(assertions))  # a bad id list is a schema violation, re-asked
 
         result = await self._calls.call(
-            build_judge_messages(rubric, image, reference_assertions=assertions, caption=caption),
+            lambda: build_judge_messages(rubric, image, reference_assertions=assertions, caption=caption),
             kind="coverage", schema=CoverageVerdict, check=check, stats=stats,
             identity=self._identity(rubric, image, reference_assertions=assertions, caption=caption),
         )  # fmt: skip
@@ -246,7 +246,7 @@ class OpenAICompatibleJudge:
             return known
         rubric = self._reference_rubric
         result = await self._calls.call(
-            build_judge_messages(rubric, image, reference=reference),
+            lambda: build_judge_messages(rubric, image, reference=reference),
             kind="reference_assertions", schema=ReferenceAssertions, stats=stats,
             identity=self._identity(rubric, image, reference=reference),
         )  # fmt: skip

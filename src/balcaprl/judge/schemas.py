@@ -38,6 +38,7 @@ __all__ = [
     "ReferenceAssertions",
     "ReferenceText",
     "assemble_verdict",
+    "check_coverage",
     "json_response_format",
     "schema_digest",
     "schema_name",
@@ -134,19 +135,21 @@ def schema_digest(schema: type[BaseModel], kind: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def assemble_verdict(coverage: CoverageVerdict, reference_assertions: Sequence[str]) -> Verdict:
-    """A full verdict from a coverage answer and the fixed reference list it marked.
-
-    Raises ``ValueError`` when the marks are not exactly the ids 1..M, one each (a schema violation:
-    a mark for a missing or repeated number would silently change the recall denominator).
-    """
-    expected = list(range(1, len(reference_assertions) + 1))
+def check_coverage(coverage: CoverageVerdict, n_reference_assertions: int) -> None:
+    """Raises ``ValueError`` unless the marks are exactly the ids 1..M, one each (a schema violation:
+    a mark for a missing or repeated number would silently change the recall denominator)."""
     ids = [mark.id for mark in coverage.reference_coverage]
-    if sorted(ids) != expected:
+    if sorted(ids) != list(range(1, n_reference_assertions + 1)):
         raise ValueError(
-            f"reference_coverage must mark each of the ids 1..{len(reference_assertions)} exactly once, "
+            f"reference_coverage must mark each of the ids 1..{n_reference_assertions} exactly once, "
             f"got ids {ids}"
         )
+
+
+def assemble_verdict(coverage: CoverageVerdict, reference_assertions: Sequence[str]) -> Verdict:
+    """A full verdict from a coverage answer and the fixed reference list it marked
+    (``ValueError`` as :func:`check_coverage` says)."""
+    check_coverage(coverage, len(reference_assertions))
     covered = {mark.id: mark.covered for mark in coverage.reference_coverage}
     return Verdict(
         caption_assertions=list(coverage.caption_assertions),
