@@ -27,12 +27,18 @@ from pathlib import Path
 from balcaprl.judge import JudgeConfig, JudgeRequest, OpenAICompatibleJudge
 from balcaprl.testing.compare_modes import _png, compare_reference_modes
 
+# The scripted judge behind the loopback server, started directly (what the CLI's judge server runs
+# with --latency), so the benchmark does not depend on the command's name.
+_SERVER = (
+    "import sys; from balcaprl.testing.judge_server import serve_forever; "
+    "from balcaprl.testing.scripted_judge import ScriptedJudge; "
+    "serve_forever(ScriptedJudge(latency_s=float(sys.argv[1])), on_ready=lambda url: print(url, flush=True))"
+)
+
 
 def _start_server(latency_s: float) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--latency", str(latency_s)],
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", _SERVER, str(latency_s)], stdout=subprocess.PIPE, text=True
     )
     line = process.stdout.readline() if process.stdout else ""
     if "http://" not in line:
@@ -85,12 +91,13 @@ async def _bare_sdk(
     from balcaprl.judge.connections import http_client
     from balcaprl.judge.images import ImageLoader
     from balcaprl.judge.prompt import build_judge_messages
-    from balcaprl.judge.schemas import response_format
+    from balcaprl.judge.schemas import json_response_format
+    from balcaprl.rewards import Verdict
     from balcaprl.rewards.rubrics import load_rubric
 
     rubric, loader = load_rubric("training"), ImageLoader(1024)
     bodies = [
-        {"model": "scripted", "max_completion_tokens": 4096, "response_format": response_format("verdict"),
+        {"model": "scripted", "max_completion_tokens": 4096, "response_format": json_response_format(Verdict, "verdict"),
          "messages": build_judge_messages(rubric, loader.load(r.image), reference=r.reference, caption=r.caption)}
         for r in _requests(n, "bare")
     ]  # fmt: skip

@@ -34,6 +34,8 @@ def scripted_app(model: ScriptedCaptioner):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
+    from balcaprl.rewards.rubrics import load_rubric
+
     app = FastAPI()
 
     def completion(content, finish="stop", refusal=None):
@@ -67,7 +69,7 @@ def scripted_app(model: ScriptedCaptioner):
         body = await request.json()
         model.bodies.append(body)
         system, user = body["messages"][0], body["messages"][1]
-        assert system["content"].startswith("[balcaprl rubric: recaption"), system["content"][:60]
+        assert system["content"] == load_rubric("recaption").text, system["content"][:60]
         assert "response_format" not in body  # free text, not a structured verdict
         url = next(p["image_url"]["url"] for p in user["content"] if p["type"] == "image_url")
         text = next(p["text"] for p in user["content"] if p["type"] == "text")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from balcaprl.rewards.rubrics import load_rubric, rubric_name_from_text
+from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.testing.rubrics import packaged_rubric_name
 
 PROTOCOL_RUBRICS = (
     "dcscore_extract",
@@ -60,6 +61,6 @@ def test_prompts_are_ours():
 )
 def test_prompts_say_what_the_step_needs(name, facts):
     rubric = load_rubric(name)
-    assert rubric_name_from_text(rubric.text) == name and rubric.version.startswith(f"{name}-v1-any+")
+    assert packaged_rubric_name(rubric.text) == name and rubric.version.startswith(f"{name}-v1-any+")
     for fact in facts:
         assert fact in rubric.text, fact

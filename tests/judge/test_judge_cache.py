@@ -68,12 +68,36 @@ def test_unreadable_row_is_a_miss(tmp_path):
         assert cache.get("bad") is None
 
 
+BASE = {
+    "model": "m",
+    "temperature": 0.0,
+    "max_tokens": 100,
+    "content": {"caption": "c", "rubric_version": "v1"},
+}
+
+
 def test_cache_key_is_canonical_and_sensitive():
-    a = cache_key(model="m", caption="c", temperature=0.0)
-    assert a == cache_key(temperature=0.0, caption="c", model="m")  # order does not matter
+    a = cache_key("verdict", **BASE)
     assert len(a) == 64 and int(a, 16) >= 0
-    assert a != cache_key(model="m", caption="c ", temperature=0.0)
-    assert a != cache_key(model="m", caption="c", temperature=0.0, rubric_version="v2")
+    # the order of the content's fields does not matter
+    assert a == cache_key("verdict", **{**BASE, "content": {"rubric_version": "v1", "caption": "c"}})
+    # every part of the identity does
+    changed = [
+        cache_key("coverage", **BASE),
+        cache_key("verdict", **{**BASE, "model": "m2"}),
+        cache_key("verdict", **{**BASE, "temperature": None}),
+        cache_key("verdict", **{**BASE, "max_tokens": 101}),
+        cache_key("verdict", **{**BASE, "content": {"caption": "c ", "rubric_version": "v1"}}),
+        cache_key("verdict", **{**BASE, "content": {"caption": "c", "rubric_version": "v2"}}),
+        cache_key("verdict", **BASE, schema="abc"),
+        cache_key("verdict", **BASE, trial=0),
+        cache_key("verdict", **BASE, extra_body={"top_p": 0.9}),
+    ]
+    assert len({a, *changed}) == len(changed) + 1
+    # the content cannot impersonate a field of the key: it is kept apart from them
+    assert cache_key("verdict", **{**BASE, "content": {"model": "m2"}}) != cache_key(
+        "verdict", **{**BASE, "model": "m2", "content": {}}
+    )
 
 
 def test_several_processes_write_at_once(tmp_path):

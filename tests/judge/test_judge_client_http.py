@@ -125,7 +125,7 @@ def test_identical_in_flight_requests_are_coalesced_into_one_call(judge_server):
     assert server.counters.by_text[CAPTION] == 1
     assert result.stats.coalesced == 7 and result.stats.judged == 2 and result.stats.calls == 2
     first = result.outcomes[0]
-    assert all(o is first for o in result.outcomes[:8])
+    assert all(o.verdict is first.verdict for o in result.outcomes[:8])  # one answer, shared
 
 
 def test_cache_hits_across_batches_and_judges_and_failures_are_not_cached(judge_server, tmp_path):
@@ -398,3 +398,107 @@ def test_invalid_utf8_and_control_characters_arrive_cleaned(judge_server):
     result = run(OpenAICompatibleJudge(config(server.base_url)), [request(caption=dirty)])
     assert isinstance(result.outcomes[0], Judgement)
     assert list(server.counters.by_text) == ["a red door on the [1mleft\ufffd"]
+
+
+class RecordingJudge:
+    """The scripted judge, remembering the requests the server handed it (rubric included)."""
+
+    def __init__(self):
+        from balcaprl.testing.scripted_judge import ScriptedJudge
+
+        self.inner, self.seen = ScriptedJudge(), []
+
+    async def judge_batch(self, requests):
+        self.seen.extend(requests)
+        return await self.inner.judge_batch(requests)
+
+
+@pytest.mark.parametrize("mode", ["joint", "cached-reference"])
+def test_the_server_tells_the_rubric_from_the_text_alone(judge_server, mode):
+    recording = RecordingJudge()
+    server = judge_server(judge=recording)
+    requests = [request(rubric="evaluation"), request("a black cat", rubric="training")]
+    result = run(OpenAICompatibleJudge(config(server.base_url, reference_mode=mode)), requests)
+    assert all(isinstance(o, Judgement) for o in result.outcomes)
+    by_caption = {r.caption: r.rubric for r in recording.seen if r.caption != r.reference}
+    assert by_caption == {CAPTION: "evaluation", "a black cat": "training"}
+
+
+def test_an_edited_rubric_never_reuses_cached_verdicts(judge_server, tmp_path, monkeypatch):
+    import balcaprl.rewards.rubrics as rubrics
+    from balcaprl.rewards.rubrics import load_rubric
+    from balcaprl.testing import rubrics as lookup
+
+    server = judge_server()
+    cfg = config(server.base_url, cache_path=tmp_path / "judge.sqlite")
+    old = OpenAICompatibleJudge(cfg)
+    old_version = old.rubric_version()
+    run(old, [request()])
+    original = rubrics._part
+    monkeypatch.setattr(
+        rubrics, "_part", lambda part: original(part) + (" Be brief." if part == "linguistic" else "")
+    )
+    load_rubric.cache_clear()
+    try:
+        edited = OpenAICompatibleJudge(cfg)
+        assert edited.rubric_version() != old_version
+        result = run(edited, [request()])
+    finally:
+        monkeypatch.undo()
+        load_rubric.cache_clear()  # nothing composed from the edited part outlives this test
+        lookup._names_by_text.cache_clear()
+    assert result.stats.cache_hits == 0 and result.stats.judged == 1 and server.counters.total == 2
+    again = run(OpenAICompatibleJudge(cfg), [request()])  # the old text again: its verdict is still there
+    assert again.stats.cache_hits == 1 and server.counters.total == 2
+
+
+def test_verdict_calls_and_generic_calls_share_one_path_and_one_key_scheme(judge_server, tmp_path):
+    from balcaprl.judge.calls import prompt_identity
+    from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.rewards import Verdict
+    from balcaprl.rewards.rubrics import load_rubric
+
+    server = judge_server()
+    judge = OpenAICompatibleJudge(config(server.base_url, cache_path=tmp_path / "judge.sqlite"))
+
+    async def go():
+        try:
+            judged = await judge.judge_batch([request()])
+            caller = judge.caller()
+            image = judge.images.load(IMAGE)
+            rubric = load_rubric("training")
+            again = await caller.call_json(
+                build_judge_messages(rubric, image, reference=REFERENCE, caption=CAPTION), Verdict,
+                kind="verdict", identity=prompt_identity(rubric, image, 1024, reference=REFERENCE, caption=CAPTION),
+            )  # fmt: skip
+            return judged, again, caller.stats
+        finally:
+            await judge.aclose()
+
+    judged, again, stats = asyncio.run(go())
+    # the generic call with the verdict's identity is the verdict judge's own cache entry
+    assert again.cached and again.value == judged[0].verdict and server.counters.total == 1
+    assert (stats.requests, stats.cache_hits, stats.calls) == (1, 1, 0)
+
+
+def test_the_server_reports_the_clients_own_token_estimate(judge_server):
+    from balcaprl.judge.images import ImageLoader
+    from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.judge.tokens import approx_image_tokens, approx_prompt_tokens, approx_tokens
+    from balcaprl.rewards.rubrics import load_rubric
+
+    server = judge_server()
+    judge = OpenAICompatibleJudge(config(server.base_url, max_image_side=32))  # IMAGE is 32 x 32
+    result = run(judge, [request()])
+    messages = build_judge_messages(load_rubric("training"), ImageLoader(32).load(IMAGE), reference=REFERENCE,
+                                    caption=CAPTION)  # fmt: skip
+    text = messages[0]["content"] + messages[1]["content"][1]["text"]
+    assert approx_image_tokens(32, 32) == 85 + 170  # one tile
+    estimate = approx_prompt_tokens(messages, 32)
+    assert (
+        estimate
+        == approx_tokens(messages[0]["content"]) + approx_tokens(messages[1]["content"][1]["text"]) + 255
+    )
+    assert estimate >= len(text) / 4 + 255
+    # what the client's rate limiter budgets is what the loopback server reports as the usage
+    assert result.stats.prompt_tokens == estimate == judge._endpoint.estimate_tokens(messages)

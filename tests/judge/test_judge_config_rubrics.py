@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from balcaprl.judge import JudgeConfig, JudgeConfigError, load_judge_config
-from balcaprl.rewards.rubrics import RUBRIC_NAMES, load_rubric, rubric_name_from_text
+from balcaprl.rewards.rubrics import REFERENCE_MODES, RUBRIC_NAMES, load_rubric
+from balcaprl.testing.rubrics import packaged_rubric_name
 
 DESIGN_YAML = """
 base_url: https://api.openai.com/v1
@@ -85,19 +86,49 @@ def test_rubrics_compose_and_version():
     versions = {
         (n, m): load_rubric(n, m).version for n in RUBRIC_NAMES for m in ("joint", "cached-reference")
     }
-    training, evaluation = load_rubric("training"), load_rubric("evaluation")
+    training = load_rubric("training")
     assert training.version.startswith("training-v1-joint+")
     assert len({versions[("training", "joint")], versions[("training", "cached-reference")],
                 versions[("evaluation", "joint")], versions[("evaluation", "cached-reference")]}) == 4  # fmt: skip
     # rubrics without mode slots are the same in both modes
     assert versions[("recaption", "joint")] == versions[("recaption", "cached-reference")]
-    assert rubric_name_from_text(training.text) == "training"
-    assert rubric_name_from_text(evaluation.text) == "evaluation"
-    assert rubric_name_from_text("no header") is None
+    # the loopback server tells rubrics apart by their whole text: every composition is one rubric's
+    for name in RUBRIC_NAMES:
+        for mode in REFERENCE_MODES:
+            assert packaged_rubric_name(load_rubric(name, mode).text) == name
+    assert packaged_rubric_name(training.text.rstrip()) is None and packaged_rubric_name("x") is None
     with pytest.raises(ValueError, match="unknown rubric"):
         load_rubric("nope")
     with pytest.raises(ValueError, match="unknown reference mode"):
         load_rubric("training", "both")
+
+
+def test_rubric_texts_are_only_what_the_judge_reads():
+    for name in RUBRIC_NAMES:
+        for mode in REFERENCE_MODES:
+            text = load_rubric(name, mode).text
+            # no line that exists for tools (a name tag, a version header) rather than for the judge
+            assert "balcaprl" not in text.lower() and not text.startswith("["), name
+
+
+def test_a_rubric_version_follows_its_text(monkeypatch):
+    import balcaprl.rewards.rubrics as rubrics
+
+    before = load_rubric("training")
+    original = rubrics._part
+    monkeypatch.setattr(
+        rubrics, "_part", lambda part: original(part) + (" Be brief." if part == "linguistic" else "")
+    )
+    load_rubric.cache_clear()
+    try:
+        after = load_rubric("training")
+        untouched = load_rubric("recaption")
+    finally:
+        monkeypatch.undo()
+        load_rubric.cache_clear()  # nothing composed from the edited part outlives this test
+    assert after.text != before.text and after.version != before.version
+    assert after.version.startswith("training-v1-joint+")  # same declared version: only the hash moved
+    assert untouched.version == load_rubric("recaption").version
 
 
 def test_rubrics_state_the_papers_facts():

@@ -169,7 +169,7 @@ def test_rate_limiters_are_acquired_per_call(monkeypatch):
         async def acquire(self, amount=1):
             acquired.append((self.max_rate, amount))
 
-    monkeypatch.setattr("balcaprl.judge.calls.AsyncLimiter", RecordingLimiter)
+    monkeypatch.setattr("balcaprl.judge.endpoint.AsyncLimiter", RecordingLimiter)
     judge, _ = judge_with([completion(json.dumps(VERDICT))], requests_per_minute=500, tokens_per_minute=3000,
                           max_tokens=1000)  # fmt: skip
     judge_one(judge)

@@ -39,7 +39,7 @@ def test_hostile_captions_stay_inside_their_block_and_round_trip(caption):
     assert "<" not in inside and ">" not in inside
     parsed = parse_judge_messages(messages)
     assert parsed.caption == caption and parsed.reference == "A cat on a mat."
-    assert parsed.rubric == "training" and parsed.image == PREPARED.data
+    assert parsed.system == RUBRIC.text and parsed.image == PREPARED.data
 
 
 def test_data_note_declares_blocks_as_data_and_rubric_says_so():

@@ -30,9 +30,9 @@ def test_sync_facade_from_plain_code_threads_and_a_running_loop(judge_server):
     judge = OpenAICompatibleJudge(config(server.base_url))
     with SyncJudge(judge) as sync:
         first = sync.judge_batch([request()])
-        runtime = judge._runtime_state
+        runtime = judge._endpoint.state
         second = sync.judge_batch([request("a black cat")])
-        assert judge._runtime_state is runtime  # one loop, one connection pool, across batches
+        assert judge._endpoint.state is runtime  # one loop, one connection pool, across batches
         results = {}
 
         def worker(i):

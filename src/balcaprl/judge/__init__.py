@@ -9,11 +9,17 @@ Typical use in a trainer::
         outcomes = sync.judge_batch([JudgeRequest(image, caption, reference) for ...])
     rewards = rewards_tensor(outcomes)                    # (N, 3), NaN rows for failures
 
-Generic calls (evaluation protocols, re-captioning) go through the same endpoint machinery::
+Generic calls (evaluation protocols, re-captioning) go through the same call path as the verdict
+judge's own (:meth:`JudgeCaller.call`: coalescing, cache, endpoint, one re-ask; one key scheme,
+:func:`cache_key`)::
 
     async with JudgeCaller("configs/judge.yaml") as caller:
         result = await caller.call_json(messages, MySchema, kind="my_step")   # or call_text(...)
         value = result.value if result.ok else None                          # result.failure.reason
+
+Modules: ``client`` (the verdict judge), ``calls`` (the call path), ``endpoint`` (SDK clients,
+limits), ``transport`` (one HTTP call, classified), ``cache`` (sqlite, keys), ``prompt`` (messages),
+``schemas`` (answer formats), ``tokens`` (token estimates), ``images``, ``inflight``, ``accounting``.
 
 Test doubles (the loopback server, the scripted judge) live in :mod:`balcaprl.testing`.
 """

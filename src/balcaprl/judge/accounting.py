@@ -47,6 +47,16 @@ class JudgeStats:
     failures: Counter = field(default_factory=Counter)
     latencies_s: list[float] = field(default_factory=list)  # one per call, SDK retries included
 
+    def record_answer(self, *, cached: bool, shared: bool) -> None:
+        """A request that reached the call path: shared with an identical call in flight, answered
+        from the cache, or judged by a fresh call (whatever its outcome)."""
+        if shared:
+            self.coalesced += 1
+        elif cached:
+            self.cache_hits += 1
+        else:
+            self.judged += 1
+
     def record_call(self, latency_s: float, prompt_tokens: int, completion_tokens: int) -> None:
         self.calls += 1
         self.latencies_s.append(latency_s)

@@ -1,4 +1,4 @@
-"""The verdict cache: stdlib sqlite3 in WAL mode, JSON values, sha256 keys.
+"""The judge cache: stdlib sqlite3 in WAL mode, JSON values, sha256 keys (:func:`cache_key`).
 
 Why sqlite: one file, safe for several processes (trainer ranks, a `balcaprl score` next to a
 training run) thanks to its locking, and atomic per transaction, so a process killed with `kill -9`
@@ -7,7 +7,7 @@ mid-write leaves either the whole row or nothing. WAL lets readers proceed while
 and can only lose the last commits on a power cut (a lost verdict is simply judged again).
 
 Why JSON and not pickle: a cache file may be shared or downloaded; unpickling it would run code.
-Only successful verdicts are stored; failures are never cached, so a retry can succeed later.
+Only successful answers are stored; failures are never cached, so a retry can succeed later.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,46 @@ CREATE TABLE IF NOT EXISTS judge_cache (
 """
 
 
-def cache_key(**parts: Any) -> str:
-    """sha256 of the canonical JSON of ``parts`` (model, rubric version, image hash, texts, sampling...)."""
+_KEY_SCHEME = 2  # bumped whenever the layout below changes
+
+
+def cache_key(
+    kind: str,
+    *,
+    model: str,
+    temperature: float | None,
+    max_tokens: int,
+    content: Mapping[str, Any],
+    schema: str | None = None,
+    trial: int | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> str:
+    """The key of one judge call: sha256 of the canonical JSON of everything that decides its answer.
+
+    Every call goes through here, the verdict judge's and generic ones alike. ``kind`` names the step
+    (``verdict``, ``coverage``, ``reference_assertions``, ``recaption``, ``dcscore_match``...);
+    ``content`` is what the messages say, given explicitly — rubric version, reference mode where it
+    matters, image sha256, ``max_image_side``, the texts — or as ``{"messages_sha256": ...}`` when a
+    caller has nothing better; ``schema`` identifies the answer's JSON schema (None: free text);
+    ``trial`` tells repeated samples of one question apart.
+
+    Keys made by earlier versions of this scheme are never produced again: a cache file written by
+    them is simply not hit (its rows stay, unused), and the calls are made afresh.
+    """
+    parts: dict[str, Any] = {
+        "scheme": _KEY_SCHEME,
+        "kind": kind,
+        "model": model,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "content": content,
+    }
+    if schema is not None:
+        parts["schema"] = schema
+    if trial is not None:
+        parts["trial"] = trial
+    if extra_body:
+        parts["extra_body"] = extra_body
     canonical = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -14,7 +14,6 @@ and bidirectional-override characters are removed, and the caption is cut to a c
 from __future__ import annotations
 
 import html
-import math
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -22,13 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from balcaprl.judge.images import PreparedImage, decode_data_url
-from balcaprl.rewards.rubrics import Rubric, rubric_name_from_text
+from balcaprl.rewards.rubrics import Rubric
 
 __all__ = [
     "CleanText",
     "ParsedJudgeMessages",
-    "approx_image_tokens",
-    "approx_tokens",
     "build_judge_messages",
     "build_recaption_messages",
     "clean_caption",
@@ -130,7 +127,7 @@ def build_recaption_messages(
 class ParsedJudgeMessages:
     """What a judge server reads back out of a request built by :func:`build_judge_messages`."""
 
-    rubric: str | None  # the rubric name from the system message's first line
+    system: str  # the system message's text (the rubric)
     image_mime: str
     image: bytes
     reference: str | None
@@ -169,27 +166,11 @@ def parse_judge_messages(messages: list[dict[str, Any]]) -> ParsedJudgeMessages:
         assertions = [re.sub(r"^\d+\.\s?", "", line) for line in listed.split("\n") if line.strip()]
     if reference is None and assertions is None:
         raise ValueError("the request has neither a <reference> nor a <reference_assertions> block")
-    system_text = system["content"] if isinstance(system["content"], str) else ""
     return ParsedJudgeMessages(
-        rubric=rubric_name_from_text(system_text),
+        system=system["content"] if isinstance(system["content"], str) else "",
         image_mime=mime,
         image=image,
         reference=reference,
         reference_assertions=assertions,
         caption=_unblock("caption", text),
     )
-
-
-def approx_tokens(text: str) -> int:
-    """A tokenizer-free estimate (~4 characters a token) for rate limits and test-server usage."""
-    return math.ceil(len(text) / 4)
-
-
-def approx_image_tokens(width: int, height: int) -> int:
-    """OpenAI's high-detail image cost (85 + 170 per 512-px tile after fitting 2048/768); an estimate
-    for the client-side token limiter only."""
-    scale = min(1.0, 2048 / max(width, height))
-    w, h = width * scale, height * scale
-    scale = min(1.0, 768 / min(w, h)) if min(w, h) > 0 else 1.0
-    w, h = w * scale, h * scale
-    return 85 + 170 * math.ceil(w / 512) * math.ceil(h / 512)

@@ -1,6 +1,6 @@
 """What the judge is asked to return, per kind of call, and the JSON schema sent as `response_format`.
 
-Three kinds of call:
+The verdict judge makes three kinds of call:
 - ``verdict`` (joint mode, the paper): the full :class:`~balcaprl.rewards.Verdict`.
 - ``reference_assertions`` (cached-reference mode, once per (image, reference)): the reference split
   into assertions, :class:`ReferenceAssertions`.
@@ -8,17 +8,21 @@ Three kinds of call:
   one coverage mark per *given* reference assertion, :class:`CoverageVerdict`; assembled into a
   full ``Verdict`` by :func:`assemble_verdict`.
 
-The wire schema is the portable subset of JSON schema that strict structured outputs accept
-everywhere (OpenAI, vLLM/xgrammar, SGLang): every field required, no extra properties, and no
-length or numeric bounds (some servers reject them). The bounds still hold: every answer is
-validated locally with pydantic, and a violation is a ``schema_violation`` after one re-ask.
+:func:`json_response_format` builds the ``response_format`` of every structured call (these three
+and the evaluation protocols' own schemas), named ``balcaprl_<kind>``. The wire schema is the
+portable subset of JSON schema that strict structured outputs accept everywhere (OpenAI,
+vLLM/xgrammar, SGLang): every field required, no extra properties, and no length or numeric bounds
+(some servers reject them). The bounds still hold: every answer is validated locally with pydantic,
+and a violation is a ``schema_violation`` after one re-ask.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from openai.lib._parsing import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -27,14 +31,17 @@ from balcaprl.rewards import CaptionAssertion, ReferenceAssertion, Verdict
 from balcaprl.rewards.verdict import LinguisticScore
 
 __all__ = [
+    "CALL_KINDS",
     "CallKind",
     "CoverageMark",
     "CoverageVerdict",
     "ReferenceAssertions",
     "ReferenceText",
     "assemble_verdict",
-    "response_format",
-    "schema_for",
+    "check_coverage",
+    "json_response_format",
+    "schema_digest",
+    "schema_name",
 ]
 
 CallKind = Literal["verdict", "reference_assertions", "coverage"]
@@ -81,23 +88,14 @@ class CoverageVerdict(_Strict):
     explanation: str = Field(description="A short reason for the three linguistic scores.")
 
 
-_MODELS: dict[str, type[BaseModel]] = {
-    "verdict": Verdict,
-    "reference_assertions": ReferenceAssertions,
-    "coverage": CoverageVerdict,
-}
-# The schema name tells a loopback judge server which kind of call it is serving.
-_SCHEMA_NAMES = {
-    "verdict": "balcaprl_verdict",
-    "reference_assertions": "balcaprl_reference_assertions",
-    "coverage": "balcaprl_coverage_verdict",
-}
+CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
 _UNPORTABLE = {"minLength", "maxLength", "minimum", "maximum", "minItems", "maxItems", "title"}
 
 
-def schema_for(kind: CallKind) -> type[BaseModel]:
-    """The pydantic model that validates answers of this kind of call."""
-    return _MODELS[kind]
+def schema_name(kind: str) -> str:
+    """The ``response_format`` name of a structured call of ``kind``: ``balcaprl_<kind>``. Servers may
+    log it; the loopback judge server reads it to tell the verdict judge's calls apart."""
+    return f"balcaprl_{kind}"
 
 
 def _portable(node: Any) -> Any:
@@ -118,41 +116,40 @@ def _portable(node: Any) -> Any:
 
 
 @cache
-def response_format(kind: CallKind) -> dict[str, Any]:
-    """The ``response_format`` for a chat-completions call of this kind (strict json_schema).
+def json_response_format(schema: type[BaseModel], kind: str) -> dict[str, Any]:
+    """The strict json_schema ``response_format`` of ``schema``, named :func:`schema_name` (kind).
 
     Cached: generating the schema costs milliseconds, and the judge makes thousands of calls a step.
     Treat the returned dict as read-only.
     """
-    param = type_to_response_format_param(_MODELS[kind])
-    schema = _portable(param["json_schema"]["schema"])  # type: ignore[index]
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": _SCHEMA_NAMES[kind], "schema": schema, "strict": True},
-    }
+    param = type_to_response_format_param(schema)
+    body = _portable(param["json_schema"]["schema"])  # type: ignore[index]
+    return {"type": "json_schema", "json_schema": {"name": schema_name(kind), "schema": body, "strict": True}}
 
 
-def kind_from_schema_name(name: str | None) -> CallKind | None:
-    """Inverse of the schema naming, for the loopback server; None for a foreign name."""
-    for kind, schema_name in _SCHEMA_NAMES.items():
-        if schema_name == name:
-            return kind  # type: ignore[return-value]
-    return None
+@cache
+def schema_digest(schema: type[BaseModel], kind: str) -> str:
+    """A short hash of what :func:`json_response_format` sends (name included), for cache keys: a
+    changed schema never reuses answers given under the old one."""
+    text = json.dumps(json_response_format(schema, kind), sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def check_coverage(coverage: CoverageVerdict, n_reference_assertions: int) -> None:
+    """Raises ``ValueError`` unless the marks are exactly the ids 1..M, one each (a schema violation:
+    a mark for a missing or repeated number would silently change the recall denominator)."""
+    ids = [mark.id for mark in coverage.reference_coverage]
+    if sorted(ids) != list(range(1, n_reference_assertions + 1)):
+        raise ValueError(
+            f"reference_coverage must mark each of the ids 1..{n_reference_assertions} exactly once, "
+            f"got ids {ids}"
+        )
 
 
 def assemble_verdict(coverage: CoverageVerdict, reference_assertions: Sequence[str]) -> Verdict:
-    """A full verdict from a coverage answer and the fixed reference list it marked.
-
-    Raises ``ValueError`` when the marks are not exactly the ids 1..M, one each (a schema violation:
-    a mark for a missing or repeated number would silently change the recall denominator).
-    """
-    expected = list(range(1, len(reference_assertions) + 1))
-    ids = [mark.id for mark in coverage.reference_coverage]
-    if sorted(ids) != expected:
-        raise ValueError(
-            f"reference_coverage must mark each of the ids 1..{len(reference_assertions)} exactly once, "
-            f"got ids {ids}"
-        )
+    """A full verdict from a coverage answer and the fixed reference list it marked
+    (``ValueError`` as :func:`check_coverage` says)."""
+    check_coverage(coverage, len(reference_assertions))
     covered = {mark.id: mark.covered for mark in coverage.reference_coverage}
     return Verdict(
         caption_assertions=list(coverage.caption_assertions),

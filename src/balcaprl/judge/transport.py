@@ -27,9 +27,8 @@ from pydantic import BaseModel, ValidationError
 
 from balcaprl.judge.config import JudgeConfigError
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
-from balcaprl.judge.schemas import CallKind, response_format, schema_for
 
-__all__ = ["CallAnswer", "call_endpoint", "call_judge", "redact", "reask_messages"]
+__all__ = ["CallAnswer", "call_endpoint", "redact", "reask_messages"]
 
 _DETAIL_CHARS = 300
 
@@ -228,32 +227,6 @@ async def call_endpoint(
                 None, JudgeFailure("schema_violation", str(error)[:_DETAIL_CHARS]), content, **tokens
             )
     return CallAnswer(parsed, None, content, **tokens)
-
-
-async def call_judge(
-    client: openai.AsyncOpenAI,
-    *,
-    model: str,
-    messages: list[dict[str, Any]],
-    kind: CallKind,
-    temperature: float | None,
-    max_tokens: int,
-    secret: str | None = None,
-    check: Callable[[BaseModel], None] | None = None,
-) -> CallAnswer:
-    """One call of the judge's own kinds (verdict, reference decomposition, coverage): the structured
-    output schema of ``kind``, validated with its pydantic model (see :func:`call_endpoint`)."""
-    return await call_endpoint(
-        client,
-        model=model,
-        messages=messages,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        response_format=response_format(kind),
-        schema=schema_for(kind),
-        check=check,
-        secret=secret,
-    )
 
 
 def reask_messages(messages: list[dict[str, Any]], answer: CallAnswer) -> list[dict[str, Any]]:

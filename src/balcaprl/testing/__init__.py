@@ -7,6 +7,8 @@
 - :mod:`balcaprl.testing.scripted_judge`: a deterministic rule-based judge whose verdicts can be
   computed by hand.
 - :mod:`balcaprl.testing.compare_modes`: the joint vs cached-reference comparison on the scripted judge.
+- :mod:`balcaprl.testing.rubrics`: which packaged rubric a system message is (for the server: the
+  prompts themselves carry nothing that names their rubric).
 
 Nothing under ``balcaprl.train``, ``balcaprl.evaluate`` or ``balcaprl.judge`` imports this package.
 """

@@ -10,11 +10,19 @@ Fault injection (:class:`FaultScript`) reproduces what real endpoints do: 429 wi
 500/503, answers slower than the client's timeout, invalid JSON, JSON cut off with finish_reason
 ``length``, schema violations, refusals, content filtering, dropped connections.
 
+How a request is recognised, from what a real judge receives too (production prompts carry nothing
+for this server): the verdict judge's calls by their ``response_format`` name (``balcaprl_verdict``,
+``balcaprl_coverage``, ``balcaprl_reference_assertions``), and the rubric (training or evaluation) by
+comparing the system message with the packaged rubrics (:mod:`balcaprl.testing.rubrics`).
+
 Generic calls (:class:`~balcaprl.judge.calls.JudgeCaller`: evaluation protocols, re-captioning) are
 answered by a scripted ``handler``: any request whose ``response_format`` is not one of the verdict
 judge's own schemas goes to ``handler(GenericCall)``, which returns the answer (a JSON-able object
 or a text) or a :class:`~balcaprl.judge.protocol.JudgeFailure`. The same fault script applies,
 matched against the request's user text.
+
+The usage it reports is :func:`balcaprl.judge.tokens.approx_prompt_tokens` (the client's own
+estimate) with the request's largest image side, and ``approx_tokens`` of the answer.
 
 Binds to 127.0.0.1 by default (port 0 picks a free port); it has no authentication unless ``api_key``
 is given, so do not expose it.
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import itertools
 import socket
 import threading
@@ -36,12 +45,14 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from PIL import Image, UnidentifiedImageError
 
 from balcaprl.judge.images import decode_data_url
-from balcaprl.judge.prompt import ParsedJudgeMessages, approx_tokens, parse_judge_messages
+from balcaprl.judge.prompt import ParsedJudgeMessages, parse_judge_messages
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
-from balcaprl.judge.schemas import kind_from_schema_name
-from balcaprl.rewards.rubrics import rubric_name_from_text
+from balcaprl.judge.schemas import CALL_KINDS, schema_name
+from balcaprl.judge.tokens import approx_prompt_tokens, approx_tokens
+from balcaprl.testing.rubrics import packaged_rubric_name
 
 __all__ = [
     "FAULTS",
@@ -71,7 +82,13 @@ FAULTS = (
     "echo_auth",  # 500 whose body repeats the Authorization header (tests secret redaction)
 )
 
-_IMAGE_TOKENS = 85  # a flat estimate; the usage this server reports is approximate by design
+_JUDGE_KINDS = {schema_name(kind): kind for kind in CALL_KINDS}  # the verdict judge's own calls
+_SCHEMA_PREFIX = schema_name("")
+
+
+def _kind_in_schema_name(name: Any) -> str | None:
+    """``<kind>`` of a ``balcaprl_<kind>`` response-format name (how the client names its schemas)."""
+    return name[len(_SCHEMA_PREFIX) :] if isinstance(name, str) and name.startswith(_SCHEMA_PREFIX) else None
 
 
 @dataclass
@@ -125,7 +142,8 @@ class ServerCounters:
 class GenericCall:
     """A request that is not a verdict-judge call, as a scripted handler sees it."""
 
-    kind: str | None  # the rubric named in the system message's first line, if any
+    kind: str | None  # the packaged rubric the system message is, else the kind in the response
+    # format's name (balcaprl_<kind>), else None
     schema_name: str | None  # response_format.json_schema.name; None for a free-text request
     schema: dict[str, Any] | None
     system: str  # the system message's text ("" when there is none)
@@ -168,7 +186,7 @@ def generic_call(body: dict[str, Any]) -> GenericCall:
                 images.append(decode_data_url(part["image_url"]["url"])[1])
     json_schema = (body.get("response_format") or {}).get("json_schema") or {}
     return GenericCall(
-        kind=rubric_name_from_text(system_text),
+        kind=packaged_rubric_name(system_text) or _kind_in_schema_name(json_schema.get("name")),
         schema_name=json_schema.get("name"),
         schema=json_schema.get("schema"),
         system=system_text,
@@ -220,21 +238,21 @@ def _completion(
     }
 
 
-def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """Approximate prompt tokens: ~4 characters a token, plus a flat cost per image."""
-    total = 0
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += approx_tokens(content)
-        elif isinstance(content, list):
-            for part in content:
-                total += approx_tokens(part.get("text", "")) if part.get("type") == "text" else _IMAGE_TOKENS
-    return total
+def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes]) -> int:
+    """The client's own estimate (:mod:`balcaprl.judge.tokens`), with the largest image received."""
+    side = 0
+    for data in images:
+        try:
+            with Image.open(io.BytesIO(data)) as image:  # reads the header only
+                side = max(side, *image.size)
+        except (UnidentifiedImageError, OSError, ValueError):
+            continue
+    return approx_prompt_tokens(messages, side)
 
 
 def _request(parsed: ParsedJudgeMessages, caption: str, reference: str) -> JudgeRequest:
-    rubric = parsed.rubric if parsed.rubric in ("training", "evaluation") else "training"
+    rubric = packaged_rubric_name(parsed.system)
+    rubric = rubric if rubric in ("training", "evaluation") else "training"  # e.g. a decomposition
     return JudgeRequest(image=parsed.image, caption=caption, reference=reference, rubric=rubric)  # type: ignore[arg-type]
 
 
@@ -361,8 +379,8 @@ def create_app(
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
             model = str(body.get("model", "balcaprl-local-judge"))
-            schema_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
-            judge_kind = kind_from_schema_name(schema_name)
+            format_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
+            judge_kind = _JUDGE_KINDS.get(format_name)
             call = generic_call(body) if judge_kind is None and handler is not None else None
             if call is None:
                 if judge is None:
@@ -376,7 +394,7 @@ def create_app(
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
-        prompt_tokens = _prompt_tokens(body["messages"])
+        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image])
 
         fault = faults.next_fault(text)
         name, _, arg = fault.partition(":")
@@ -400,7 +418,7 @@ def create_app(
     async def _handle_generic(call: GenericCall, authorization: str):
         counters.by_kind[call.kind or "generic"] += 1
         counters.by_text[call.text] += 1
-        prompt_tokens = _prompt_tokens(call.messages)
+        prompt_tokens = _prompt_tokens(call.messages, call.images)
         fault = faults.next_fault(call.text)
         name, _, arg = fault.partition(":")
         early = await _transport_fault(name, arg, call.model, prompt_tokens, authorization)

@@ -8,14 +8,12 @@ variants cannot drift apart.
 Every composed rubric carries a version, ``<name>-v<declared>-<reference mode>+<hash>``: the declared
 version from ``manifest.toml`` plus the first 10 hex digits of the composed text's sha256. The judge
 cache puts it into its keys, so an edited rubric never reuses verdicts judged under the old text.
-The first line of a rubric names it (``[balcaprl rubric: training v1]``) so that a loopback judge
-server can tell which rubric a request was judged under.
+The text is exactly what the judge reads: nothing in it exists for tools or tests.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -28,7 +26,6 @@ __all__ = [
     "Rubric",
     "ReferenceMode",
     "load_rubric",
-    "rubric_name_from_text",
 ]
 
 ReferenceMode = Literal["joint", "cached-reference"]
@@ -45,9 +42,6 @@ RUBRIC_NAMES: tuple[str, ...] = (
     "captionqa_answer",
     "caparena_compare",
 )
-
-_HEADER = "[balcaprl rubric: {name} v{version}]"
-_HEADER_RE = re.compile(r"^\[balcaprl rubric: ([a-z_]+) v([^\]\s]+)\]")
 
 
 @dataclass(frozen=True)
@@ -103,15 +97,8 @@ def load_rubric(name: str, reference_mode: str = "joint") -> Rubric:
         else:
             texts.append(_part(part))
     mode = reference_mode if uses_slots else "any"
-    body = "\n\n".join(texts)
-    text = _HEADER.format(name=name, version=entry["version"]) + "\n\n" + body + "\n"
+    text = "\n\n".join(texts) + "\n"
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
     return Rubric(
         name=name, reference_mode=mode, version=f"{name}-v{entry['version']}-{mode}+{digest}", text=text
     )
-
-
-def rubric_name_from_text(text: str) -> str | None:
-    """The rubric name in a rubric's first line, or None when the text does not start with one."""
-    match = _HEADER_RE.match(text)
-    return match.group(1) if match else None

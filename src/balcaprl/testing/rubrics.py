@@ -1,0 +1,30 @@
+"""Which packaged rubric a system message is, told from the text alone (for the loopback server).
+
+Production prompts carry nothing that names their rubric; a test double recognises one by comparing
+the system message exactly with every rubric the package can compose (each name, each reference
+mode). A system message that is not exactly one of them is foreign: None.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from balcaprl.rewards.rubrics import REFERENCE_MODES, RUBRIC_NAMES, load_rubric
+
+__all__ = ["packaged_rubric_name"]
+
+
+@cache
+def _names_by_text() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for name in RUBRIC_NAMES:
+        for mode in REFERENCE_MODES:
+            text = load_rubric(name, mode).text
+            if names.setdefault(text, name) != name:  # two rubrics with one text could not be told apart
+                raise RuntimeError(f"rubrics '{names[text]}' and '{name}' compose to the same text")
+    return names
+
+
+def packaged_rubric_name(system_text: str) -> str | None:
+    """The name of the packaged rubric whose text ``system_text`` is, or None."""
+    return _names_by_text().get(system_text)
