@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from balcaprl.data.fixture import PROMPTS, SOURCES, make_sharegpt4v_fixture
 from balcaprl.data.sharegpt4v import PrepareOptions, default_workers, prepare_sharegpt4v
+from balcaprl.testing.sharegpt4v_fixture import PROMPTS, SOURCES, make_sharegpt4v_fixture
 
 # --------------------------------------------------------------------------------------------------
 # Reading the JSON

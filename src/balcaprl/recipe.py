@@ -27,7 +27,6 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from balcaprl.config import Override, Section, load_config, read_config_file
-from balcaprl.errors import ConfigError
 from balcaprl.judge.config import JudgeSection
 from balcaprl.rewards.config import RewardConfig
 from balcaprl.train.advantages import Estimator
@@ -39,7 +38,6 @@ __all__ = [
     "LoraSettings",
     "ModelConfig",
     "Recipe",
-    "RecipeError",
     "RecipeRewards",
     "RolloutConfig",
     "RunConfig",
@@ -49,9 +47,6 @@ __all__ = [
     "load_recipe_dict",
     "recipe_from_dict",
 ]
-
-# The one config error; the name stays for code written against the recipe's own error class.
-RecipeError = ConfigError
 
 
 # --------------------------------------------------------------------------------------------- model

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # data_testkit, whatever pytest'
 
 from data_testkit import scripted_app  # noqa: E402
 
-from balcaprl.data.fixture import make_sharegpt4v_fixture  # noqa: E402
+from balcaprl.testing.sharegpt4v_fixture import make_sharegpt4v_fixture  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,8 @@ Producers
                   ``prepare`` is the pipeline)
 - ``recaption``   `data recaption`: new references from a strong model through the judge machinery
 
-Around them
+Around them (the commands are in :mod:`balcaprl.cli.data`)
 - ``info``        `data info`: statistics, plain-text tables and the reference-length histogram
-- ``fixture``     a generated stand-in for ShareGPT4V in its exact layout (tests, benchmark)
-- ``cli``         the commands
 
 Long steps report progress through :mod:`balcaprl.progress`.
 """

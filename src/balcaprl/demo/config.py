@@ -34,14 +34,10 @@ from balcaprl.synthetic.lexicon import COLORS, KINDS
 
 __all__ = [
     "DemoConfig",
-    "DemoConfigError",
     "DemoRecipe",
     "demo_recipe",
     "load_demo_config",
 ]
-
-# The one config error, under the name the demo's command line catches.
-DemoConfigError = ConfigError
 
 
 class _Frozen(Section):

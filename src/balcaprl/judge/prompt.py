@@ -30,6 +30,7 @@ __all__ = [
     "build_recaption_messages",
     "clean_caption",
     "clean_text",
+    "data_block",
     "parse_judge_messages",
 ]
 
@@ -68,13 +69,16 @@ def clean_caption(caption: str | bytes, char_cap: int) -> CleanText:
     return CleanText(text, truncated=False)
 
 
-def _block(tag: str, text: str) -> str:
+def data_block(tag: str, text: str) -> str:
+    """Untrusted ``text`` as a tagged data block: ``&``, ``<`` and ``>`` are HTML-escaped, so nothing
+    inside can close this block or open another, whatever it contains. Every judge prompt that carries
+    text it did not write (captions, references, facts, questions, instructions) goes through this."""
     return f"<{tag}>\n{html.escape(text, quote=False)}\n</{tag}>"
 
 
 def _numbered(assertions: Sequence[str]) -> str:
     lines = [f"{i}. {' '.join(a.split())}" for i, a in enumerate(assertions, 1)]
-    return _block("reference_assertions", "\n".join(lines))
+    return data_block("reference_assertions", "\n".join(lines))
 
 
 def build_judge_messages(
@@ -91,10 +95,10 @@ def build_judge_messages(
         raise ValueError("give exactly one of `reference` and `reference_assertions`")
     blocks = [_DATA_NOTE]
     blocks.append(
-        _block("reference", reference) if reference is not None else _numbered(reference_assertions)
+        data_block("reference", reference) if reference is not None else _numbered(reference_assertions)
     )
     if caption is not None:
-        blocks.append(_block("caption", caption))
+        blocks.append(data_block("caption", caption))
     return [
         {"role": "system", "content": rubric.text},
         {
@@ -117,7 +121,7 @@ def build_recaption_messages(
             "role": "user",
             "content": [
                 {"type": "image_url", "image_url": {"url": image.data_url}},
-                {"type": "text", "text": _block("instruction", clean_text(original_prompt).strip())},
+                {"type": "text", "text": data_block("instruction", clean_text(original_prompt).strip())},
             ],
         },
     ]
