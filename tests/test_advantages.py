@@ -1,4 +1,4 @@
-"""c-GDPO and GRPO advantages: hand-computed values, DESIGN.md's edge cases, and agreement with the
+"""c-GDPO and GRPO advantages: hand-computed values, the pinned contract's edge cases, and agreement with the
 deliberately simple loop implementation on random batches."""
 
 import math

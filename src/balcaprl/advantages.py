@@ -3,7 +3,7 @@
 Reference implementations, vectorised in torch: no Python loop over groups. Every trainer backend
 must reproduce these numbers exactly (tests compare). Equation numbers refer to the paper (Sec. 2.4).
 
-Conventions pinned in DESIGN.md:
+Conventions of the pinned public contract (see docs/method.md):
 - ``rewards`` is ``(N, K)``; ``group_index`` gives each rollout's prompt group (any integers; groups
   may differ in size and be interleaved).
 - std is the unbiased sample std (``torch.std``'s default) and eps is added to it, not to the variance.
@@ -76,7 +76,7 @@ def decoupled_group_advantages(
 ) -> torch.Tensor:
     """c-GDPO before its batch step: the weighted sum of per-group, per-reward normalised rewards."""
     rewards, group_index, weights = _as_inputs(rewards, group_index, weights)
-    # Eq. 2.4: A_k^(j) = (R_k^(j) - mu_k) / sigma_k, per group and per reward (+ eps, per DESIGN.md).
+    # Eq. 2.4: A_k^(j) = (R_k^(j) - mu_k) / sigma_k, per group and per reward (+ eps on the std).
     per_reward = group_normalize(rewards, group_index, eps)
     # Eq. 2.5: A_sum^(j) = sum_k w_k A_k^(j).
     return per_reward @ weights

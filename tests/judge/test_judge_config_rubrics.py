@@ -1,4 +1,4 @@
-"""Judge config (DESIGN.md keys, unknown keys rejected, key only from the environment) and rubrics."""
+"""Judge config (the documented keys, unknown keys rejected, key only from the environment) and rubrics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from balcaprl.judge import JudgeConfig, JudgeConfigError, load_judge_config
 from balcaprl.rewards.rubrics import REFERENCE_MODES, RUBRIC_NAMES, load_rubric
 from balcaprl.testing.rubrics import packaged_rubric_name
 
-DESIGN_YAML = """
+EXAMPLE_YAML = """
 base_url: https://api.openai.com/v1
 model: gpt-4o-mini
 api_key_env: OPENAI_API_KEY
@@ -30,7 +30,7 @@ cache_path: ~/.cache/balcaprl/judge.sqlite
 
 def test_design_example_loads_and_equals_the_defaults(tmp_path):
     path = tmp_path / "judge.yaml"
-    path.write_text(DESIGN_YAML)
+    path.write_text(EXAMPLE_YAML)
     cfg = load_judge_config(path)
     assert cfg == JudgeConfig()
     assert cfg.cache_path == Path.home() / ".cache/balcaprl/judge.sqlite"

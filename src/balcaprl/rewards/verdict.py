@@ -1,9 +1,9 @@
 """The verdict a judge returns for one (image, caption, reference) triple.
 
-The schema is pinned in DESIGN.md. It is richer than the paper's single ``is_verified`` flag: keeping
-``pointable`` and ``visible`` apart lets every log tell meta-commentary (not pointable) from
-hallucination (pointable but not visible), while ``pointable and visible`` is exactly the paper's
-true-positive set A+ = A_G ∩ A_P (eq. 2.3).
+The schema is part of the pinned public contract (see docs/method.md). It is richer than the paper's
+single ``is_verified`` flag: keeping ``pointable`` and ``visible`` apart lets every log tell
+meta-commentary (not pointable) from hallucination (pointable but not visible), while ``pointable and
+visible`` is exactly the paper's true-positive set A+ = A_G ∩ A_P (eq. 2.3).
 """
 
 from __future__ import annotations

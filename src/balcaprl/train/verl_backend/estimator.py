@@ -1,6 +1,6 @@
 """verl advantage estimators that compute exactly ``balcaprl.c_gdpo_advantages`` (or the GRPO ablation).
 
-verl's own ``gdpo`` estimator differs from the pinned contract (DESIGN.md) in four ways that change
+verl's own ``gdpo`` estimator differs from the pinned contract (docs/method.md) in four ways that change
 numbers: its last step whitens over *tokens* (``masked_whiten``: long captions weigh more), a NaN reward
 poisons its whole group, a group of one rollout keeps its raw reward instead of 0, and it can only see
 per-reward values because ``ray_trainer.compute_advantage`` special-cases the literal name ``"gdpo"``

@@ -1,6 +1,6 @@
-"""A balcaprl dataset folder -> verl's multimodal RL parquet rows (``balcaprl export verl``).
+"""A balcaprl dataset folder -> verl's multimodal RL parquet rows (``balcaprl verl export``).
 
-Reads the pinned on-disk format (DESIGN.md: train.parquet / eval.parquet, images/, dataset.json) and
+Reads the pinned on-disk format (docs/data.md: train.parquet / eval.parquet, images/, dataset.json) and
 writes, per split, one verl row per image:
 
     data_source   "balcaprl/<dataset name>"   (verl groups metrics by it)
