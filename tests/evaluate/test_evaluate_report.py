@@ -24,12 +24,15 @@ from balcaprl.evaluate.report import (
 )
 
 
-def write_eval(folder, label, dcscore, captionqa, caparena, length, bcapscore, incomplete=(), general=None):
+def write_eval(folder, label, dcscore, captionqa, caparena, length, bcapscore, incomplete=(), general=None,
+               not_comparable=None):  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     for protocol in ("dcscore", "captionqa", "caparena", "bcapscore"):
         done = protocol not in incomplete
-        results[protocol] = {"complete": done, "n_failed": 0 if done else 3, "n_missing": 0}
+        reasons = (not_comparable or {}).get(protocol, [])
+        results[protocol] = {"complete": done, "n_failed": 0 if done else 3, "n_missing": 0,
+                             "comparable_with_paper": not reasons, "not_comparable": reasons}  # fmt: skip
     if general:
         results["general"] = {"scores": general}
     headline = {"dcscore": dcscore, "captionqa": captionqa, "caparena": caparena, "arena_length": length,

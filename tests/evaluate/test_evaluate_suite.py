@@ -32,7 +32,8 @@ DECAP_CAPTIONS = {
 B1 = 3 / (3 + 2 + 27 / 21)
 B2 = 3 / (1 + 1 + 27 / 21)
 # DCScore: iiw_001 -> one fact, matched and verified: P 1, R 1/3, F1 1/2 (all and relevant);
-# iiw_002 -> no fact extracted: 0.  DCScore = 100 x (0.5 + 0) / 2.
+# iiw_002 -> no fact extracted in 5 samples: invalid, left out as the official scorer leaves it out.
+# DCScore = 100 x 0.5 / 1 (before the official rule: 100 x (0.5 + 0) / 2, the invalid caption as 0).
 FACTS = {DECAP_CAPTIONS["iiw_001.jpg"]: [("There is a red door", "door_0", True)]}
 MATCHES = {"There is a red door": ["There is a red door."]}
 VERIFIED = {"There is a red door": [True]}
@@ -78,6 +79,10 @@ def world(tmp_path, eval_server):
     return server, handler, captions, config, judge
 
 
+def results_of(record):
+    return record["results"]
+
+
 def cli(*args):
     return CliRunner(env={"COLUMNS": "120"}).invoke(app, [str(a) for a in args])
 
@@ -91,7 +96,8 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
     record = read_eval(out)
     headline = record["headline"]
     assert headline["bcapscore"] == pytest.approx(100 * (B1 + B2) / 2)
-    assert headline["dcscore"] == pytest.approx(100 * (0.5 + 0) / 2, rel=1e-6)
+    assert headline["dcscore"] == pytest.approx(100 * 0.5, rel=1e-6)
+    assert results_of(record)["dcscore"]["metrics"]["invalid"] == {"iiw_002.jpg": "no fact"}
     assert headline["captionqa"] == pytest.approx(38.75)
     assert headline["caparena"] == pytest.approx(1.0)  # every battle won: (2 - 0) / 2 per baseline
     assert headline["arena_length"] == pytest.approx(sum(range(2, 8)) / 6)
@@ -106,9 +112,9 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
         assert (out / protocol / "items.jsonl").is_file()
     assert "bcapscore:" in result.output and "without a caption" in result.output
     calls = server.counters.total
-    # verdicts 2; dcscore: 2 extractions + 2 match and 2 verify trials of the one caption with facts;
-    # captionqa 4 questions; caparena 6 battles
-    assert calls == 2 + (2 + 2 + 2) + 4 + 6
+    # verdicts 2; dcscore: 1 + 5 extractions (the caption without facts is sampled 5 times) + 2 match
+    # and 2 verify trials of the one caption with facts; captionqa 4 questions; caparena 6 battles
+    assert calls == 2 + (6 + 2 + 2) + 4 + 6
 
     # The same command again costs nothing: every answer is in OUT/judge_cache.sqlite.
     result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
@@ -160,7 +166,7 @@ def test_set_up_errors_are_found_before_any_call(tmp_path, world):
     bad.write_text("dcscore: {annotaions: x}\n")
     with pytest.raises(
         ConfigError,
-        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, extract_temperature, images",
+        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, degenerate_captions, extract_temperature",
     ):
         load_evaluation_config(bad)
 
