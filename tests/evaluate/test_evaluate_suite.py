@@ -190,3 +190,61 @@ def test_the_evaluation_config_resolves_paths_and_validates_judges_when_it_loads
     config_file.write_text("base: ../base.yaml\nbcapscore: {judge: ../judges/typo.yaml}\n")
     with pytest.raises(ConfigError, match=r"bcapscore\.judge\.modle: unknown key; allowed here: api_key_env"):
         load_evaluation_config(config_file)
+
+
+def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_server):
+    from official_fakes import fake_caparena
+
+    arena, arena_images, _ = write_caparena(tmp_path, n_per_baseline=1)
+    calls = []
+
+    def handler(call):  # a judge for both prompt sets: ties everywhere
+        calls.append(call)
+        if call.schema_name is None:  # the official prompts ask for free text
+            return "Reason: both fine.\nJudgment: Tie."
+        return {"reason": "both fine", "judgment": "Tie"}
+
+    server = eval_server(handler)
+    judge = write_judge_yaml(tmp_path / "judge.yaml", server.base_url, model="gpt-4o-2024-08-06")
+    captions = tmp_path / "c.json"
+    captions.write_text(json.dumps({f"test_{i:05d}.jpg": "a caption" for i in range(3)}))
+    checkout = fake_caparena(tmp_path / "CapArena")
+    common = ["--captions", f"caparena={captions}", "--suite", "caparena", "--caparena", arena, "--caparena-images",
+              arena_images, "--judge", judge, "--no-progress"]  # fmt: skip
+
+    result = cli(
+        "evaluate", *common, "--official-caparena", checkout, "--out", tmp_path / "official", "--label", "off"
+    )
+    assert result.exit_code == 0, result.output
+    assert "official prompts" in result.output
+    entry = read_eval(tmp_path / "official")["results"]["caparena"]
+    assert entry["comparable_with_paper"] and entry["not_comparable"] == []
+    assert entry["settings"]["prompts"]["file"] == str(checkout / "vlm_as_a_judge.py")
+    assert entry["settings"]["prompts"]["sha256"] and entry["settings"]["images_sent"] == "official"
+
+    result = cli("evaluate", *common, "--out", tmp_path / "ours", "--label", "ours")
+    assert result.exit_code == 0, result.output
+    entry = read_eval(tmp_path / "ours")["results"]["caparena"]
+    assert not entry["comparable_with_paper"]
+    assert entry["not_comparable"] == [
+        "prompts: paraphrase (not the benchmark's official prompts)",
+        "option images_sent='judge' (official: 'official')",
+    ]
+
+    result = cli("report", tmp_path / "official", tmp_path / "ours", "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "report" / "report.md").read_text()
+    off = next(line for line in table.splitlines() if line.startswith("| off |"))
+    ours = next(line for line in table.splitlines() if line.startswith("| ours |"))
+    assert "‡" not in off and ours.count("‡") == 2  # CapArena and its Arena Length
+    assert "‡ ours, caparena: not comparable with the paper's Table 1: prompts: paraphrase" in table
+
+    # a checkout without the official file: refused before any call, naming what is missing
+    n_calls = len(calls)
+    result = cli("evaluate", *common, "--official-caparena", tmp_path, "--out", tmp_path / "bad")
+    assert (
+        result.exit_code == 2
+        and "official.caparena" in result.output
+        and "vlm_as_a_judge.py" in result.output
+    )
+    assert len(calls) == n_calls

@@ -239,7 +239,7 @@ def run_caparena(
         for attempt in range(settings.max_attempts):  # the official script's 5 tries, each a new sample
             result = await caller.call_text(
                 messages, kind="caparena_compare", trial=attempt or None, temperature=settings.temperature,
-                max_tokens=settings.max_tokens, extra_body=extra,
+                max_tokens=settings.max_tokens, extra_body=extra, truncated_ok=True,
             )  # fmt: skip
             if result.failure is not None and result.failure.reason != "invalid_json":
                 return None, result.failure

@@ -92,6 +92,9 @@ __all__ = [
     "extract_messages",
     "fact_list_json",
     "match_messages",
+    "official_extract_messages",
+    "official_match_messages",
+    "official_verify_messages",
     "parse_fenced_json",
     "run_dcscore",
     "score_trial",
@@ -322,6 +325,38 @@ def parse_fenced_json(answer: str) -> Any:
     raise ValueError("no JSON list in the answer (expected a ```json fenced list)")
 
 
+def official_extract_messages(prompts: DeCapBenchPrompts, caption: str) -> list[dict[str, Any]]:
+    """The official extraction request: the system message, then the filled template."""
+    return [
+        {"role": "system", "content": prompts.system},
+        {"role": "user", "content": prompts.extract.fill(caption=caption)},
+    ]
+
+
+def official_match_messages(
+    prompts: DeCapBenchPrompts, facts: Sequence[dict[str, Any]], oracle: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The official matching request: predicted facts (their objects, without relevance) and the oracle
+    facts keyed by their 0-based ``id``, each list laid out as the official script lays it out."""
+    text = prompts.match.fill(
+        predicted_atomic_facts=fact_list_json(facts),
+        oracle_atomic_facts=fact_list_json([{"id": i, "fact": f} for i, f in enumerate(oracle)]),
+    )
+    return [{"role": "system", "content": prompts.system}, {"role": "user", "content": text}]
+
+
+def official_verify_messages(
+    prompts: DeCapBenchPrompts, image_data_url: str, reference: str, facts: Sequence[dict[str, Any]],
+    detail: str | None = "high",
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The official verification request: the image, then the filled template."""
+    text = prompts.verify.fill(reference_caption=reference, atomic_facts=fact_list_json(facts))
+    return [
+        {"role": "system", "content": prompts.system},
+        {"role": "user", "content": [_image_part(image_data_url, detail), {"type": "text", "text": text}]},
+    ]
+
+
 def _objects(value: Any, keys: Sequence[str], what: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise ValueError(f"the {what} answer must be a list of objects")
@@ -405,9 +440,10 @@ class _Run:
         once per number in ``trials`` (each sample has its own cache entry)."""
         last: JudgeFailure | None = None
         for trial in trials:
-            result = await self.caller.call_text(
-                messages, kind=kind, trial=trial, temperature=temperature, max_tokens=self.settings.max_tokens
-            )
+            result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
+                messages, kind=kind, trial=trial, temperature=temperature, max_tokens=self.settings.max_tokens,
+                truncated_ok=True,
+            )  # fmt: skip
             if result.failure is not None and result.failure.reason not in _UNUSABLE:
                 return None, result.failure
             if result.failure is not None:
@@ -441,10 +477,7 @@ class _Run:
                 [f.relevance for f in facts], facts, [f.model_dump() for f in facts], list(range(len(facts))),
                 {i for i, f in enumerate(facts) if f.relevance},
             ), None  # fmt: skip
-        messages = [
-            {"role": "system", "content": self.prompts.system},
-            {"role": "user", "content": self.prompts.extract.fill(caption=text)},
-        ]
+        messages = official_extract_messages(self.prompts, text)
         found, failure = await self._text(
             messages, "dcscore_extract", [attempt], self.settings.extract_temperature,
             lambda answer: _objects(parse_fenced_json(answer), ("fact", "relevance"), "extraction"),
@@ -503,14 +536,10 @@ class _Run:
         prompts = self.prompts
         assert prompts is not None
         known = set(facts.keys)
-        predicted = fact_list_json(facts.shown)
-        oracle = fact_list_json([{"id": i, "fact": f} for i, f in enumerate(item.oracle_facts)])
-        match_text = prompts.match.fill(predicted_atomic_facts=predicted, oracle_atomic_facts=oracle)
-        verify_text = prompts.verify.fill(reference_caption=item.oracle_caption, atomic_facts=predicted)
-        system = {"role": "system", "content": prompts.system}
-        match_messages_ = [system, {"role": "user", "content": match_text}]
-        verify_messages_ = [system, {"role": "user", "content": [
-            _image_part(image_url, self.detail), {"type": "text", "text": verify_text}]}]  # fmt: skip
+        match_messages_ = official_match_messages(prompts, facts.shown, item.oracle_facts)
+        verify_messages_ = official_verify_messages(
+            prompts, image_url, item.oracle_caption, facts.shown, self.detail
+        )
 
         def read_matches(answer: str) -> dict[Hashable, Hashable | None]:
             entries = _objects(parse_fenced_json(answer), ("fact", "matched_oracle_id"), "matching")
