@@ -246,6 +246,13 @@ def test_official_trial_arithmetic_keys():
     assert parse_fenced_json('[{"fact":\n "a"}]') == [{"fact": "a"}]  # no fence, a newline inside
     with pytest.raises(ValueError):
         parse_fenced_json("no list here")
+    # an extraction item the later prompts could not carry as JSON (a Python set) is an unusable answer
+    from balcaprl.evaluate.dcscore import _objects
+
+    with pytest.raises(ValueError, match="not plain JSON data"):
+        _objects(
+            parse_fenced_json("```json\n[{'fact': 'a', 'relevance': 1, 'ids': {1, 2}}]\n```"), ("fact",), "x"
+        )
 
 
 # ----------------------------------------------------------------------------------------- CaptionQA

@@ -365,6 +365,10 @@ def _objects(value: Any, keys: Sequence[str], what: str) -> list[dict[str, Any]]
             raise ValueError(f"{what} item {i} must be an object with {', '.join(keys)}")
         if not isinstance(item["fact"], str):
             raise ValueError(f"{what} item {i}: 'fact' must be a string")
+        try:  # the objects go back into later prompts as JSON (a Python literal may hold a set)
+            json.dumps(item, ensure_ascii=False)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} item {i} is not plain JSON data") from None
     return value
 
 
