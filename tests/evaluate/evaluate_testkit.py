@@ -230,7 +230,7 @@ class ProtocolJudge:
             return {"verdicts": [{"id": i, "correct": bool(self._pick(self.verified, f, turn, False))}
                                  for i, f in enumerate(predicted, 1)]}  # fmt: skip
         if call.kind == "captionqa_answer":
-            caption = call.text.split("Caption:\n", 1)[1].split("\n\nQuestion:\n", 1)[0]
+            caption = _block("caption", call.text)
             question = call.text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)[0]
             options = call.text.split("Options:\n", 1)[1].split("\n\nAnswer:", 1)[0].split("\n")
             choice = self.answers.get((caption, question), "")
@@ -335,7 +335,7 @@ class SyntheticProtocolJudge:
                 out.append({"id": i, "correct": ok})
             return {"verdicts": out}
         if call.kind == "captionqa_answer":
-            caption = call.text.split("Caption:\n", 1)[1].split("\n\nQuestion:\n", 1)[0].lower()
+            caption = (_block("caption", call.text) or "").lower()
             question = call.text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)[0]
             thing = question.removeprefix("Is there a ").rstrip("?")
             wanted = "Yes" if thing in caption else "No"

@@ -26,8 +26,8 @@ def test_arena_arithmetic_by_hand():
     ]
     scores = arena_scores(battles)
     per = scores["per_baseline"]
-    assert per[GPT] == {"wins": 2, "losses": 1, "ties": 0, "failed": 0, "battles": 3, "score": 0.5,
-                        "normalised": pytest.approx(100 / 3)}  # fmt: skip
+    assert per[GPT] == {"wins": 2, "losses": 1, "ties": 0, "failed": 0, "unrecognised": 0, "battles": 3,
+                        "score": 0.5, "normalised": pytest.approx(100 / 3)}  # fmt: skip
     assert per[COG]["score"] == -0.5 and per[COG]["normalised"] == -50.0
     assert per[CPM]["score"] == 0.0 and per[CPM]["normalised"] is None and per[CPM]["failed"] == 1
     assert scores["score"] == pytest.approx((0.5 - 0.5 + 0.0) / 3)  # always over the three baselines

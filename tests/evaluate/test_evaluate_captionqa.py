@@ -37,8 +37,8 @@ def test_questions_options_and_the_seed_0_shuffle(tmp_path):
     assert [q.permutation for q in questions] == [(2, 0, 1, 3), (0, 1), (0, 1, 2), (0, 4, 1, 2, 3), (1, 0, 2)]
     colour = questions[0]
     assert colour.shown == ["Blue", "Red", "Green", CANNOT_ANSWER] and colour.category == "Attribute"
-    assert question_prompt("A red door.", colour) == (
-        "Caption:\nA red door.\n\nQuestion:\nWhat colour is the door?\n\n"
+    assert question_prompt("A red door.", colour) == (  # the official layout, the caption a data block
+        "Caption:\n<caption>\nA red door.\n</caption>\n\nQuestion:\nWhat colour is the door?\n\n"
         "Options:\nA. Blue\nB. Red\nC. Green\nD. Cannot answer from the caption\n\nAnswer:"
     )
     assert prepare_questions(entries, seed=1)[0].permutation != colour.permutation
@@ -115,7 +115,7 @@ def test_protocol_over_http(tmp_path, eval_server):
     assert result.missing == ["doc_001"] and not result.failures
     call = handler.seen[0]
     assert call.kind == "captionqa_answer" and not call.images and call.schema_name is None  # text only
-    assert call.temperature == 0.0 and call.max_tokens == 16
+    assert call.temperature == 0.0 and call.max_tokens == 4  # the official answer budget
     assert "single letter" in call.system
     rows = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in rows] == ["correct", "wrong", "cannot_answer", "unparsed"]

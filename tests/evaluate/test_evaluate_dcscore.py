@@ -108,14 +108,27 @@ def test_protocol_over_http_then_resume(tmp_path, eval_server):
     assert rows[0]["n_facts"] == 4 and len(rows[0]["trials"]) == 9
     assert rows[1]["failure"] == "server_error" and "extract" in rows[1]["detail"]
 
-    # A re-run pays only for what failed: the other caption's 7 calls come from the cache.
+    # A re-run pays only for what failed: the other caption's 7 calls come from the cache. The FAULTY
+    # caption now reaches the judge, which finds no fact in it: the official formulas are undefined
+    # (precision = 0 / 0), so, as the official scorer does, its extraction is sampled again up to 5
+    # times, then the caption is invalid: left out of the mean and counted.
     server.counters.by_kind.clear()
     again = run_dcscore(
         JudgeCaller(cfg, image_root=images), items, sets["decapbench"], images, tmp_path / "d2"
     )
-    assert server.counters.by_kind == {"dcscore_extract": 1}  # no facts in the FAULTY caption: no trials
-    assert again.complete and again.n_scored == 2
-    assert again.score == pytest.approx(100 * (F1 + F1_REL) / 4, rel=1e-6)  # the second caption scores 0
+    assert server.counters.by_kind == {"dcscore_extract": 5}
+    assert again.complete and again.n_scored == 1
+    assert again.metrics["n_invalid"] == 1 and again.metrics["invalid"] == {"iiw_002.jpg": "no fact"}
+    # before (a degenerate caption scored 0 and kept): 100 x (F1 + F1_REL) / 4; after: / 2
+    assert again.score == pytest.approx(100 * (F1 + F1_REL) / 2, rel=1e-6)
+    # our stricter rule is one option away: one extraction, the caption scored 0 and kept in the mean
+    server.counters.by_kind.clear()
+    strict = run_dcscore(
+        JudgeCaller(cfg, image_root=images), items, sets["decapbench"], images, tmp_path / "d3",
+        DCScoreSettings(degenerate_captions="zero"),
+    )  # fmt: skip
+    assert server.counters.by_kind == {} and strict.n_scored == 2 and strict.metrics["n_invalid"] == 0
+    assert strict.score == pytest.approx(100 * (F1 + F1_REL) / 4, rel=1e-6)
 
 
 def test_invalid_match_answers_are_reasked_then_fail(tmp_path, eval_server):

@@ -24,12 +24,15 @@ from balcaprl.evaluate.report import (
 )
 
 
-def write_eval(folder, label, dcscore, captionqa, caparena, length, bcapscore, incomplete=(), general=None):
+def write_eval(folder, label, dcscore, captionqa, caparena, length, bcapscore, incomplete=(), general=None,
+               not_comparable=None):  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     for protocol in ("dcscore", "captionqa", "caparena", "bcapscore"):
         done = protocol not in incomplete
-        results[protocol] = {"complete": done, "n_failed": 0 if done else 3, "n_missing": 0}
+        reasons = (not_comparable or {}).get(protocol, [])
+        results[protocol] = {"complete": done, "n_failed": 0 if done else 3, "n_missing": 0,
+                             "comparable_with_paper": not reasons, "not_comparable": reasons}  # fmt: skip
     if general:
         results["general"] = {"scores": general}
     headline = {"dcscore": dcscore, "captionqa": captionqa, "caparena": caparena, "arena_length": length,
@@ -140,3 +143,25 @@ def test_report_errors(tmp_path, runs):
         app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]
     )
     assert result.exit_code == 2 and "no eval.json" in result.output
+
+
+def test_numbers_not_comparable_with_table_1_are_marked(tmp_path):
+    reasons = {"dcscore": ["prompts: paraphrase (not the benchmark's official prompts)"]}
+    write_eval(tmp_path / "ours", "ours", 45.5, 70.0, -3.0, 150, 47.0, not_comparable=reasons)
+    old = tmp_path / "old"  # an eval.json from before prompts and options were recorded
+    old.mkdir()
+    (old / "eval.json").write_text(json.dumps({"label": "old", "results": {"dcscore": {"complete": True}},
+                                               "headline": {"dcscore": 40.0}}))  # fmt: skip
+    report = build_report([tmp_path / "ours", old], tmp_path / "r", published="qwen2.5-vl-3b/baseline")
+    md = report.markdown
+    assert "| ours | **45.5**‡ | – | **70.0** | – | **-3.0** | – | 150 | **47.0** | – |" in md
+    assert "| old | 40.0‡ | – | – | – | – | – | – | – | – |" in md
+    assert "‡ ours, dcscore: not comparable with the paper's Table 1: prompts: paraphrase" in md
+    assert (
+        "‡ old, dcscore: not comparable with the paper's Table 1: the prompts and options used were not recorded"
+        in md
+    )
+    paper = next(line for line in md.splitlines() if "(paper) |" in line)
+    assert "‡" not in paper  # the paper's own rows are the reference
+    rows = list(csv.DictReader(io.StringIO(report.csv)))
+    assert [r["not_comparable"] for r in rows] == ["dcscore", "dcscore", ""]

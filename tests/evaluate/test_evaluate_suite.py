@@ -32,7 +32,8 @@ DECAP_CAPTIONS = {
 B1 = 3 / (3 + 2 + 27 / 21)
 B2 = 3 / (1 + 1 + 27 / 21)
 # DCScore: iiw_001 -> one fact, matched and verified: P 1, R 1/3, F1 1/2 (all and relevant);
-# iiw_002 -> no fact extracted: 0.  DCScore = 100 x (0.5 + 0) / 2.
+# iiw_002 -> no fact extracted in 5 samples: invalid, left out as the official scorer leaves it out.
+# DCScore = 100 x 0.5 / 1 (before the official rule: 100 x (0.5 + 0) / 2, the invalid caption as 0).
 FACTS = {DECAP_CAPTIONS["iiw_001.jpg"]: [("There is a red door", "door_0", True)]}
 MATCHES = {"There is a red door": ["There is a red door."]}
 VERIFIED = {"There is a red door": [True]}
@@ -78,6 +79,10 @@ def world(tmp_path, eval_server):
     return server, handler, captions, config, judge
 
 
+def results_of(record):
+    return record["results"]
+
+
 def cli(*args):
     return CliRunner(env={"COLUMNS": "120"}).invoke(app, [str(a) for a in args])
 
@@ -91,7 +96,8 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
     record = read_eval(out)
     headline = record["headline"]
     assert headline["bcapscore"] == pytest.approx(100 * (B1 + B2) / 2)
-    assert headline["dcscore"] == pytest.approx(100 * (0.5 + 0) / 2, rel=1e-6)
+    assert headline["dcscore"] == pytest.approx(100 * 0.5, rel=1e-6)
+    assert results_of(record)["dcscore"]["metrics"]["invalid"] == {"iiw_002.jpg": "no fact"}
     assert headline["captionqa"] == pytest.approx(38.75)
     assert headline["caparena"] == pytest.approx(1.0)  # every battle won: (2 - 0) / 2 per baseline
     assert headline["arena_length"] == pytest.approx(sum(range(2, 8)) / 6)
@@ -106,9 +112,9 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
         assert (out / protocol / "items.jsonl").is_file()
     assert "bcapscore:" in result.output and "without a caption" in result.output
     calls = server.counters.total
-    # verdicts 2; dcscore: 2 extractions + 2 match and 2 verify trials of the one caption with facts;
-    # captionqa 4 questions; caparena 6 battles
-    assert calls == 2 + (2 + 2 + 2) + 4 + 6
+    # verdicts 2; dcscore: 1 + 5 extractions (the caption without facts is sampled 5 times) + 2 match
+    # and 2 verify trials of the one caption with facts; captionqa 4 questions; caparena 6 battles
+    assert calls == 2 + (6 + 2 + 2) + 4 + 6
 
     # The same command again costs nothing: every answer is in OUT/judge_cache.sqlite.
     result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
@@ -160,7 +166,7 @@ def test_set_up_errors_are_found_before_any_call(tmp_path, world):
     bad.write_text("dcscore: {annotaions: x}\n")
     with pytest.raises(
         ConfigError,
-        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, extract_temperature, images",
+        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, degenerate_captions, extract_temperature",
     ):
         load_evaluation_config(bad)
 
@@ -184,3 +190,61 @@ def test_the_evaluation_config_resolves_paths_and_validates_judges_when_it_loads
     config_file.write_text("base: ../base.yaml\nbcapscore: {judge: ../judges/typo.yaml}\n")
     with pytest.raises(ConfigError, match=r"bcapscore\.judge\.modle: unknown key; allowed here: api_key_env"):
         load_evaluation_config(config_file)
+
+
+def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_server):
+    from official_fakes import fake_caparena
+
+    arena, arena_images, _ = write_caparena(tmp_path, n_per_baseline=1)
+    calls = []
+
+    def handler(call):  # a judge for both prompt sets: ties everywhere
+        calls.append(call)
+        if call.schema_name is None:  # the official prompts ask for free text
+            return "Reason: both fine.\nJudgment: Tie."
+        return {"reason": "both fine", "judgment": "Tie"}
+
+    server = eval_server(handler)
+    judge = write_judge_yaml(tmp_path / "judge.yaml", server.base_url, model="gpt-4o-2024-08-06")
+    captions = tmp_path / "c.json"
+    captions.write_text(json.dumps({f"test_{i:05d}.jpg": "a caption" for i in range(3)}))
+    checkout = fake_caparena(tmp_path / "CapArena")
+    common = ["--captions", f"caparena={captions}", "--suite", "caparena", "--caparena", arena, "--caparena-images",
+              arena_images, "--judge", judge, "--no-progress"]  # fmt: skip
+
+    result = cli(
+        "evaluate", *common, "--official-caparena", checkout, "--out", tmp_path / "official", "--label", "off"
+    )
+    assert result.exit_code == 0, result.output
+    assert "official prompts" in result.output
+    entry = read_eval(tmp_path / "official")["results"]["caparena"]
+    assert entry["comparable_with_paper"] and entry["not_comparable"] == []
+    assert entry["settings"]["prompts"]["file"] == str(checkout / "vlm_as_a_judge.py")
+    assert entry["settings"]["prompts"]["sha256"] and entry["settings"]["images_sent"] == "official"
+
+    result = cli("evaluate", *common, "--out", tmp_path / "ours", "--label", "ours")
+    assert result.exit_code == 0, result.output
+    entry = read_eval(tmp_path / "ours")["results"]["caparena"]
+    assert not entry["comparable_with_paper"]
+    assert entry["not_comparable"] == [
+        "prompts: paraphrase (not the benchmark's official prompts)",
+        "option images_sent='judge' (official: 'official')",
+    ]
+
+    result = cli("report", tmp_path / "official", tmp_path / "ours", "--out", tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "report" / "report.md").read_text()
+    off = next(line for line in table.splitlines() if line.startswith("| off |"))
+    ours = next(line for line in table.splitlines() if line.startswith("| ours |"))
+    assert "‡" not in off and ours.count("‡") == 2  # CapArena and its Arena Length
+    assert "‡ ours, caparena: not comparable with the paper's Table 1: prompts: paraphrase" in table
+
+    # a checkout without the official file: refused before any call, naming what is missing
+    n_calls = len(calls)
+    result = cli("evaluate", *common, "--official-caparena", tmp_path, "--out", tmp_path / "bad")
+    assert (
+        result.exit_code == 2
+        and "official.caparena" in result.output
+        and "vlm_as_a_judge.py" in result.output
+    )
+    assert len(calls) == n_calls

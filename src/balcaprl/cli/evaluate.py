@@ -56,6 +56,11 @@ def caption(
     device: str = typer.Option("auto", "--device", help="transformers: auto | cpu | cuda | cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="transformers: auto | float32 | bfloat16 | float16."),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm: tensor_parallel_size."),
+    multi_image: str = typer.Option(
+        "captionqa", "--multi-image",
+        help="CaptionQA entries with several images: captionqa (all, with the benchmark script's count line), "
+        "lmms-eval (all, no line) or first (the first only).",
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard an unfinished earlier run (OUT.part)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:  # fmt: skip
@@ -70,8 +75,13 @@ def caption(
 
     if backend not in ("transformers", "vllm"):
         raise UserError(f"--backend {backend}: choose transformers or vllm")
+    if multi_image not in ("captionqa", "lmms-eval", "first"):
+        raise UserError(f"--multi-image {multi_image}: choose captionqa, lmms-eval or first")
     try:
-        items = collect_items(images, benchmark=benchmark, annotations=annotations, split=split, limit=limit)  # type: ignore[arg-type]
+        items = collect_items(
+            images, benchmark=benchmark, annotations=annotations, split=split, limit=limit,  # type: ignore[arg-type]
+            multi_image=multi_image,  # type: ignore[arg-type]
+        )  # fmt: skip
         settings = GenerationSettings(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -82,7 +92,10 @@ def caption(
         if backend == "transformers":
             captioner = TransformersCaptioner(model, device=device, dtype=dtype)
         else:
-            captioner = VLLMCaptioner(model, tensor_parallel_size=tensor_parallel)
+            most = max((len(i.images) for i in items), default=1)
+            captioner = VLLMCaptioner(
+                model, tensor_parallel_size=tensor_parallel, limit_mm_per_prompt={"image": most}
+            )
         with _progress(progress) as bars:
             task = bars.add_task(f"captioning with {model}", total=len(items))
             run = caption_items(
@@ -174,6 +187,16 @@ def evaluate(
     captionqa: Path | None = typer.Option(None, "--captionqa", help="CaptionQA question file."),
     caparena: Path | None = typer.Option(None, "--caparena", help="caparena_auto_600.json."),
     caparena_images: Path | None = typer.Option(None, "--caparena-images", help="CapArena image folder."),
+    official_decapbench: Path | None = typer.Option(
+        None, "--official-decapbench", help="A DeCapBench checkout: DCScore runs with its official prompts."
+    ),
+    official_caparena: Path | None = typer.Option(
+        None, "--official-caparena", help="A CapArena checkout: CapArena runs with its official prompts."
+    ),
+    official_captionqa: str | None = typer.Option(
+        None, "--official-captionqa",
+        help="lmms-eval (the installed package) or an lmms-eval checkout: CaptionQA with its official prompts.",
+    ),
     label: str | None = typer.Option(None, "--label", help="The run's name in reports (default: the folder)."),
     cache: Path | None = typer.Option(None, "--cache", help="Judge cache file (default: the judge config's, or OUT/)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="No judge cache (a re-run pays again)."),
@@ -188,6 +211,11 @@ def evaluate(
         "dcscore": {"annotations": decapbench, "images": decapbench_images},
         "captionqa": {"questions": captionqa},
         "caparena": {"annotations": caparena, "images": caparena_images},
+        "official": {
+            "decapbench": official_decapbench,
+            "caparena": official_caparena,
+            "captionqa": official_captionqa,
+        },
     }
     for spec in judge_for:
         protocol, _, path = spec.partition("=")
@@ -216,6 +244,13 @@ def evaluate(
             line += f", failed: {json.dumps(result.failures)}"
         if result.missing:
             line += f", {len(result.missing)} without a caption"
+        if result.refused:
+            line += f", {len(result.refused)} benchmark rows refused (see eval.json)"
+        if result.metrics.get("n_invalid"):
+            line += f", {result.metrics['n_invalid']} invalid (left out, as the official scorer does)"
+        prompts = (result.settings.get("prompts") or {}).get("kind")
+        if prompts:
+            line += f", {prompts} prompts"
         typer.echo(line + ")")
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")

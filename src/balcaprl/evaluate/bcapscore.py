@@ -5,6 +5,8 @@ rubric against DeCapBench's images and human reference captions (GPT-5.4 as judg
 This is `balcaprl score` (:func:`balcaprl.judge.score.score_captions`) run on the benchmark: the
 captions and the human references are written as ``{image: text}`` files in the protocol's folder
 and scored there, so ``scores.jsonl`` and ``summary.json`` are exactly what ``balcaprl score`` writes.
+The evaluation rubric is our wording of the paper's evaluation prompt; the summary records it as such
+(``settings.prompts``), and `balcaprl report` marks the number as not the paper's own prompt's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
+from balcaprl.evaluate.official import PromptSource
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text as _write_atomic
 from balcaprl.judge.client import OpenAICompatibleJudge
@@ -71,6 +74,9 @@ def run_bcapscore(
             "rubric": "evaluation",
             "rubric_version": summary["judge"]["rubric_version"],
             "reference_mode": summary["judge"]["reference_mode"],
+            "prompts": PromptSource(
+                "paraphrase", "bcapscore", rubrics={"evaluation": summary["judge"]["rubric_version"]}
+            ).as_dict(),
         },  # fmt: skip
         judge=summary["judge"]["model"],
         stats=summary["accounting"],

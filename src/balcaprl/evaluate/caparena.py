@@ -17,12 +17,26 @@ A battle whose judge call failed is reported (``failures``) and counts neither a
 tie — the official script skips it too; ``normalised`` (100 x (wins - losses) / judged battles, per
 baseline, then the mean) is given alongside, since the official formula assumes 200 battles per
 baseline and reads small on subsets.
+
+**Prompts.** By default our own wording (rubric ``caparena_compare``, a strict JSON answer). With
+``official.caparena`` set, the official system message and pairwise template read from the user's
+checkout (:func:`~balcaprl.evaluate.official.load_caparena_prompts`), sent as the official script
+sends them (system message; the image, then the filled template), answered in free text and read as
+the script reads it: a ``Reason: ... Judgment:`` part and the rest of the ``Judgment:`` line are both
+needed, else the battle is sampled again (up to ``max_attempts``, official 5); a judgment other than
+the six forms the official scorer accepts ("Caption 1 is better", "Caption 2 is better", "Tie", each
+with or without a final period) counts neither way (``unrecognised``, as the scorer skips it). The
+image is sent at its own size and bytes with ``detail: "high"`` (``image_mode: official``; ``auto``
+follows the prompts; the official script labels every image ``image/png``, we give its real type).
+In both, every caption is an escaped data block, so one caption cannot close its block and speak
+about the other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,25 +46,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.evaluate.formats import CapArenaItem, CaptionSet
+from balcaprl.evaluate.official import OFFICIAL_IMAGE_SIDE, CapArenaPrompts, paraphrase_source
 from balcaprl.evaluate.results import ProtocolResult, mean, write_items
 from balcaprl.judge.calls import JudgeCaller
-from balcaprl.judge.images import ImageError
-from balcaprl.judge.prompt import clean_text
+from balcaprl.judge.images import ImageError, ImageLoader
+from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.rewards.rubrics import load_rubric
 
 __all__ = [
     "BASELINES",
+    "OFFICIAL_OPTIONS",
     "CapArenaSettings",
     "PairVerdict",
     "arena_scores",
     "caption_words",
     "positions",
+    "read_official_judgment",
     "run_caparena",
 ]
 
 BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 JUDGMENTS = ("Caption 1 is better", "Caption 2 is better", "Tie")
+_REASON = re.compile(r"Reason:\s*(.+?)\s*Judgment:", re.DOTALL)
+_JUDGMENT = re.compile(r"Judgment:\s*(.+)")
 
 
 class CapArenaSettings(BaseModel):
@@ -62,6 +81,23 @@ class CapArenaSettings(BaseModel):
     temperature: float | None = Field(0.1, description="Judge temperature (official: 0.1).")
     top_p: float | None = Field(0.9, description="Judge top_p (official: 0.9); null omits it.")
     max_tokens: int = Field(1500, ge=16, description="Most judge tokens (official: 1500).")
+    max_attempts: int = Field(
+        5,
+        ge=1,
+        description="Samples drawn for an answer without a Reason/Judgment (official prompts; official: 5).",
+    )
+    image_mode: Literal["auto", "official", "judge"] = Field(
+        "auto",
+        description="Images: 'official' (own size and bytes, detail high), 'judge' (the judge config's "
+        "max_image_side, no detail), 'auto' (official with official prompts).",
+    )
+
+
+# The official protocol's options (the position seed is not one: the official draw is unseeded).
+OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "temperature": (0.1,), "top_p": (0.9,), "max_tokens": (1500,), "max_attempts": (5,),
+    "images_sent": ("official",),
+}  # fmt: skip
 
 
 class PairVerdict(BaseModel):
@@ -86,20 +122,26 @@ class Battle:
     image: str
     baseline: str
     model_first: bool
-    judgment: str | None  # None: the call failed
+    judgment: str | None  # one of JUDGMENTS, "unrecognised", or None: the call failed
 
 
 def arena_scores(battles: Sequence[Battle], baselines: Sequence[str] = BASELINES) -> dict[str, Any]:
-    """Per baseline: wins, losses, ties, failed, ``score`` = (wins - losses) / 2 and ``normalised`` =
+    """Per baseline: wins, losses, ties, failed, unrecognised (both count neither way, as the official
+    scorer skips them), ``score`` = (wins - losses) / 2 and ``normalised`` =
     100 x (wins - losses) / judged; ``score`` / ``normalised`` overall: their means over ``baselines``."""
     per: dict[str, dict[str, Any]] = {
-        b: {"wins": 0, "losses": 0, "ties": 0, "failed": 0, "battles": 0} for b in baselines
+        b: dict.fromkeys(("wins", "losses", "ties", "failed", "unrecognised", "battles"), 0)
+        for b in baselines
     }
     for battle in battles:
-        row = per.setdefault(battle.baseline, {"wins": 0, "losses": 0, "ties": 0, "failed": 0, "battles": 0})
+        row = per.setdefault(
+            battle.baseline, dict.fromkeys(("wins", "losses", "ties", "failed", "unrecognised", "battles"), 0)
+        )
         row["battles"] += 1
         if battle.judgment is None:
             row["failed"] += 1
+        elif battle.judgment not in JUDGMENTS:
+            row["unrecognised"] += 1
         elif battle.judgment == "Tie":
             row["ties"] += 1
         elif (battle.judgment == "Caption 1 is better") == battle.model_first:
@@ -118,20 +160,40 @@ def arena_scores(battles: Sequence[Battle], baselines: Sequence[str] = BASELINES
     }
 
 
-def _messages(image_url: str, first: str, second: str, human: str) -> list[dict[str, Any]]:
-    text = (
-        f"<caption_1>\n{first}\n</caption_1>\n\n<caption_2>\n{second}\n</caption_2>\n\n"
-        f"<reference_caption>\n{human}\n</reference_caption>\n\n"
-        "Which caption is better? Answer in the required format; mark a tie only if it is truly hard to decide."
-    )
+def read_official_judgment(answer: str) -> str | None:
+    """The judgment of a free-text answer as the official script reads it, normalised to one of
+    :data:`JUDGMENTS`; ``"unrecognised"`` for a judgment outside the six accepted forms; ``ValueError``
+    when the answer lacks the ``Reason: ... Judgment:`` part or the judgment (another sample is due)."""
+    reason, judgment = _REASON.search(answer), _JUDGMENT.search(answer)
+    if reason is None or not reason.group(1).strip() or judgment is None or not judgment.group(1).strip():
+        raise ValueError("the answer needs a 'Reason: ...' and a 'Judgment: ...' line")
+    text = judgment.group(1).strip()
+    return text.removesuffix(".") if text.removesuffix(".") in JUDGMENTS else "unrecognised"
+
+
+def compare_messages(
+    image_url: str, first: str, second: str, human: str, prompts: CapArenaPrompts | None = None,
+    detail: str | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The pairwise request: the image, then both captions and the human reference, each an escaped
+    data block; our wording, or the official one (``prompts``)."""
+    image_url_part: dict[str, Any] = {"url": image_url}
+    if detail is not None:
+        image_url_part["detail"] = detail
+    if prompts is None:
+        system = load_rubric("caparena_compare").text
+        text = "\n\n".join(
+            [data_block("caption_1", first), data_block("caption_2", second), data_block("reference_caption", human),
+             "Which caption is better? Answer in the required format; mark a tie only if it is truly hard to decide."]
+        )  # fmt: skip
+    else:
+        system = prompts.system
+        text = prompts.compare.fill(caption_1=first, caption_2=second, caption_ref=human)
     return [
-        {"role": "system", "content": load_rubric("caparena_compare").text},
+        {"role": "system", "content": system},
         {
             "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": image_url}},
-                {"type": "text", "text": text},
-            ],
+            "content": [{"type": "image_url", "image_url": image_url_part}, {"type": "text", "text": text}],
         },
     ]
 
@@ -145,31 +207,65 @@ def run_caparena(
     settings: CapArenaSettings | None = None,
     model_name: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    prompts: CapArenaPrompts | None = None,
 ) -> ProtocolResult:
-    """Battle every image that has a caption against its baseline; write ``items.jsonl``; summarise."""
+    """Battle every image that has a caption against its baseline; write ``items.jsonl``; summarise.
+    ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_caparena_prompts`);
+    None runs our paraphrase."""
     settings = settings or CapArenaSettings()
     extra = {"top_p": settings.top_p} if settings.top_p is not None else None
+    official_images = settings.image_mode == "official" or (
+        settings.image_mode == "auto" and prompts is not None
+    )
+    images = (
+        ImageLoader(OFFICIAL_IMAGE_SIDE, root=image_root)
+        if official_images
+        else ImageLoader(caller.config.max_image_side, root=image_root)
+    )
+    detail = "high" if official_images else None
     skipped = [i.image for i in items if model_name is not None and i.ref_model == model_name]
     todo = [(i, captions.lookup(i.image)) for i in items if i.image not in skipped]
     missing = [i.image for i, c in todo if c is None]
     todo = [(i, c) for i, c in todo if c is not None]
 
+    async def judge(messages: list[dict[str, Any]]) -> tuple[str | None, JudgeFailure | None]:
+        if prompts is None:
+            result = await caller.call_json(
+                messages, PairVerdict, kind="caparena_compare", temperature=settings.temperature,
+                max_tokens=settings.max_tokens, extra_body=extra,
+            )  # fmt: skip
+            return (None, result.failure) if result.failure is not None else (result.value.judgment, None)
+        last: JudgeFailure | None = None
+        for attempt in range(settings.max_attempts):  # the official script's 5 tries, each a new sample
+            result = await caller.call_text(
+                messages, kind="caparena_compare", trial=attempt or None, temperature=settings.temperature,
+                max_tokens=settings.max_tokens, extra_body=extra, truncated_ok=True,
+            )  # fmt: skip
+            if result.failure is not None and result.failure.reason != "invalid_json":
+                return None, result.failure
+            if result.failure is None:
+                try:
+                    return read_official_judgment(result.value), None
+                except ValueError as error:
+                    last = JudgeFailure("schema_violation", str(error))
+            else:
+                last = result.failure
+        assert last is not None
+        return None, JudgeFailure(
+            last.reason, f"no usable answer in {settings.max_attempts} samples: {last.detail}"
+        )
+
     async def one(item: CapArenaItem, caption: str) -> tuple[bool, str | None, JudgeFailure | None]:
         first = positions(item.image, settings.seed)
         try:
-            image = await asyncio.to_thread(caller.images.load, Path(image_root) / item.image)
+            image = await asyncio.to_thread(images.load, item.image)
         except ImageError as error:
             return first, None, JudgeFailure("bad_input", str(error))
         ours, theirs = clean_text(caption).strip(), clean_text(item.baseline_caption).strip()
         pair = (ours, theirs) if first else (theirs, ours)
-        result = await caller.call_json(
-            _messages(image.data_url, *pair, clean_text(item.human).strip()), PairVerdict,
-            kind="caparena_compare", temperature=settings.temperature, max_tokens=settings.max_tokens,
-            extra_body=extra,
-        )  # fmt: skip
-        if result.failure is not None:
-            return first, None, result.failure
-        return first, result.value.judgment, None
+        messages = compare_messages(image.data_url, *pair, clean_text(item.human).strip(), prompts, detail)
+        judgment, failure = await judge(messages)
+        return first, judgment, failure
 
     async def run_all():
         done = 0
@@ -192,7 +288,9 @@ def run_caparena(
     for (item, caption), (first, judgment, failure) in zip(todo, outcomes, strict=True):
         battles.append(Battle(item.image, item.ref_model, first, judgment))
         winner = None
-        if judgment is not None:
+        if judgment == "unrecognised":
+            winner = "unrecognised"
+        elif judgment is not None:
             winner = (
                 "tie"
                 if judgment == "Tie"
@@ -213,6 +311,7 @@ def run_caparena(
         "length_words": mean([r["words"] for r in rows]) if rows else None,
         "per_baseline": None if scores is None else scores["per_baseline"],
         "skipped_own_baseline": skipped,
+        "unrecognised_judgments": sum(r["judgment"] == "unrecognised" for r in rows),
     }
     failures = dict(Counter(r["failure"] for r in rows if r["failure"] is not None))
     return ProtocolResult(
@@ -223,9 +322,17 @@ def run_caparena(
         n_scored=len([r for r in rows if r["failure"] is None]),
         failures=failures,
         missing=missing,
-        settings=settings.model_dump(),
+        settings={
+            **settings.model_dump(),
+            "images_sent": "official" if official_images else "judge",
+            "prompts": (
+                prompts.source
+                if prompts is not None
+                else paraphrase_source("caparena", ("caparena_compare",))
+            ).as_dict(),
+        },  # fmt: skip
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="score = mean over baselines of (wins - losses) / 2 (-100..100 on the full 600 images); "
-        "length_words = mean words per caption",
+        "length_words = mean words per caption; a failed battle or an unrecognised judgment counts neither way",
     )

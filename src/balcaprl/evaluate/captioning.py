@@ -14,6 +14,10 @@ Sources (what to caption):
 - a benchmark (``--benchmark``): ``decapbench`` (annotation JSONL + image folder; key = image name),
   ``captionqa`` (question file with embedded images, or + an image folder; key = id), ``caparena``
   (``caparena_auto_600.json`` or just the image folder; key = the ``test_XXXXX.jpg`` name).
+  A CaptionQA entry with several images (views of one scene) is captioned from all of them, the
+  prompt prefixed with one line saying how many, as the benchmark's own captioning script does
+  (``multi_image="captionqa"``); ``"lmms-eval"`` sends all of them without the line (lmms-eval's
+  task), ``"first"`` only the first image.
 
 Output: ``OUT`` (JSONL: key, image, caption, benchmark, model, prompt, generation settings), plus the
 benchmark's own input format next to it — ``OUT-stem.decapbench.jsonl`` (``image_path``,
@@ -79,16 +83,26 @@ class GenerationSettings(BaseModel):
     batch_size: int = Field(8, ge=1)
 
 
+MultiImage = Literal["captionqa", "lmms-eval", "first"]
+
+
 @dataclass(frozen=True)
 class CaptionItem:
     key: str  # the benchmark's own key for the image
     image: Path | bytes
     prompt: str | None = None  # the row's own prompt (datasets)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. DeCapBench's oracle_caption
+    more_images: tuple[Path | bytes, ...] = ()  # the further images of a multi-image entry
+    prompt_prefix: str = ""  # put before the prompt (a multi-image entry's count line)
+
+    @property
+    def images(self) -> tuple[Path | bytes, ...]:
+        return (self.image, *self.more_images)
 
     @property
     def image_label(self) -> str:
-        return str(self.image) if isinstance(self.image, Path) else "<embedded>"
+        labels = [str(i) if isinstance(i, Path) else "<embedded>" for i in self.images]
+        return labels[0] if len(labels) == 1 else f"{labels[0]} (+{len(labels) - 1} more)"
 
 
 def resolve_prompt(prompt: str) -> str | None:
@@ -107,8 +121,10 @@ def collect_items(
     annotations: Path | None = None,
     split: str = "eval",
     limit: int | None = None,
+    multi_image: MultiImage = "captionqa",
 ) -> list[CaptionItem]:
     """What to caption, in a stable order (see the module docstring)."""
+    from balcaprl.evaluate.captionqa import MULTI_IMAGE_PREFIX
     from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
 
     items: list[CaptionItem]
@@ -126,19 +142,25 @@ def collect_items(
             raise CaptionError("--benchmark captionqa needs --annotations (the question file)")
         items = []
         for entry in read_captionqa(annotations):
-            image: Path | bytes | None
-            if isinstance(entry.image, bytes):
-                image = entry.image
-            elif images is not None:
-                name = entry.image if isinstance(entry.image, str) else None
-                candidates = [Path(images) / name] if name else []
-                candidates += [Path(images) / f"{entry.id}{s}" for s in (".jpg", ".png", ".jpeg")]
-                image = next((c for c in candidates if c.is_file()), None)
-            else:
-                image = None
-            if image is None:
+            found: list[Path | bytes] = []
+            for image in entry.images:
+                if isinstance(image, bytes):
+                    found.append(image)
+                elif images is not None and (Path(images) / image).is_file():
+                    found.append(Path(images) / image)
+            if not found and images is not None:
+                candidates = [Path(images) / f"{entry.id}{s}" for s in (".jpg", ".png", ".jpeg")]
+                found = [c for c in candidates if c.is_file()][:1]
+            if not found:
                 raise CaptionError(f"CaptionQA entry {entry.id}: no embedded image and none under --images")
-            items.append(CaptionItem(entry.id, image))
+            if multi_image == "first":
+                found = found[:1]
+            prefix = (
+                MULTI_IMAGE_PREFIX.format(n=len(found))
+                if multi_image == "captionqa" and len(found) > 1
+                else ""
+            )
+            items.append(CaptionItem(entry.id, found[0], more_images=tuple(found[1:]), prompt_prefix=prefix))
     elif benchmark == "caparena":
         if images is None:
             raise CaptionError("--benchmark caparena needs --images (the DOCCI image folder)")
@@ -205,17 +227,18 @@ class TransformersCaptioner:
     ) -> list[str]:
         import torch
 
+        # an element of `images` is one image, or the list of a multi-image entry's images
+        groups = [list(im) if isinstance(im, list | tuple) else [im] for im in images]
         texts = [
             self.processor.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
+                [{"role": "user", "content": [*[{"type": "image"}] * len(g), {"type": "text", "text": p}]}],
                 add_generation_prompt=True,
                 tokenize=False,
             )
-            for p in prompts
+            for g, p in zip(groups, prompts, strict=True)
         ]
-        batch = self.processor(text=texts, images=list(images), return_tensors="pt", padding=True).to(
-            self.device
-        )
+        flat = [image for group in groups for image in group]
+        batch = self.processor(text=texts, images=flat, return_tensors="pt", padding=True).to(self.device)
         if "pixel_values" in batch:
             batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
         sampling = settings.temperature > 0
@@ -236,7 +259,8 @@ class TransformersCaptioner:
 
 class VLLMCaptioner:
     """Generation with vLLM (``pip install 'balcaprl[vllm]'``, GPUs). ``engine_args`` go to ``vllm.LLM``
-    (e.g. ``tensor_parallel_size``, ``max_model_len``)."""
+    (e.g. ``tensor_parallel_size``, ``max_model_len``; ``limit_mm_per_prompt={"image": n}`` for entries
+    with up to n images)."""
 
     name = "vllm"
 
@@ -261,20 +285,13 @@ class VLLMCaptioner:
 
         conversations = []
         for image, prompt in zip(images, prompts, strict=True):
-            buffer = io.BytesIO()
-            image.save(buffer, format="PNG")
-            url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-            conversations.append(
-                [
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "image_url", "image_url": {"url": url}},
-                            {"type": "text", "text": prompt},
-                        ],
-                    }
-                ]  # fmt: skip
-            )
+            parts = []
+            for one in image if isinstance(image, list | tuple) else [image]:
+                buffer = io.BytesIO()
+                one.save(buffer, format="PNG")
+                url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+            conversations.append([{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}])
         params = SamplingParams(
             temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_new_tokens,
             seed=settings.seed,
@@ -298,9 +315,13 @@ class CaptionRun:
     generated: int  # captions made by this run (the rest came from OUT.part)
 
 
-def _run_id(model: str, prompt: str | None, backend: str, settings: GenerationSettings) -> str:
+def _run_id(
+    model: str, prompt: str | None, backend: str, settings: GenerationSettings, images: dict[str, Any]
+) -> str:
     signature = {"model": model, "prompt": prompt, "backend": backend,
                  **settings.model_dump(exclude={"batch_size"})}  # fmt: skip
+    if any(images.values()):  # multi-image entries: how they were sent is part of the run
+        signature["images"] = images
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -345,7 +366,8 @@ def caption_items(
     text = resolve_prompt(prompt)
     if text is None and any(i.prompt is None for i in items):
         raise CaptionError("--prompt dataset needs a balcaprl dataset (its rows carry their prompts)")
-    run_id = _run_id(captioner.model_id, text, captioner.name, settings)
+    multi = {i.key: [len(i.images), i.prompt_prefix] for i in items if len(i.images) > 1 or i.prompt_prefix}
+    run_id = _run_id(captioner.model_id, text, captioner.name, settings, multi)
     part = out.with_name(out.name + ".part")
     if overwrite:
         part.unlink(missing_ok=True)
@@ -357,8 +379,11 @@ def caption_items(
     out.parent.mkdir(parents=True, exist_ok=True)
     with part.open("a", encoding="utf-8") as handle:
         for batch in _batches(todo, settings.batch_size):
-            prompts = [text if text is not None else (i.prompt or "") for i in batch]
-            captions = captioner.generate([_load_pil(i.image) for i in batch], prompts, settings)
+            prompts = [i.prompt_prefix + (text if text is not None else (i.prompt or "")) for i in batch]
+            pictures = [
+                _load_pil(i.image) if not i.more_images else [_load_pil(x) for x in i.images] for i in batch
+            ]
+            captions = captioner.generate(pictures, prompts, settings)
             for item, caption, used in zip(batch, captions, prompts, strict=True):
                 row = {"key": item.key, "image": item.image_label, "caption": caption, "benchmark": benchmark,
                        "model": captioner.model_id, "backend": captioner.name, "prompt": used,

@@ -10,18 +10,39 @@ As the official ``qa.py`` (and lmms-eval's ``captionqa`` task) does it:
   (is, are, was, were, do, does, did, have, has, had, can, could, will, would, should, shall, may,
   might, must);
 - the options are shuffled with ``random.Random(0)``, one ``shuffle`` of ``list(range(n))`` per
-  usable question, in file order, over every usable question of the question file (whether or not
-  its image has a caption, so a missing caption never changes another question's order);
-- the judge (Qwen2.5-72B-Instruct at temperature 0 in the paper) answers with one letter; the
-  letter is read as the official ``extract_letter`` reads it (after ``</think>``, after
+  usable question, in file order;
+- the judge (Qwen2.5-72B-Instruct at temperature 0, at most 4 answer tokens) answers with one
+  letter; the letter is read as the official ``extract_letter`` reads it (after ``</think>``, after
   ``Answer: ``, after a first newline; the first standalone capital letter within range, else a
   standalone number 1..n);
 - correct = 1, wrong = 0, the cannot-answer option = 1 / (number of original choices) + 0.05, an
-  answer with no readable letter = 0 (counted as ``unparsed``).
+  answer with no readable letter = 0 (``unparsed``), an empty answer = 0 (``empty``): both counted.
 
 The benchmark's score is 100 x the mean per-question score; accuracy, the cannot-answer rate and
-per-category scores come with it. A question whose call failed is a failure: reported, left out of
-the means, and asked again by a re-run (answers are cached).
+per-category scores come with it.
+
+**Where the authors' ``qa.py`` and lmms-eval's task differ, the default is ``qa.py``** — the script
+the benchmark's authors publish and score their leaderboard with; lmms-eval's task is a port of it.
+Both variants are options: ``shuffle_over`` (``captioned``, qa.py: the RNG advances only over
+questions of images that have a caption, in the question file's order; ``all``, lmms-eval: over every
+usable question of the file, whatever has a caption — lmms-eval always uses the whole ``all`` split,
+so give that file) and ``rounding`` (``question``, qa.py: each question's score rounded to 4
+decimals, then the mean; ``mean``, lmms-eval: unrounded, the mean rounded to 4 decimals). With a
+complete caption file of the ``all`` split the two differ only by rounding. Not taken from lmms-eval:
+it reads the judge's answer unstripped (``"A\n"`` is unreadable there; qa.py and we strip it) and
+scores an HTTP error as an empty answer (here a failed call is a failure: reported, left out of the
+means and asked again by a re-run; answers are cached). Our stricter choice for empty answers,
+``empty_answer: failure``, leaves them out instead of scoring 0.
+
+**Prompts.** By default our own system message (rubric ``captionqa_answer``, labelled paraphrase)
+and the official user-message layout. With ``official.captionqa`` set, the system message, the
+prompt builder, the letter reader and the cannot-answer option come from lmms-eval's task
+(:func:`~balcaprl.evaluate.official.load_captionqa_task`). In both, the caption is an escaped data
+block (the one change to the official layout).
+
+Entries with several images (several views of one scene) are captioned from all of them, the prompt
+prefixed with one line saying how many (:data:`MULTI_IMAGE_PREFIX`, as the authors' ``caption.py``
+does; lmms-eval sends all images without it): see ``balcaprl caption --multi-image``.
 """
 
 from __future__ import annotations
@@ -33,18 +54,22 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question
+from balcaprl.evaluate.official import CaptionQATask, paraphrase_source
 from balcaprl.evaluate.results import ProtocolResult, mean, write_items
 from balcaprl.judge.calls import JudgeCaller
-from balcaprl.judge.prompt import clean_text
+from balcaprl.judge.prompt import clean_text, data_block
+from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.rewards.rubrics import load_rubric
 
 __all__ = [
     "CANNOT_ANSWER",
+    "MULTI_IMAGE_PREFIX",
+    "OFFICIAL_OPTIONS",
     "CaptionQASettings",
     "PreparedQuestion",
     "extract_letter",
@@ -58,6 +83,9 @@ __all__ = [
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CANNOT_ANSWER = "Cannot answer from the caption"
 CANNOT_ANSWER_BONUS = 0.05
+# How the benchmark's own captioning script introduces an entry with several images (n > 1).
+MULTI_IMAGE_PREFIX = "You are viewing {n} related images. "
+ROUND_DIGITS = 4  # both official scorers round to 4 decimals (per question, or the mean)
 _YES_NO_STARTS = (
     "is ", "are ", "was ", "were ", "do ", "does ", "did ", "have ", "has ", "had ", "can ", "could ",
     "will ", "would ", "should ", "shall ", "may ", "might ", "must ",
@@ -72,8 +100,30 @@ class CaptionQASettings(BaseModel):
     seed: int = Field(0, description="Seed of the option shuffle (official: 0).")
     temperature: float | None = Field(0.0, description="The answering model's temperature (official: 0).")
     max_tokens: int = Field(
-        16, ge=1, description="Most answer tokens (official: 4; a cut-off answer is still read)."
+        4, ge=1, description="Most answer tokens (official: 4; a cut-off answer is still read)."
     )
+    empty_answer: Literal["zero", "failure"] = Field(
+        "zero",
+        description="An empty answer: 'zero' (official: scored 0 and counted) or 'failure' (ours, stricter: "
+        "left out of the means, asked again by a re-run).",
+    )
+    rounding: Literal["question", "mean"] = Field(
+        "question",
+        description="'question' (qa.py: each question's score rounded to 4 decimals) or 'mean' (lmms-eval: "
+        "only the mean rounded).",
+    )
+    shuffle_over: Literal["captioned", "all"] = Field(
+        "captioned",
+        description="The questions the option shuffle's RNG advances over: 'captioned' (qa.py: those of "
+        "images with a caption) or 'all' (lmms-eval: every usable question of the file).",
+    )
+
+
+# The official protocol's options (both official scorers' variants count as official).
+OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "seed": (0,), "temperature": (0.0,), "max_tokens": (4,), "empty_answer": ("zero",),
+    "rounding": ("question", "mean"), "shuffle_over": ("captioned", "all"),
+}  # fmt: skip
 
 
 def is_yes_no_question(question: str, choices: Sequence[str]) -> bool:
@@ -114,18 +164,37 @@ def _answer_index(q: Question) -> int | None:
     return None
 
 
-def prepare_questions(entries: Sequence[CaptionQAEntry], seed: int = 0) -> list[PreparedQuestion]:
-    """Every usable question in file order, with its shuffled options (one RNG for the whole file)."""
+def prepare_questions(
+    entries: Sequence[CaptionQAEntry],
+    seed: int = 0,
+    *,
+    only: Callable[[str], bool] | None = None,
+    cannot_answer: str = CANNOT_ANSWER,
+    add_cannot_answer: Callable[[str, list[str]], list[str]] | None = None,
+) -> list[PreparedQuestion]:
+    """Every usable question in file order, with its shuffled options (one RNG for the whole file).
+
+    ``only``: the entries whose questions take part (the others draw nothing from the RNG: qa.py's
+    rule for images without a caption). ``cannot_answer`` / ``add_cannot_answer(question, choices)``:
+    the extra option's text and the function that adds it (lmms-eval's task's, with official prompts).
+    """
     rng = random.Random(seed)
     prepared = []
     for entry in entries:
+        if only is not None and not only(entry.id):
+            continue
         for index, q in enumerate(entry.questions):
             if len(q.choices) < 2:
                 continue
             answer = _answer_index(q)
             if answer is None:
                 continue
-            options = q.choices if is_yes_no_question(q.question, q.choices) else (*q.choices, CANNOT_ANSWER)
+            if add_cannot_answer is not None:
+                options = tuple(str(o) for o in add_cannot_answer(q.question, list(q.choices)))
+            elif is_yes_no_question(q.question, q.choices):
+                options = q.choices
+            else:
+                options = (*q.choices, cannot_answer)
             permutation = list(range(len(options)))
             rng.shuffle(permutation)
             prepared.append(
@@ -138,15 +207,17 @@ def prepare_questions(entries: Sequence[CaptionQAEntry], seed: int = 0) -> list[
                     tuple(options),
                     tuple(permutation),
                     q.category,
-                )  # fmt: skip
+                )
             )
     return prepared
 
 
 def question_prompt(caption: str, question: PreparedQuestion) -> str:
-    """The user message: the caption, the question, the lettered options (the official layout)."""
+    """The user message: the caption (an escaped data block), the question, the lettered options (the
+    official layout)."""
     options = "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(question.shown))
-    return f"Caption:\n{caption}\n\nQuestion:\n{question.question}\n\nOptions:\n{options}\n\nAnswer:"
+    caption_block = data_block("caption", caption)
+    return f"Caption:\n{caption_block}\n\nQuestion:\n{question.question}\n\nOptions:\n{options}\n\nAnswer:"
 
 
 def extract_letter(answer: str | None, n_options: int) -> str | None:
@@ -170,9 +241,10 @@ def extract_letter(answer: str | None, n_options: int) -> str | None:
 
 def score_answer(question: PreparedQuestion, letter: str | None) -> tuple[float, str]:
     """``(score, outcome)``: outcome is correct, wrong, cannot_answer or unparsed."""
-    if letter is None:
+    shown = LETTERS.find(letter) if isinstance(letter, str) and len(letter) == 1 else -1
+    if not 0 <= shown < len(question.permutation):
         return 0.0, "unparsed"
-    original = question.permutation[LETTERS.index(letter)]
+    original = question.permutation[shown]
     if question.has_cannot_answer and original == len(question.options) - 1:
         return 1.0 / len(question.choices) + CANNOT_ANSWER_BONUS, "cannot_answer"
     if original == question.answer_index:
@@ -180,11 +252,23 @@ def score_answer(question: PreparedQuestion, letter: str | None) -> tuple[float,
     return 0.0, "wrong"
 
 
-def _messages(caption: str, question: PreparedQuestion) -> list[dict[str, Any]]:
-    return [
-        {"role": "system", "content": load_rubric("captionqa_answer").text},
-        {"role": "user", "content": question_prompt(caption, question)},
-    ]
+def answer_messages(
+    caption: str, question: PreparedQuestion, task: CaptionQATask | None = None
+) -> list[dict[str, Any]]:
+    """The judge's request: our system message and layout, or lmms-eval's (``task``); the caption is
+    an escaped data block either way."""
+    if task is None:
+        return [
+            {"role": "system", "content": load_rubric("captionqa_answer").text},
+            {"role": "user", "content": question_prompt(caption, question)},
+        ]
+    prompt = task.build_prompt(data_block("caption", caption), question.question, question.shown)
+    return [{"role": "system", "content": task.system}, {"role": "user", "content": prompt}]
+
+
+def _is_empty_answer(failure: JudgeFailure) -> bool:
+    # the call path fails an empty answer at once as invalid_json ("the answer is empty")
+    return failure.reason == "invalid_json" and "empty" in failure.detail
 
 
 def run_captionqa(
@@ -194,13 +278,23 @@ def run_captionqa(
     out_dir: Path,
     settings: CaptionQASettings | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    task: CaptionQATask | None = None,
 ) -> ProtocolResult:
-    """Answer every usable question whose image has a caption; write ``items.jsonl``; summarise."""
+    """Answer every usable question whose image has a caption; write ``items.jsonl``; summarise.
+    ``task``: lmms-eval's official task (:func:`~balcaprl.evaluate.official.load_captionqa_task`);
+    None runs our paraphrase."""
     settings = settings or CaptionQASettings()
-    questions = prepare_questions(entries, settings.seed)
     caption_of = {e.id: captions.lookup(e.id) for e in entries}
+    only = (lambda i: caption_of[i] is not None) if settings.shuffle_over == "captioned" else None
+    questions = prepare_questions(
+        entries, settings.seed, only=only,
+        cannot_answer=CANNOT_ANSWER if task is None else task.cannot_answer,
+        add_cannot_answer=None if task is None else task.add_cannot_answer,
+    )  # fmt: skip
+    n_usable = len(questions) if only is None else len(prepare_questions(entries, settings.seed))
     missing = sorted(i for i, c in caption_of.items() if c is None)
     todo = [q for q in questions if caption_of[q.entry_id] is not None]
+    read_letter = extract_letter if task is None else task.extract_letter
 
     async def run_all():
         done = 0
@@ -209,7 +303,7 @@ def run_captionqa(
             nonlocal done
             caption = clean_text(caption_of[q.entry_id] or "").strip()
             result = await caller.call_text(
-                _messages(caption, q), kind="captionqa_answer", temperature=settings.temperature,
+                answer_messages(caption, q, task), kind="captionqa_answer", temperature=settings.temperature,
                 max_tokens=settings.max_tokens, truncated_ok=True,
             )  # fmt: skip
             done += 1
@@ -229,12 +323,19 @@ def run_captionqa(
             "id": q.entry_id, "question_index": q.index, "category": q.category, "question": q.question,
             "options_shown": q.shown, "ground_truth": q.choices[q.answer_index],
         }  # fmt: skip
-        if result.failure is not None:
-            row.update(failure=result.failure.reason, detail=result.failure.detail, score=None)
-        else:
-            letter = extract_letter(result.value, len(q.options))
-            score, outcome = score_answer(q, letter)
-            row.update(failure=None, response=result.value, letter=letter, outcome=outcome, score=score)
+        failure = result.failure
+        if failure is not None and not (settings.empty_answer == "zero" and _is_empty_answer(failure)):
+            row.update(failure=failure.reason, detail=failure.detail, score=None)
+            rows.append(row)
+            continue
+        response = "" if failure is not None else result.value
+        letter = read_letter(response, len(q.options))
+        score, outcome = score_answer(q, letter)
+        if not response:
+            outcome = "empty"
+        if settings.rounding == "question":
+            score = round(score, ROUND_DIGITS)
+        row.update(failure=None, response=response, letter=letter, outcome=outcome, score=score)
         rows.append(row)
     write_items(Path(out_dir) / "items.jsonl", rows)
 
@@ -245,14 +346,19 @@ def run_captionqa(
     outcomes = Counter(r["outcome"] for r in ok)
 
     def pct(values: list[float]) -> float | None:
-        return 100 * mean(values) if values else None
+        if not values:
+            return None
+        value = mean(values)
+        return 100 * (round(value, ROUND_DIGITS) if settings.rounding == "mean" else value)
 
     metrics = {
         "score": pct([r["score"] for r in ok]),
         "accuracy": pct([float(r["outcome"] == "correct") for r in ok]),
         "cannot_answer_rate": pct([float(r["outcome"] == "cannot_answer") for r in ok]),
         "unparsed": outcomes["unparsed"],
-        "n_questions": len(questions),
+        "empty_answers": outcomes["empty"],
+        "n_questions": n_usable,
+        "n_asked": len(todo),
         "n_answered": len(ok),
         "per_category": {
             name: {
@@ -263,17 +369,18 @@ def run_captionqa(
             for name, rs in sorted(by_category.items())
         },
     }
+    source = task.source if task is not None else paraphrase_source("captionqa", ("captionqa_answer",))
     return ProtocolResult(
         protocol="captionqa",
         score=metrics["score"],
         metrics=metrics,
-        n_items=len(questions),
+        n_items=n_usable,
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings=settings.model_dump(),
+        settings={**settings.model_dump(), "prompts": source.as_dict()},
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
-        notes="score = 100 x mean per-question score (correct 1, cannot-answer 1/n + 0.05, wrong 0); "
-        "missing lists image ids without a caption (their questions are not asked)",
+        notes="score = 100 x mean per-question score (correct 1, cannot-answer 1/n + 0.05, wrong, unreadable "
+        "or empty 0); missing lists image ids without a caption (their questions are not asked)",
     )

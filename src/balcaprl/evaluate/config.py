@@ -6,6 +6,10 @@
     dcscore:   {annotations: decapbench/IIW_400_data.jsonl, images: decapbench/images}
     captionqa: {questions: captionqa/all.parquet, judge: judges/qwen2.5-72b.yaml}
     caparena:  {annotations: caparena/caparena_auto_600.json, images: caparena/images}
+    official:                            # the benchmarks' own prompts (else our paraphrase)
+      decapbench: ~/src/DeCapBench       # a checkout of MAGAer13/DeCapBench
+      caparena: ~/src/CapArena           # a checkout of njucckevin/CapArena
+      captionqa: lmms-eval               # lmms-eval's captionqa task (extra [captionqa])
 
 Relative paths in a file are relative to that file (also through ``base:`` chains). A judge is a
 judge config, inline or the path of a judge YAML, validated when the evaluation config loads. Loaded
@@ -25,6 +29,7 @@ from balcaprl.config import Override, Section, load_config
 from balcaprl.evaluate.caparena import CapArenaSettings
 from balcaprl.evaluate.captionqa import CaptionQASettings
 from balcaprl.evaluate.dcscore import DCScoreSettings
+from balcaprl.evaluate.official import OfficialSources
 from balcaprl.judge.config import JudgeConfig, JudgeSection
 
 __all__ = ["PROTOCOLS", "EvaluationConfig", "flag_overrides", "load_evaluation_config"]
@@ -68,6 +73,10 @@ class EvaluationConfig(Section):
     dcscore: DCScoreSection = Field(default_factory=DCScoreSection, description="DCScore (DeCapBench).")
     captionqa: CaptionQASection = Field(default_factory=CaptionQASection, description="CaptionQA.")
     caparena: CapArenaSection = Field(default_factory=CapArenaSection, description="CapArena-Auto.")
+    official: OfficialSources = Field(
+        default_factory=OfficialSources,
+        description="Where the benchmarks' official prompts are read from at run time (unset: our paraphrase).",
+    )
 
     def judge_for(self, protocol: str) -> JudgeConfig | None:
         """The protocol's own judge, else the default one (None when neither is set)."""
@@ -88,6 +97,14 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
                 else value
                 for key, value in section.items()
             }
+    official = out.get("official")
+    if isinstance(official, dict):
+        out["official"] = {
+            key: value
+            if not isinstance(value, str) or value == "lmms-eval"
+            else str(folder / Path(value).expanduser())
+            for key, value in official.items()
+        }
     return out
 
 

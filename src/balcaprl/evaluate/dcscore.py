@@ -5,62 +5,105 @@ Per caption, as the benchmark's official ``evaluation_decapbench.py`` does it:
 1. **extract** the caption's atomic facts, each with an identifier and a relevance flag (is it about
    the image's content, or an inference/commentary?) — one call, text only;
 2. **match** every predicted fact to the most similar human oracle fact, or none — ``n_match``
-   calls (3), text only;
+   samples (3), text only;
 3. **verify** every predicted fact against the image and the human reference caption — ``n_verify``
-   calls (3), with the image.
+   samples (3), with the image.
 
-Every (verification, matching) pair is one trial (3 x 3 = 9), scored by :func:`score_trial`:
+Every (verification, matching) pair is one trial (3 x 3 = 9), scored by :func:`score_trial` over the
+verifier's list of facts:
 
-- precision = verified facts / predicted facts;
-- recall: each verified fact matched to an oracle fact earns 1/k, where k is the number of predicted
-  facts (verified or not) matched to that same oracle fact; each verified *unmatched* fact earns 1
-  and also joins the denominator: recall = earned / (oracle facts + verified unmatched facts);
+- precision = verified facts / facts;
+- recall: each verified fact matched to an oracle fact earns 1/k, where k is the number of facts
+  (verified or not) matched to that same oracle fact; each verified *unmatched* fact earns 1 and also
+  joins the denominator: recall = earned / (oracle facts + verified unmatched facts);
 - F1 = 2PR / (P + R + 1e-8); the same three on the relevant facts only (all oracle facts count as
   relevant). As in the official code, the 1/k shares of the relevant-fact recall use k counted over
-  all predicted facts.
+  all facts.
 
 A caption's precision, recall and F1s are the means over its trials; its DCScore is
-(F1_all + F1_relevant) / 2, and the benchmark's DCScore is 100 x the mean over captions.
+(F1_all + F1_relevant) / 2, and the benchmark's DCScore is 100 x the mean over valid captions.
 
-Where we differ from the official script, and why: a caption with no extractable fact (or no
-relevant fact) scores 0 there instead of crashing the script; a caption whose calls fail is reported
-as a failure (never scored 0) and left out of the mean, as the official script leaves out its
-invalid evaluations — re-running asks only for the calls still missing (each trial is cached).
-The sampling follows the official script (GPT-4o; extraction and matching at temperature 1,
-verification at 0.3); the judge model is whatever the judge config names.
+**Edge rules, as the official scorer has them (the defaults).** Oracle facts are used as published
+(unstripped; DeCapBench's blank fact counts). Where the formulas are undefined — no fact extracted
+(also an empty caption) or no relevant fact — the official script fails on the division, tries the
+caption again (up to 5 times in all) and then marks it *invalid*: left out of the mean and listed.
+Here: the extraction is sampled again up to ``max_attempts`` times, then the caption is invalid —
+left out of the means, counted (``n_invalid``) and named (``invalid``) in the summary. Our stricter
+choice, ``degenerate_captions: zero``, scores such a caption 0 and keeps it in the mean (one
+extraction, no retry).
+
+**Prompts.** By default our own wording (rubrics ``dcscore_extract``/``_match``/``_verify``: JSON
+schemas, facts numbered). With ``official.decapbench`` set (:mod:`balcaprl.evaluate.official`), the
+official templates read from the user's checkout, sent as the script sends them: system message
+then the filled template as the user message; free-text answers read with the official parser's
+fallbacks (the last fenced ``json`` block, as a Python or JSON literal); predicted facts keyed by their
+text and oracle facts by their 0-based ``id``, each list formatted as the script formats it; an
+unusable answer is sampled again (up to ``max_attempts``), as the script retries. The verification
+image is sent at full size, re-encoded as JPEG (quality 75) with ``detail: "high"``
+(``image_mode: official``; ``auto`` follows the prompts).
+
+Where we still differ from the official script, and why: a caption whose calls fail is reported as a
+failure (never scored, asked again by a re-run: each sample is cached) rather than retried inside the
+run; samples are separate requests (the script asks for ``n=3`` in one), and an unusable sample is
+drawn again on its own rather than with the whole caption; a matching or verification answer must
+list exactly the extracted facts (the script only requires the two answers to list the same facts),
+so that every trial's arithmetic is defined; captions are cleaned (control characters removed) and
+stripped. The judge model is whatever the judge config names (the benchmark used
+gpt-4o-2024-05-13).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import html
+import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
+from balcaprl.evaluate.official import (
+    DECAPBENCH_JPEG_QUALITY,
+    OFFICIAL_IMAGE_SIDE,
+    DeCapBenchPrompts,
+    paraphrase_source,
+)
 from balcaprl.evaluate.results import ProtocolResult, mean, write_items
-from balcaprl.judge.calls import JudgeCaller
-from balcaprl.judge.images import ImageError
-from balcaprl.judge.prompt import clean_text
+from balcaprl.judge.calls import CallResult, JudgeCaller
+from balcaprl.judge.images import ImageError, ImageLoader
+from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.rewards.rubrics import load_rubric
 
 __all__ = [
+    "OFFICIAL_OPTIONS",
     "DCScoreSettings",
     "ExtractedFacts",
     "FactMatches",
     "FactVerdicts",
     "TrialScores",
     "caption_scores",
+    "degenerate",
+    "extract_messages",
+    "fact_list_json",
+    "match_messages",
+    "official_extract_messages",
+    "official_match_messages",
+    "official_verify_messages",
+    "parse_fenced_json",
     "run_dcscore",
     "score_trial",
+    "verify_messages",
 ]
 
 F1_EPS = 1e-8  # the official script's F1 denominator guard
+_UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample (empty, unreadable)
+RUBRICS = ("dcscore_extract", "dcscore_match", "dcscore_verify")
 
 
 class DCScoreSettings(BaseModel):
@@ -68,12 +111,33 @@ class DCScoreSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    n_match: int = Field(3, ge=1, description="Matching trials per caption (official: 3).")
-    n_verify: int = Field(3, ge=1, description="Verification trials per caption (official: 3).")
+    n_match: int = Field(3, ge=1, description="Matching samples per caption (official: 3).")
+    n_verify: int = Field(3, ge=1, description="Verification samples per caption (official: 3).")
     extract_temperature: float | None = Field(1.0, description="Fact extraction sampling temperature.")
     match_temperature: float | None = Field(1.0, description="Matching sampling temperature.")
     verify_temperature: float | None = Field(0.3, description="Verification sampling temperature.")
     max_tokens: int = Field(2000, ge=16, description="Most tokens per answer (official: 2000).")
+    degenerate_captions: Literal["invalid", "zero"] = Field(
+        "invalid",
+        description="A caption with no fact or no relevant fact: 'invalid' (official: extraction retried, "
+        "then left out of the mean and counted) or 'zero' (ours, stricter: scored 0 and kept in the mean).",
+    )
+    max_attempts: int = Field(
+        5, ge=1, description="Samples drawn for one answer before giving up (official: 5 tries per caption)."
+    )
+    image_mode: Literal["auto", "official", "judge"] = Field(
+        "auto",
+        description="Verification images: 'official' (full size, JPEG quality 75, detail high), 'judge' "
+        "(the judge config's max_image_side, no detail), 'auto' (official with official prompts).",
+    )
+
+
+# The official protocol's options (what `balcaprl report` checks before comparing with the paper).
+OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "n_match": (3,), "n_verify": (3,), "extract_temperature": (1.0,), "match_temperature": (1.0,),
+    "verify_temperature": (0.3,), "max_tokens": (2000,), "degenerate_captions": ("invalid",),
+    "max_attempts": (5,), "images_sent": ("official",),
+}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------- schemas
@@ -138,14 +202,16 @@ def _f1(p: float, r: float) -> float:
 
 
 def score_trial(
-    relevance: Sequence[bool], matches: Sequence[int | None], verified: Sequence[bool], n_oracle: int
+    relevance: Sequence[bool], matches: Sequence[Hashable | None], verified: Sequence[bool], n_oracle: int
 ) -> TrialScores:
-    """One trial: predicted facts' relevance flags, their matched oracle fact (or None) and their
-    verification, against ``n_oracle`` oracle facts (all relevant). See the module docstring."""
+    """One trial over the verifier's facts: their relevance flags, their matched oracle fact (an id, or
+    None) and their verification, against ``n_oracle`` oracle facts (all relevant). Where the official
+    formula divides by zero (no fact, no relevant fact) the precision here is 0: see :func:`degenerate`
+    for the rule that keeps such captions out of the mean. See the module docstring."""
     n = len(relevance)
     if not (len(matches) == len(verified) == n):
         raise ValueError("relevance, matches and verified must have one entry per predicted fact")
-    k = Counter(m for m in matches if m is not None)  # predictions sharing each oracle fact
+    k = Counter(m for m in matches if m is not None)  # facts sharing each oracle fact
 
     def part(members: list[int]) -> tuple[float, float, float]:
         earned, correct, extra = 0.0, 0, 0
@@ -168,6 +234,15 @@ def score_trial(
     return TrialScores(p, r, _f1(p, r), pr, rr, _f1(pr, rr), total, total_r)
 
 
+def degenerate(relevance: Sequence[bool]) -> str | None:
+    """Why the official formulas are undefined for these facts (None: they are defined)."""
+    if not relevance:
+        return "no fact"
+    if not any(relevance):
+        return "no relevant fact"
+    return None
+
+
 def caption_scores(trials: Sequence[TrialScores]) -> dict[str, float]:
     """A caption's figures: each mean over its trials, and DCScore = (F1 + F1_relevant) / 2."""
     if not trials:
@@ -177,12 +252,11 @@ def caption_scores(trials: Sequence[TrialScores]) -> dict[str, float]:
     return out
 
 
-# ----------------------------------------------------------------------------------------- prompts
+# ----------------------------------------------------------------------------------------- our prompts
 
 
 def _numbered(tag: str, texts: Sequence[str]) -> str:
-    lines = "\n".join(f"{i}. {' '.join(t.split())}" for i, t in enumerate(texts, 1))
-    return f"<{tag}>\n{lines}\n</{tag}>"
+    return data_block(tag, "\n".join(f"{i}. {' '.join(t.split())}" for i, t in enumerate(texts, 1)))
 
 
 def _fact_line(fact: Fact) -> str:
@@ -192,7 +266,7 @@ def _fact_line(fact: Fact) -> str:
 def extract_messages(caption: str) -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": load_rubric("dcscore_extract").text},
-        {"role": "user", "content": f"<caption>\n{clean_text(caption).strip()}\n</caption>"},
+        {"role": "user", "content": data_block("caption", caption)},
     ]
 
 
@@ -208,21 +282,131 @@ def match_messages(facts: Sequence[Fact], oracle: Sequence[str]) -> list[dict[st
     ]
 
 
-def verify_messages(image_data_url: str, reference: str, facts: Sequence[Fact]) -> list[dict[str, Any]]:
-    text = f"<reference>\n{reference}\n</reference>\n\n" + _numbered("facts", [_fact_line(f) for f in facts])
+def _image_part(url: str, detail: str | None) -> dict[str, Any]:
+    image_url: dict[str, Any] = {"url": url}
+    if detail is not None:
+        image_url["detail"] = detail
+    return {"type": "image_url", "image_url": image_url}
+
+
+def verify_messages(
+    image_data_url: str, reference: str, facts: Sequence[Fact], detail: str | None = None
+) -> list[dict[str, Any]]:
+    text = data_block("reference", reference) + "\n\n" + _numbered("facts", [_fact_line(f) for f in facts])
     return [
         {"role": "system", "content": load_rubric("dcscore_verify").text},
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": image_data_url}},
-                {"type": "text", "text": text},
-            ],
-        },
+        {"role": "user", "content": [_image_part(image_data_url, detail), {"type": "text", "text": text}]},
     ]
 
 
+# ----------------------------------------------------------------------------------------- official dialect
+
+
+def fact_list_json(items: Sequence[dict[str, Any]]) -> str:
+    """A list of fact objects laid out as the official script lays them out in its prompts: a fenced
+    ``json`` block, one object per line, each followed by a comma."""
+    lines = "".join(f"  {json.dumps(item, ensure_ascii=False)},\n" for item in items)
+    return f"```json[\n{lines}]\n```"
+
+
+def parse_fenced_json(answer: str) -> Any:
+    """The value of the last fenced ``json`` block of an answer (or of the whole answer), read as a
+    Python literal or as JSON, with the official parser's fallbacks (newlines removed, backticks
+    removed). ``ValueError`` when none of them reads."""
+    tail = answer.split("```json")[-1]
+    body = tail.split("```")[0].strip("\n")
+    bare = tail.strip("`").strip().replace("\n", "")
+    for candidate in (body, bare, bare.replace("`", "")):
+        for read in (ast.literal_eval, json.loads):
+            try:
+                return read(candidate)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                continue
+    raise ValueError("no JSON list in the answer (expected a ```json fenced list)")
+
+
+def official_extract_messages(prompts: DeCapBenchPrompts, caption: str) -> list[dict[str, Any]]:
+    """The official extraction request: the system message, then the filled template."""
+    return [
+        {"role": "system", "content": prompts.system},
+        {"role": "user", "content": prompts.extract.fill(caption=caption)},
+    ]
+
+
+def official_match_messages(
+    prompts: DeCapBenchPrompts, facts: Sequence[dict[str, Any]], oracle: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The official matching request: predicted facts (their objects, without relevance) and the oracle
+    facts keyed by their 0-based ``id``, each list laid out as the official script lays it out."""
+    text = prompts.match.fill(
+        predicted_atomic_facts=fact_list_json(facts),
+        oracle_atomic_facts=fact_list_json([{"id": i, "fact": f} for i, f in enumerate(oracle)]),
+    )
+    return [{"role": "system", "content": prompts.system}, {"role": "user", "content": text}]
+
+
+def official_verify_messages(
+    prompts: DeCapBenchPrompts, image_data_url: str, reference: str, facts: Sequence[dict[str, Any]],
+    detail: str | None = "high",
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The official verification request: the image, then the filled template."""
+    text = prompts.verify.fill(reference_caption=reference, atomic_facts=fact_list_json(facts))
+    return [
+        {"role": "system", "content": prompts.system},
+        {"role": "user", "content": [_image_part(image_data_url, detail), {"type": "text", "text": text}]},
+    ]
+
+
+def _objects(value: Any, keys: Sequence[str], what: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ValueError(f"the {what} answer must be a list of objects")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or any(k not in item for k in keys):
+            raise ValueError(f"{what} item {i} must be an object with {', '.join(keys)}")
+        if not isinstance(item["fact"], str):
+            raise ValueError(f"{what} item {i}: 'fact' must be a string")
+        try:  # the objects go back into later prompts as JSON (a Python literal may hold a set)
+            json.dumps(item, ensure_ascii=False)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} item {i} is not plain JSON data") from None
+    return value
+
+
+def _echoed(text: str, known: set[str]) -> str:
+    """A fact text as the judge echoed it; the facts reached it HTML-escaped inside a data block, so
+    an escaped echo of a known fact is that fact."""
+    return text if text in known else html.unescape(text)
+
+
+def _same_facts(texts: Sequence[str], known: set[str], what: str) -> None:
+    if set(texts) != known:
+        missing, extra = sorted(known - set(texts)), sorted(set(texts) - known)
+        raise ValueError(
+            f"the {what} must list exactly the extracted facts (missing {missing[:3]}, unknown {extra[:3]})"
+        )
+
+
+def _oracle_id(value: Any) -> Hashable | None:
+    if value is None or value == "None":
+        return None
+    if not isinstance(value, int | str | float):
+        raise ValueError(f"matched_oracle_id must be an id or None, got {type(value).__name__}")
+    return value
+
+
 # ----------------------------------------------------------------------------------------- protocol
+
+
+@dataclass
+class _Facts:
+    """The extracted facts of one caption: their relevance, what later prompts show, and their keys
+    (positions with our prompts; texts with the official ones)."""
+
+    relevance: list[bool]
+    shown: list[Any]  # Fact (ours) or the fact objects without 'relevance' (official)
+    dumped: list[dict[str, Any]]
+    keys: list[Hashable]
+    relevant_keys: set[Hashable]
 
 
 @dataclass
@@ -230,110 +414,234 @@ class _Item:
     key: str
     failure: str | None = None
     detail: str | None = None
+    invalid: str | None = None
     scores: dict[str, float] | None = None
     facts: list[dict[str, Any]] | None = None
     trials: list[dict[str, Any]] | None = None
+    attempts: int = 0
 
 
-async def _score_caption(
-    caller: JudgeCaller, settings: DCScoreSettings, item: DeCapBenchItem, caption: str, image_root: Path
-) -> _Item:
-    out = _Item(item.key)
-    text = clean_text(caption).strip()
-    if not text:  # an empty caption states nothing: no fact, precision and recall 0
-        out.scores = caption_scores([score_trial([], [], [], len(item.oracle_facts))])
-        out.facts, out.trials = [], []
-        return out
+class _Run:
+    """One DCScore run: settings, prompts (ours or official) and images."""
 
-    def fail(failure: JudgeFailure, step: str) -> _Item:
-        out.failure, out.detail = failure.reason, f"{step}: {failure.detail}"[:300]
-        return out
+    def __init__(self, caller: JudgeCaller, settings: DCScoreSettings, prompts: DeCapBenchPrompts | None,
+                 image_root: Path):  # fmt: skip
+        self.caller, self.settings, self.prompts = caller, settings, prompts
+        official_images = settings.image_mode == "official" or (
+            settings.image_mode == "auto" and prompts is not None
+        )
+        self.images_sent = "official" if official_images else "judge"
+        self.detail = "high" if official_images else None
+        self.images = (
+            ImageLoader(OFFICIAL_IMAGE_SIDE, root=image_root, jpeg_quality=DECAPBENCH_JPEG_QUALITY)
+            if official_images
+            else ImageLoader(caller.config.max_image_side, root=image_root)
+        )
 
-    extracted = await caller.call_json(
-        extract_messages(text), ExtractedFacts, kind="dcscore_extract",
-        temperature=settings.extract_temperature, max_tokens=settings.max_tokens,
-    )  # fmt: skip
-    if extracted.failure is not None:
-        return fail(extracted.failure, "extract")
-    facts = list(extracted.value.facts)
-    out.facts = [f.model_dump() for f in facts]
-    n_oracle = len(item.oracle_facts)
-    if not facts:
-        out.scores = caption_scores([score_trial([], [], [], n_oracle)])
-        out.trials = []
-        return out
+    async def _text(self, messages: list[dict[str, Any]], kind: str, trials: Sequence[int],
+                    temperature: float | None, read: Callable[[str], Any]) -> tuple[Any, JudgeFailure | None]:  # fmt: skip
+        """An official answer is free text: an unusable one (unreadable, or empty) is sampled again,
+        once per number in ``trials`` (each sample has its own cache entry)."""
+        last: JudgeFailure | None = None
+        for trial in trials:
+            result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
+                messages, kind=kind, trial=trial, temperature=temperature, max_tokens=self.settings.max_tokens,
+                truncated_ok=True,
+            )  # fmt: skip
+            if result.failure is not None and result.failure.reason not in _UNUSABLE:
+                return None, result.failure
+            if result.failure is not None:
+                last = result.failure
+                continue
+            try:
+                return read(result.value), None
+            except ValueError as error:
+                last = JudgeFailure("schema_violation", str(error)[:300])
+        assert last is not None
+        return None, JudgeFailure(last.reason, f"no usable answer in {len(trials)} samples: {last.detail}")
 
-    def check_matches(answer: FactMatches) -> None:
-        _check_ids([m.id for m in answer.matches], len(facts), "matches")
-        bad = [
-            m.oracle_id
-            for m in answer.matches
-            if m.oracle_id is not None and not 1 <= m.oracle_id <= n_oracle
+    def _samples(self, sample: int, n: int) -> list[int]:
+        """The trial numbers of one sample's attempts: sample, sample + n, sample + 2n, ..."""
+        return [sample + n * attempt for attempt in range(self.settings.max_attempts)]
+
+    # --------------------------------------------------------------------- extraction
+
+    async def extract(self, text: str, attempt: int) -> tuple[_Facts | None, JudgeFailure | None]:
+        """One extraction sample (``attempt`` numbers it, for the cache)."""
+        trial = attempt if attempt else None
+        if self.prompts is None:
+            result = await self.caller.call_json(
+                extract_messages(text), ExtractedFacts, kind="dcscore_extract", trial=trial,
+                temperature=self.settings.extract_temperature, max_tokens=self.settings.max_tokens,
+            )  # fmt: skip
+            if result.failure is not None:
+                return None, result.failure
+            facts = list(result.value.facts)
+            return _Facts(
+                [f.relevance for f in facts], facts, [f.model_dump() for f in facts], list(range(len(facts))),
+                {i for i, f in enumerate(facts) if f.relevance},
+            ), None  # fmt: skip
+        messages = official_extract_messages(self.prompts, text)
+        found, failure = await self._text(
+            messages, "dcscore_extract", [attempt], self.settings.extract_temperature,
+            lambda answer: _objects(parse_fenced_json(answer), ("fact", "relevance"), "extraction"),
+        )  # fmt: skip
+        if failure is not None:
+            return None, failure
+        shown = [{k: v for k, v in item.items() if k != "relevance"} for item in found]
+        return _Facts(
+            [item["relevance"] == 1 for item in found], shown, found, [item["fact"] for item in found],
+            {item["fact"] for item in found if item["relevance"] == 1},
+        ), None  # fmt: skip
+
+    # --------------------------------------------------------------------- matching and verification
+
+    def _paraphrase_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str) -> list[Any]:
+        n, n_oracle = len(facts.shown), len(item.oracle_facts)
+
+        def check_matches(answer: FactMatches) -> None:
+            _check_ids([m.id for m in answer.matches], n, "matches")
+            bad = [
+                m.oracle_id
+                for m in answer.matches
+                if m.oracle_id is not None and not 1 <= m.oracle_id <= n_oracle
+            ]
+            if bad:
+                raise ValueError(f"oracle_id must be null or one of 1..{n_oracle}, got {bad}")
+
+        def check_verdicts(answer: FactVerdicts) -> None:
+            _check_ids([v.id for v in answer.verdicts], n, "verdicts")
+
+        async def match(t: int) -> tuple[Any, JudgeFailure | None]:
+            r: CallResult = await self.caller.call_json(
+                match_messages(facts.shown, item.oracle_facts), FactMatches, kind="dcscore_match", trial=t,
+                temperature=self.settings.match_temperature, max_tokens=self.settings.max_tokens,
+                check=check_matches,
+            )  # fmt: skip
+            if r.failure is not None:
+                return None, r.failure
+            return [m.oracle_id for m in sorted(r.value.matches, key=lambda m: m.id)], None
+
+        async def verify(t: int) -> tuple[Any, JudgeFailure | None]:
+            r: CallResult = await self.caller.call_json(
+                verify_messages(image_url, item.oracle_caption, facts.shown, self.detail), FactVerdicts,
+                kind="dcscore_verify", trial=t, temperature=self.settings.verify_temperature,
+                max_tokens=self.settings.max_tokens, check=check_verdicts,
+            )  # fmt: skip
+            if r.failure is not None:
+                return None, r.failure
+            return [(v.id - 1, v.correct) for v in sorted(r.value.verdicts, key=lambda v: v.id)], None
+
+        return [match(t) for t in range(self.settings.n_match)] + [
+            verify(t) for t in range(self.settings.n_verify)
         ]
-        if bad:
-            raise ValueError(f"oracle_id must be null or one of 1..{n_oracle}, got {bad}")
 
-    def check_verdicts(answer: FactVerdicts) -> None:
-        _check_ids([v.id for v in answer.verdicts], len(facts), "verdicts")
+    def _official_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str) -> list[Any]:
+        prompts = self.prompts
+        assert prompts is not None
+        known = set(facts.keys)
+        match_messages_ = official_match_messages(prompts, facts.shown, item.oracle_facts)
+        verify_messages_ = official_verify_messages(
+            prompts, image_url, item.oracle_caption, facts.shown, self.detail
+        )
 
-    try:
-        image = await asyncio.to_thread(caller.images.load, image_root / item.key)
-    except ImageError as error:
-        return fail(JudgeFailure("bad_input", str(error)), "image")
-    match_calls = [
-        caller.call_json(
-            match_messages(facts, item.oracle_facts),
-            FactMatches,
-            kind="dcscore_match",
-            trial=t,
-            temperature=settings.match_temperature,
-            max_tokens=settings.max_tokens,
-            check=check_matches,
-        )  # fmt: skip
-        for t in range(settings.n_match)
-    ]
-    verify_calls = [
-        caller.call_json(
-            verify_messages(image.data_url, item.oracle_caption, facts),
-            FactVerdicts,
-            kind="dcscore_verify",
-            trial=t,
-            temperature=settings.verify_temperature,
-            max_tokens=settings.max_tokens,
-            check=check_verdicts,
-        )  # fmt: skip
-        for t in range(settings.n_verify)
-    ]
-    results = await asyncio.gather(*match_calls, *verify_calls)
-    for step, result in zip(
-        ["match"] * settings.n_match + ["verify"] * settings.n_verify, results, strict=True
-    ):
-        if result.failure is not None:  # every trial is needed, as in the official script
-            return fail(result.failure, step)
-    mappings = [
-        [m.oracle_id for m in sorted(r.value.matches, key=lambda m: m.id)]
-        for r in results[: settings.n_match]
-    ]
-    verifications = [
-        [v.correct for v in sorted(r.value.verdicts, key=lambda v: v.id)] for r in results[settings.n_match :]
-    ]
-    relevance = [f.relevance for f in facts]
-    trials, out.trials = [], []
-    for i, verified in enumerate(verifications):
-        for j, matches in enumerate(mappings):
-            trial = score_trial(relevance, matches, verified, n_oracle)
-            trials.append(trial)
-            out.trials.append(
-                {
-                    "verify_trial": i,
-                    "match_trial": j,
-                    "matches": matches,
-                    "verified": verified,
-                    **asdict(trial),
-                }
-            )
-    out.scores = caption_scores(trials)
-    return out
+        def read_matches(answer: str) -> dict[Hashable, Hashable | None]:
+            entries = _objects(parse_fenced_json(answer), ("fact", "matched_oracle_id"), "matching")
+            mapping = {_echoed(e["fact"], known): _oracle_id(e["matched_oracle_id"]) for e in entries}
+            _same_facts(list(mapping), known, "matching")
+            return mapping
+
+        def read_verdicts(answer: str) -> list[tuple[Hashable, bool]]:
+            entries = _objects(parse_fenced_json(answer), ("fact", "verification"), "verification")
+            verdicts = [(_echoed(e["fact"], known), e["verification"] == 1) for e in entries]
+            _same_facts([text for text, _ in verdicts], known, "verification")
+            return verdicts
+
+        n_match, n_verify = self.settings.n_match, self.settings.n_verify
+        return [
+            self._text(match_messages_, "dcscore_match", self._samples(t, n_match), self.settings.match_temperature,
+                       read_matches)
+            for t in range(n_match)
+        ] + [
+            self._text(verify_messages_, "dcscore_verify", self._samples(t, n_verify),
+                       self.settings.verify_temperature, read_verdicts)
+            for t in range(n_verify)
+        ]  # fmt: skip
+
+    # --------------------------------------------------------------------- one caption
+
+    async def score(self, item: DeCapBenchItem, caption: str) -> _Item:
+        out = _Item(item.key)
+        settings = self.settings
+        text = clean_text(caption).strip()
+        n_oracle = len(item.oracle_facts)
+
+        def fail(failure: JudgeFailure, step: str) -> _Item:
+            out.failure, out.detail = failure.reason, f"{step}: {failure.detail}"[:300]
+            return out
+
+        def undefined(reason: str) -> _Item:
+            if settings.degenerate_captions == "zero":
+                out.scores = caption_scores([score_trial([], [], [], n_oracle)])
+                out.trials = []
+            else:
+                out.invalid = reason
+            return out
+
+        if not text:  # an empty caption states nothing: no fact
+            return undefined("empty caption")
+        # Up to max_attempts extraction samples, as the official script tries a caption up to 5 times:
+        # an unusable official answer, or (with the official rule) facts the formulas are undefined
+        # for, draw another sample.
+        facts: _Facts | None = None
+        for attempt in range(settings.max_attempts):
+            out.attempts = attempt + 1
+            facts, failure = await self.extract(text, attempt)
+            last_attempt = attempt == settings.max_attempts - 1
+            if failure is not None:
+                if self.prompts is not None and failure.reason in _UNUSABLE and not last_attempt:
+                    continue
+                return fail(failure, "extract")
+            assert facts is not None
+            out.facts = facts.dumped
+            if degenerate(facts.relevance) is None or settings.degenerate_captions == "zero":
+                break
+        assert facts is not None
+        reason = degenerate(facts.relevance)
+        if reason is not None:
+            return undefined(reason)
+
+        try:
+            image = await asyncio.to_thread(self.images.load, item.key)
+        except ImageError as error:
+            return fail(JudgeFailure("bad_input", str(error)), "image")
+        calls = (self._paraphrase_calls if self.prompts is None else self._official_calls)(
+            facts, item, image.data_url
+        )
+        results = await asyncio.gather(*calls)
+        steps = ["match"] * settings.n_match + ["verify"] * settings.n_verify
+        for step, (_, failure) in zip(steps, results, strict=True):
+            if failure is not None:  # every sample is needed, as in the official script
+                return fail(failure, step)
+        mappings = [value for value, _ in results[: settings.n_match]]
+        verifications = [value for value, _ in results[settings.n_match :]]
+        position = {key: i for i, key in enumerate(facts.keys)}
+        trials, out.trials = [], []
+        for i, verdicts in enumerate(verifications):
+            for j, mapping in enumerate(mappings):
+                # the trial runs over the verifier's list of facts, as the official code does
+                keys = [key for key, _ in verdicts]
+                matches = [
+                    mapping[key] if isinstance(mapping, dict) else mapping[position[key]] for key in keys
+                ]
+                relevance = [key in facts.relevant_keys for key in keys]
+                verified = [ok for _, ok in verdicts]
+                trial = score_trial(relevance, matches, verified, n_oracle)
+                trials.append(trial)
+                out.trials.append({"verify_trial": i, "match_trial": j, "matches": matches, "verified": verified,
+                                   **asdict(trial)})  # fmt: skip
+        out.scores = caption_scores(trials)
+        return out
 
 
 def run_dcscore(
@@ -344,9 +652,13 @@ def run_dcscore(
     out_dir: Path,
     settings: DCScoreSettings | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    prompts: DeCapBenchPrompts | None = None,
 ) -> ProtocolResult:
-    """Score every DeCapBench image that has a caption; write ``items.jsonl`` and return the summary."""
+    """Score every DeCapBench image that has a caption; write ``items.jsonl`` and return the summary.
+    ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_decapbench_prompts`);
+    None runs our paraphrase."""
     settings = settings or DCScoreSettings()
+    run = _Run(caller, settings, prompts, Path(image_root))
     todo = [(item, captions.lookup(item.key)) for item in items]
     missing = [item.key for item, caption in todo if caption is None]
     todo = [(item, caption) for item, caption in todo if caption is not None]
@@ -356,7 +668,7 @@ def run_dcscore(
 
         async def one(item: DeCapBenchItem, caption: str) -> _Item:
             nonlocal done
-            result = await _score_caption(caller, settings, item, caption, Path(image_root))
+            result = await run.score(item, caption)
             done += 1
             if on_progress is not None:
                 on_progress(done, len(todo))
@@ -370,30 +682,28 @@ def run_dcscore(
     scored = asyncio.run(run_all())
     rows = []
     for (item, caption), result in zip(todo, scored, strict=True):
-        row: dict[str, Any] = {"key": item.key, "caption": caption, "failure": result.failure}
+        row: dict[str, Any] = {"key": item.key, "caption": caption, "failure": result.failure,
+                               "valid": result.scores is not None}  # fmt: skip
         if result.failure is not None:
             row["detail"] = result.detail
+        elif result.invalid is not None:
+            row["invalid"] = result.invalid
         else:
             row.update(result.scores or {})
-            row["n_facts"] = len(result.facts or [])
-            row["n_oracle_facts"] = len(item.oracle_facts)
+        row["n_facts"] = None if result.facts is None else len(result.facts)
+        row["n_oracle_facts"] = len(item.oracle_facts)
+        row["extraction_attempts"] = result.attempts
         row["facts"] = result.facts
         row["trials"] = result.trials
         rows.append(row)
     write_items(Path(out_dir) / "items.jsonl", rows)
-    ok = [r for r in rows if r["failure"] is None]
-    metrics = {
-        name: (100 * mean([r[name] for r in ok]) if ok else None)
-        for name in (
-            "dcscore",
-            "precision",
-            "recall",
-            "f1",
-            "precision_relevant",
-            "recall_relevant",
-            "f1_relevant",
-        )
-    }
+    ok = [r for r in rows if r["valid"]]
+    invalid = [r for r in rows if r.get("invalid")]
+    names = ("dcscore", "precision", "recall", "f1", "precision_relevant", "recall_relevant", "f1_relevant")
+    metrics: dict[str, Any] = {name: (100 * mean([r[name] for r in ok]) if ok else None) for name in names}
+    metrics["n_invalid"] = len(invalid)
+    metrics["invalid"] = {r["key"]: r["invalid"] for r in invalid}
+    source = prompts.source if prompts is not None else paraphrase_source("decapbench", RUBRICS)
     return ProtocolResult(
         protocol="dcscore",
         score=metrics["dcscore"],
@@ -402,8 +712,10 @@ def run_dcscore(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings=settings.model_dump(),
+        settings={**settings.model_dump(), "images_sent": run.images_sent, "prompts": source.as_dict()},
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
-        notes="DCScore x100 = mean over captions of (F1 + F1 relevant) / 2; components x100",
+        notes="DCScore x100 = mean over valid captions of (F1 + F1 relevant) / 2; components x100; "
+        "invalid: captions with no fact or no relevant fact, left out of the means as the official scorer "
+        "does (degenerate_captions: zero scores them 0 instead)",
     )

@@ -1,6 +1,13 @@
 """The benchmarks' own files, read and written exactly as their official code does (no download here:
 every path comes from the user).
 
+Every row is read as published: texts are kept as they are (DeCapBench's oracle facts and captions
+are not stripped, and its one blank fact, ``" "`` at the end of ``aar_test_04840.jpg``, counts like any
+other, as the official scorer counts it). A row that cannot be used is *refused*: it is left out and
+named, with the reason, in the reader's ``refused`` list (:class:`BenchmarkRows`); one bad row never
+refuses the whole file. Only a file that is not in the format at all (unreadable, empty, the wrong
+top-level shape) is an error.
+
 - **DeCapBench** (DCScore; also b-CapScore's images and human references): the annotation file
   (``IIW_400_data.jsonl``: one object per image with ``image_name``, ``oracle_caption`` and
   ``oracle_facts``, a list of human-written atomic facts) and caption files in JSONL with the image
@@ -31,12 +38,14 @@ from balcaprl.errors import InputError
 
 __all__ = [
     "BENCHMARKS",
+    "BenchmarkRows",
     "CapArenaItem",
     "CaptionQAEntry",
     "CaptionSet",
     "DeCapBenchItem",
     "FormatError",
     "Question",
+    "RefusedRow",
     "read_caparena",
     "read_caption_sets",
     "read_captionqa",
@@ -76,6 +85,61 @@ def read_json_or_jsonl(path: Path) -> Any:
     return rows
 
 
+@dataclass(frozen=True)
+class RefusedRow:
+    """A benchmark row left out: where it is (file and line, or its key) and why."""
+
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"where": self.where, "reason": self.reason}
+
+
+class BenchmarkRows(list):
+    """The usable rows of a benchmark file (a list), and ``refused``: the rows left out, with reasons."""
+
+    def __init__(self, items: Iterable[Any] = (), refused: Iterable[RefusedRow] = ()):
+        super().__init__(items)
+        self.refused: list[RefusedRow] = list(refused)
+
+
+def _rows(path: Path) -> tuple[list[tuple[str, Any]], list[RefusedRow]]:
+    """``(where, value)`` per row of a JSON list/object or a JSONL file; a JSONL line that is not JSON
+    is refused (named by its line), never the whole file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise FormatError(f"{path}: cannot read it ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise FormatError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    if not text.strip():
+        raise FormatError(f"{path}: the file is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    else:
+        if isinstance(data, list):
+            return [(f"{path}: row {n}", row) for n, row in enumerate(data, 1)], []
+        return [(f"{path}: row 1", data)], []
+    rows, refused = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{path}:{number}", json.loads(line)))
+        except json.JSONDecodeError as error:
+            refused.append(RefusedRow(f"{path}:{number}", f"not JSON ({error.msg})"))
+    if not rows:
+        raise FormatError(f"{path}: neither a JSON document nor JSONL (no line is JSON)")
+    return rows, refused
+
+
 def _image_key(row: dict[str, Any]) -> str | None:
     for name in ("image_name", "image_path", "image", "img", "key", "id"):
         value = row.get(name)
@@ -96,34 +160,43 @@ class DeCapBenchItem:
     oracle_facts: tuple[str, ...]
 
 
-def read_decapbench(path: Path) -> list[DeCapBenchItem]:
-    """The annotation file (JSONL of ``image_name``/``image_path``, ``oracle_caption``, ``oracle_facts``)."""
-    rows = read_json_or_jsonl(path)
-    if isinstance(rows, dict):
-        rows = [rows]
-    items, seen = [], set()
-    for number, row in enumerate(rows, 1):
-        where = f"{path}: row {number}"
+def read_decapbench(path: Path) -> BenchmarkRows:
+    """The annotation file (JSONL of ``image_name``, ``oracle_caption``, ``oracle_facts``), as published.
+
+    Texts are kept exactly (no stripping; a blank fact is a fact). Refused rows: not an object, no image
+    name, an ``oracle_caption`` that is not a string, ``oracle_facts`` that is not a non-empty list of
+    strings (with no oracle fact, DCScore's recall is undefined). An image listed twice: the official
+    scorer keeps the last row (it builds ``{image_name: row}``), so the earlier one is refused."""
+    rows, refused = _rows(path)
+    items: dict[str, DeCapBenchItem] = {}
+    where_of: dict[str, str] = {}
+    for where, row in rows:
         if not isinstance(row, dict):
-            raise FormatError(f"{where}: expected an object")
+            refused.append(RefusedRow(where, "expected a JSON object"))
+            continue
         key = _image_key(row)
-        if key is None:
-            raise FormatError(f"{where}: no image name (image_name or image_path)")
         caption = row.get("oracle_caption")
         facts = row.get("oracle_facts")
-        if not isinstance(caption, str) or not caption.strip():
-            raise FormatError(f"{where}: 'oracle_caption' must be a non-empty string")
-        if (
-            not isinstance(facts, list)
-            or not facts
-            or not all(isinstance(f, str) and f.strip() for f in facts)
-        ):
-            raise FormatError(f"{where}: 'oracle_facts' must be a non-empty list of strings")
-        if key in seen:
-            raise FormatError(f"{where}: image {key!r} appears twice")
-        seen.add(key)
-        items.append(DeCapBenchItem(key, caption.strip(), tuple(f.strip() for f in facts)))
-    return items
+        if key is None:
+            refused.append(RefusedRow(where, "no image name (image_name or image_path)"))
+        elif not isinstance(caption, str):
+            refused.append(RefusedRow(where, f"{key}: 'oracle_caption' must be a string"))
+        elif not isinstance(facts, list) or not facts:
+            refused.append(RefusedRow(where, f"{key}: 'oracle_facts' must be a non-empty list"))
+        elif not all(isinstance(f, str) for f in facts):
+            bad = next(i for i, f in enumerate(facts) if not isinstance(f, str))
+            refused.append(RefusedRow(where, f"{key}: oracle fact {bad} is not a string"))
+        else:
+            if key in items:
+                refused.append(
+                    RefusedRow(
+                        where_of[key], f"{key}: superseded by {where} (the official scorer keeps the last)"
+                    )
+                )
+                del items[key]  # re-inserted below, in the position of the row that counts
+            items[key] = DeCapBenchItem(key, caption, tuple(facts))
+            where_of[key] = where
+    return BenchmarkRows(items.values(), refused)
 
 
 # ------------------------------------------------------------------------------------------- CaptionQA
@@ -139,12 +212,18 @@ class Question:
 
 @dataclass(frozen=True)
 class CaptionQAEntry:
-    """One CaptionQA image: its id, questions in file order, and (if embedded) the image's bytes."""
+    """One CaptionQA entry: its id, questions in file order, and its images (one or several views of
+    one scene; each encoded bytes, or a path as the file gives it)."""
 
     id: str
     questions: tuple[Question, ...]
-    image: bytes | str | None = None  # encoded bytes, or a path as the file gives it
+    images: tuple[bytes | str, ...] = ()
     domain: str | None = None
+
+    @property
+    def image(self) -> bytes | str | None:
+        """The first image (None when the file embeds none)."""
+        return self.images[0] if self.images else None
 
 
 def _category(value: Any) -> str:
@@ -164,12 +243,7 @@ def _question(q: dict[str, Any]) -> Question:
     )
 
 
-def _embedded_image(row: dict[str, Any]) -> bytes | str | None:
-    value = row.get("images")
-    if isinstance(value, list | tuple):
-        value = value[0] if value else None
-    if value is None:
-        value = row.get("image")
+def _one_image(value: Any) -> bytes | str | None:
     if isinstance(value, dict):
         if value.get("bytes"):
             return bytes(value["bytes"])
@@ -179,42 +253,59 @@ def _embedded_image(row: dict[str, Any]) -> bytes | str | None:
     return None
 
 
-def read_captionqa(path: Path) -> list[CaptionQAEntry]:
+def _embedded_images(row: dict[str, Any]) -> tuple[bytes | str, ...]:
+    """Every image of a row, in order: ``images`` (a list, as the hub stores them), else ``image``."""
+    value = row.get("images")
+    values = list(value) if isinstance(value, list | tuple) else ([value] if value is not None else [])
+    if not values and row.get("image") is not None:
+        values = [row["image"]]
+    return tuple(image for image in map(_one_image, values) if image is not None)
+
+
+def read_captionqa(path: Path) -> BenchmarkRows:
     """The question set: parquet/JSON/JSONL rows with ``id`` and ``questions`` (or the single-question
-    row form with ``question``/``choices``/``answer``), or the legacy ``{key: [questions]}`` JSON."""
+    row form with ``question``/``choices``/``answer``), or the legacy ``{key: [questions]}`` JSON.
+    Refused rows: not an object, no ``id`` (the official ``qa.py`` skips those too), ``questions``
+    not a list."""
     path = Path(path)
+    refused: list[RefusedRow] = []
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
-            rows: Any = pq.read_table(path).to_pylist()
+            table = pq.read_table(path).to_pylist()
         except Exception as error:  # pyarrow raises several types for a bad file
             raise FormatError(f"{path}: not a readable parquet file ({error})") from None
+        rows: list[tuple[str, Any]] = [(f"{path}: row {n}", row) for n, row in enumerate(table, 1)]
     else:
-        rows = read_json_or_jsonl(path)
-    if isinstance(rows, dict):
-        if all(isinstance(v, list) for v in rows.values()):  # the legacy {key: [question, ...]} form
-            rows = [{"id": k, "questions": v} for k, v in rows.items()]
-        else:
-            rows = [rows]
+        rows, refused = _rows(path)
+        if len(rows) == 1 and isinstance(rows[0][1], dict) and "id" not in rows[0][1]:
+            data = rows[0][1]
+            if all(isinstance(v, list) for v in data.values()):  # the legacy {key: [question, ...]} form
+                rows = [(f"{path}: {k!r}", {"id": k, "questions": v}) for k, v in data.items()]
     entries = []
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row, dict) or row.get("id") is None:
-            raise FormatError(f"{path}: row {number} has no 'id'")
+    for where, row in rows:
+        if not isinstance(row, dict):
+            refused.append(RefusedRow(where, "expected a JSON object"))
+            continue
+        if row.get("id") is None:
+            refused.append(RefusedRow(where, "no 'id'"))
+            continue
         questions = row.get("questions") or []
         if not questions and "question" in row:
             questions = [{k: row.get(k) for k in ("question", "choices", "answer", "category")}]
         if not isinstance(questions, list):
-            raise FormatError(f"{path}: row {number}: 'questions' must be a list")
+            refused.append(RefusedRow(where, f"{row['id']}: 'questions' must be a list"))
+            continue
         entries.append(
             CaptionQAEntry(
                 id=str(row["id"]),
                 questions=tuple(_question(q) for q in questions if isinstance(q, dict)),
-                image=_embedded_image(row),
+                images=_embedded_images(row),
                 domain=row.get("domain"),
             )
         )
-    return entries
+    return BenchmarkRows(entries, refused)
 
 
 # ------------------------------------------------------------------------------------------- CapArena
@@ -231,24 +322,28 @@ class CapArenaItem:
     human: str
 
 
-def read_caparena(path: Path) -> list[CapArenaItem]:
-    """``caparena_auto_600.json``: ``{image: {"ref_model": ..., "captions": {..., "human": ...}}}``."""
+def read_caparena(path: Path) -> BenchmarkRows:
+    """``caparena_auto_600.json``: ``{image: {"ref_model": ..., "captions": {..., "human": ...}}}``.
+    Refused entries: no ``captions`` mapping, a ``ref_model`` that names none of its captions, no
+    ``human`` reference."""
     data = read_json_or_jsonl(path)
     if not isinstance(data, dict):
         raise FormatError(f"{path}: expected one JSON object keyed by image file name")
-    items = []
+    items, refused = [], []
     for image, entry in data.items():
         where = f"{path}: {image!r}"
         if not isinstance(entry, dict) or not isinstance(entry.get("captions"), dict):
-            raise FormatError(f"{where}: expected {{'ref_model': ..., 'captions': {{...}}}}")
+            refused.append(RefusedRow(where, "expected {'ref_model': ..., 'captions': {...}}"))
+            continue
         ref_model = entry.get("ref_model")
         captions = entry["captions"]
-        if not isinstance(ref_model, str) or ref_model not in captions:
-            raise FormatError(f"{where}: 'ref_model' must name one of its captions")
-        if not isinstance(captions.get("human"), str):
-            raise FormatError(f"{where}: no 'human' reference caption")
-        items.append(CapArenaItem(image, ref_model, str(captions[ref_model]), captions["human"]))
-    return items
+        if not isinstance(ref_model, str) or not isinstance(captions.get(ref_model), str):
+            refused.append(RefusedRow(where, "'ref_model' must name one of its captions"))
+        elif not isinstance(captions.get("human"), str):
+            refused.append(RefusedRow(where, "no 'human' reference caption"))
+        else:
+            items.append(CapArenaItem(image, ref_model, captions[ref_model], captions["human"]))
+    return BenchmarkRows(items, refused)
 
 
 # ------------------------------------------------------------------------------------------- captions

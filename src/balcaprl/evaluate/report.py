@@ -5,8 +5,11 @@ searched one level down for them) and, on request, from the paper's Table 1 (``p
 Columns: DCScore, CaptionQA, CapArena (each with its delta against ``--baseline``), Arena Length
 (mean words of the CapArena captions) and b-CapScore (with its delta). As in the paper, the best
 value of each score column is marked in bold within each group of rows (your runs form one group,
-each of the paper's model families another). A value from an incomplete evaluation (judge failures
-or benchmark items without a caption) carries a dagger, explained under the table — never silently.
+each of the paper's model families another). A value from an incomplete evaluation (judge failures,
+benchmark items without a caption, refused benchmark rows) carries a dagger (†), and a value that is
+not comparable with the paper's Table 1 — our paraphrased prompts rather than the benchmark's
+official ones, options other than the official protocol's, another judge model, or an evaluation
+that did not record them — a double dagger (‡); both are explained under the table, never silently.
 
 Outputs: ``report.md``, ``report.csv``, ``report.png`` (the runs side by side on the three views, the
 length and b-CapScore), ``general.md``/``general.csv`` when any row has general-benchmark results
@@ -68,6 +71,7 @@ class ReportRow:
     values: dict[str, float | None]
     general: dict[str, float] = field(default_factory=dict)
     incomplete: dict[str, str] = field(default_factory=dict)  # column -> why (failures, missing items)
+    not_comparable: dict[str, list[str]] = field(default_factory=dict)  # column -> why not like Table 1
     published: bool = False
 
 
@@ -98,21 +102,40 @@ def load_eval_rows(paths: Sequence[Path]) -> list[ReportRow]:
             results = record.get("results") or {}
             headline = record.get("headline") or {}
             values = {key: headline.get(key) for key, _, _ in COLUMNS}
-            incomplete = {}
+            incomplete, not_comparable = {}, {}
             for key in values:
                 entry = results.get(_PROTOCOL_OF[key]) or {}
                 if entry and not entry.get("complete", True):
                     n_failed, n_missing = entry.get("n_failed", 0), entry.get("n_missing", 0)
-                    incomplete[key] = f"{n_failed} judge failures, {n_missing} items without a caption"
+                    why = f"{n_failed} judge failures, {n_missing} items without a caption"
+                    if entry.get("n_refused"):
+                        why += f", {entry['n_refused']} benchmark rows refused"
+                    incomplete[key] = why
+                if entry and values[key] is not None:
+                    reasons = _not_comparable(entry)
+                    if reasons:
+                        not_comparable[key] = reasons
             general = ((results.get("general") or {}).get("scores")) or {}
             name = record.get("label") or file.parent.name
-            rows.append(ReportRow(name, RUNS_GROUP, str(file.parent), values, dict(general), incomplete))
+            rows.append(
+                ReportRow(
+                    name, RUNS_GROUP, str(file.parent), values, dict(general), incomplete, not_comparable
+                )
+            )
     seen: dict[str, int] = {}
     for row in rows:  # two runs with one label stay apart
         seen[row.name] = seen.get(row.name, 0) + 1
         if seen[row.name] > 1:
             row.name = f"{row.name} ({Path(row.source).name}#{seen[row.name]})"
     return rows
+
+
+def _not_comparable(entry: dict[str, Any]) -> list[str]:
+    """Why a protocol entry of eval.json is not comparable with the paper's Table 1 (as `balcaprl
+    evaluate` recorded it); an entry from before that was recorded cannot be vouched for."""
+    if "comparable_with_paper" not in entry:
+        return ["the prompts and options used were not recorded (evaluated by an earlier balcaprl)"]
+    return [] if entry["comparable_with_paper"] else list(entry.get("not_comparable") or ["not recorded why"])
 
 
 def _published_csv(name: str) -> list[dict[str, str]]:
@@ -219,7 +242,7 @@ def _table(rows: Sequence[ReportRow], baseline: ReportRow | None) -> tuple[str, 
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["group", "model", "source", *[c for k, _, d in COLUMNS for c in ([k, f"{k}_delta"] if d else [k])],
-                     "best", "incomplete"])  # fmt: skip
+                     "best", "incomplete", "not_comparable"])  # fmt: skip
     notes: list[str] = []
     group = None
     for row in rows:
@@ -239,6 +262,12 @@ def _table(rows: Sequence[ReportRow], baseline: ReportRow | None) -> tuple[str, 
             if key in row.incomplete:
                 text += "†"
                 notes.append(f"† {row.name}, {key}: incomplete ({row.incomplete[key]}); see its eval.json")
+            if key in row.not_comparable:
+                text += "‡"
+                notes.append(
+                    f"‡ {row.name}, {key}: not comparable with the paper's Table 1: "
+                    + "; ".join(row.not_comparable[key])
+                )
             cells.append(text)
             record.append("" if value is None else round(value, 4))
             if has_delta:
@@ -249,7 +278,11 @@ def _table(rows: Sequence[ReportRow], baseline: ReportRow | None) -> tuple[str, 
                 )
                 cells.append("–" if d is None else f"{d:+.1f}")
                 record.append("" if d is None else round(d, 4))
-        record += [";".join(best_here), ";".join(sorted(row.incomplete))]
+        record += [
+            ";".join(best_here),
+            ";".join(sorted(row.incomplete)),
+            ";".join(sorted(row.not_comparable)),
+        ]
         writer.writerow(record)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n", out.getvalue(), notes
@@ -398,7 +431,8 @@ def plot_report(rows: Sequence[ReportRow], path: Path, baseline: ReportRow | Non
             bar = ax.barh(pos, value, color=colour, edgecolor="black" if row is baseline else colour,
                           linewidth=1.6 if row is baseline else 0.5, height=0.7)  # fmt: skip
             label = f"{value:.0f}" if key == "arena_length" else f"{value:.1f}"
-            ax.bar_label(bar, labels=[label + ("†" if key in row.incomplete else "")], fontsize=7, padding=2)
+            marks = ("†" if key in row.incomplete else "") + ("‡" if key in row.not_comparable else "")
+            ax.bar_label(bar, labels=[label + marks], fontsize=7, padding=2)
         ax.axvline(0, color="black", linewidth=0.6)
         ax.set_title(title + ("" if key == "arena_length" else " ↑"), fontsize=10)
         ax.tick_params(axis="x", labelsize=8)
@@ -407,7 +441,7 @@ def plot_report(rows: Sequence[ReportRow], path: Path, baseline: ReportRow | Non
     axes[0].set_yticklabels(names, fontsize=8)
     fig.suptitle(
         "Caption quality from three views (grey: the paper's published rows; outlined: baseline; "
-        "†: incomplete evaluation)",
+        "†: incomplete evaluation; ‡: not comparable with the paper's Table 1)",
         fontsize=9,
     )
     fig.tight_layout()
@@ -444,6 +478,12 @@ def build_report(
             f"Δ: difference to the baseline, **{base.name}**. Bold values: the best of their group.\n"
         )
     parts.extend(f"{n}\n" for n in dict.fromkeys(notes))
+    if any(row.not_comparable for row in rows):
+        parts.append(
+            "‡ numbers compare with the paper's Table 1 only when they come from the benchmarks' official "
+            "prompts (the `official:` section of the evaluation config), the official protocol options and "
+            "the benchmark's judge model; see docs/evaluation-official.md.\n"
+        )
     general = _general_table(rows)
     if general is not None:
         parts += ["\n## General vision benchmarks (lmms-eval)\n", general[0]]

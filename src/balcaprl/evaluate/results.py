@@ -3,7 +3,8 @@
 A protocol's headline ``score`` is on the scale the paper reports (DCScore, CaptionQA and b-CapScore
 x100; CapArena in -100..100). Items the judge could not score are counted in ``failures`` (reason ->
 count) and left out of every mean, never scored 0; items of the benchmark that had no caption are
-listed in ``missing``. ``complete`` is true only when every item was scored.
+listed in ``missing``; rows of the benchmark file that could not be used, in ``refused`` (where and
+why). ``complete`` is true only when every item was scored.
 """
 
 from __future__ import annotations
@@ -47,14 +48,16 @@ class ProtocolResult:
     judge: str | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
+    refused: list[dict[str, str]] = field(default_factory=list)  # benchmark rows left out: where, reason
 
     @property
     def complete(self) -> bool:
-        return not self.failures and not self.missing and self.n_scored > 0
+        return not self.failures and not self.missing and not self.refused and self.n_scored > 0
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["complete"] = self.complete
         data["n_failed"] = sum(self.failures.values())
         data["n_missing"] = len(self.missing)
+        data["n_refused"] = len(self.refused)
         return data

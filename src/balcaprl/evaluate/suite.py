@@ -13,6 +13,11 @@ what is missing: the judge config's ``cache_path`` when it has one, else ``OUT/j
 
 The evaluation config (YAML, ``--config``; ``balcaprl.evaluate.config``) names the benchmark files
 and, per protocol, an optional judge config and protocol settings; command-line flags override it.
+Its ``official`` section names the benchmarks' own code, from which the official prompts are read
+(and checked) before any call (:mod:`balcaprl.evaluate.official`). Each protocol's entry records the
+prompts that ran and the options (``settings``), the benchmark rows refused while reading its file
+(``refused``), and whether its number is comparable with the paper's Table 1
+(``comparable_with_paper``, and ``not_comparable`` with the reasons when it is not).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from balcaprl.evaluate.captionqa import CaptionQASettings
 from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
 from balcaprl.evaluate.dcscore import DCScoreSettings
 from balcaprl.evaluate.formats import CaptionSet, FormatError, read_caption_sets
+from balcaprl.evaluate.official import departures, paper_comparability
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text
 
@@ -111,6 +117,18 @@ def _need(value: Path | None, protocol: str, what: str, flag: str) -> Path:
     return Path(value)
 
 
+def comparability(result: ProtocolResult) -> list[str]:
+    """Why ``result`` is not comparable with the paper's Table 1 (empty when it is): its prompts, its
+    options against the official protocol's (each protocol's ``OFFICIAL_OPTIONS``), its judge."""
+    from balcaprl.evaluate import caparena, captionqa, dcscore
+
+    official = {"dcscore": dcscore.OFFICIAL_OPTIONS, "captionqa": captionqa.OFFICIAL_OPTIONS,
+                "caparena": caparena.OFFICIAL_OPTIONS}.get(result.protocol, {})  # fmt: skip
+    return paper_comparability(
+        result.protocol, result.settings.get("prompts"), departures(result.settings, official), result.judge
+    )
+
+
 def run_suite(
     captions: Sequence[str | Path],
     suite: Sequence[str],
@@ -131,6 +149,7 @@ def run_suite(
     from balcaprl.evaluate.captionqa import run_captionqa
     from balcaprl.evaluate.dcscore import run_dcscore
     from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
+    from balcaprl.evaluate.official import load_caparena_prompts, load_captionqa_task, load_decapbench_prompts
     from balcaprl.judge import build_judge
     from balcaprl.judge.calls import JudgeCaller
 
@@ -152,6 +171,16 @@ def run_suite(
         if cache_path is not None or cfg.cache_path is None:
             return cfg.model_copy(update={"cache_path": Path(cache_path or out_dir / "judge_cache.sqlite")})
         return cfg
+
+    # The official prompts, read and checked before any call (a ConfigError names what is missing).
+    official = config.official
+    prompts: dict[str, Any] = {}
+    if "dcscore" in suite and official.decapbench is not None:
+        prompts["dcscore"] = load_decapbench_prompts(official.decapbench)
+    if "caparena" in suite and official.caparena is not None:
+        prompts["caparena"] = load_caparena_prompts(official.caparena)
+    if "captionqa" in suite and official.captionqa is not None:
+        prompts["captionqa"] = load_captionqa_task(official.captionqa)
 
     # Check everything first: a bad path found after an hour of paid calls is an expensive mistake.
     plan: list[tuple[str, Any, CaptionSet, Any]] = []
@@ -201,20 +230,28 @@ def run_suite(
             caller = JudgeCaller(cfg, image_root=image_root, http_client=http_client)
             if protocol == "dcscore":
                 settings = DCScoreSettings(**section.model_dump(include=set(DCScoreSettings.model_fields)))
-                result = run_dcscore(caller, data, chosen, image_root, protocol_dir, settings, progress)
+                result = run_dcscore(
+                    caller, data, chosen, image_root, protocol_dir, settings, progress, prompts.get("dcscore")
+                )
             elif protocol == "captionqa":
                 settings = CaptionQASettings(
                     **section.model_dump(include=set(CaptionQASettings.model_fields))
                 )
-                result = run_captionqa(caller, data, chosen, protocol_dir, settings, progress)
+                result = run_captionqa(
+                    caller, data, chosen, protocol_dir, settings, progress, prompts.get("captionqa")
+                )
             else:
                 settings = CapArenaSettings(**section.model_dump(include=set(CapArenaSettings.model_fields)))
                 result = run_caparena(
                     caller, data, chosen, image_root, protocol_dir, settings,
-                    model_name=record["label"], on_progress=progress,
+                    model_name=record["label"], on_progress=progress, prompts=prompts.get("caparena"),
                 )  # fmt: skip
+        result.refused = [row.as_dict() for row in getattr(data, "refused", [])]
         results[protocol] = result
         entry = result.as_dict()
+        reasons = comparability(result)
+        entry["comparable_with_paper"] = not reasons
+        entry["not_comparable"] = reasons
         entry["captions"] = chosen.sources
         entry["finished"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         record["results"][protocol] = entry

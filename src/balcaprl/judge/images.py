@@ -70,11 +70,19 @@ class ImageLoader:
     """Turns a path or encoded bytes into a :class:`PreparedImage`; thread-safe; remembers paths.
 
     ``root``: when given, relative paths are resolved against it and no path may leave it (symlinks
-    included) — image paths in caption files are untrusted input.
+    included) — image paths in caption files are untrusted input. ``jpeg_quality``: re-encode every
+    image as JPEG at this quality, whatever its format and size (a benchmark's official script does).
     """
 
-    def __init__(self, max_side: int, root: Path | str | None = None, remember: int = 4096):
+    def __init__(
+        self,
+        max_side: int,
+        root: Path | str | None = None,
+        remember: int = 4096,
+        jpeg_quality: int | None = None,
+    ):
         self.max_side = max_side
+        self.jpeg_quality = jpeg_quality
         self.root = Path(root).resolve() if root is not None else None
         self._remember = remember
         self._known: OrderedDict[tuple, PreparedImage] = OrderedDict()
@@ -104,7 +112,7 @@ class ImageLoader:
             stat = path.stat()
         except OSError as error:
             raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
-        key = (str(path), stat.st_size, stat.st_mtime_ns, self.max_side)
+        key = (str(path), stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality)
         with self._lock:
             known = self._known.get(key)
             if known is not None:
@@ -139,7 +147,7 @@ class ImageLoader:
             raise ImageError(f"{where} is not a readable image ({error})") from None
         digest = sha256_hex(data)
         fmt = image.format or ""
-        if fmt in _MIME and max(image.size) <= self.max_side:
+        if self.jpeg_quality is None and fmt in _MIME and max(image.size) <= self.max_side:
             return PreparedImage(digest, _MIME[fmt], data, image.width, image.height, reencoded=False)
         return self._reencode(image, fmt, digest)
 
@@ -149,10 +157,10 @@ class ImageLoader:
             image.thumbnail((self.max_side, self.max_side), Image.Resampling.LANCZOS)
         has_alpha = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
         buffer = io.BytesIO()
-        if fmt == "PNG" or has_alpha:
+        if (fmt == "PNG" or has_alpha) and self.jpeg_quality is None:
             image.save(buffer, format="PNG", optimize=False)
             mime = "image/png"
         else:
-            image.convert("RGB").save(buffer, format="JPEG", quality=90)
+            image.convert("RGB").save(buffer, format="JPEG", quality=self.jpeg_quality or 90)
             mime = "image/jpeg"
         return PreparedImage(digest, mime, buffer.getvalue(), image.width, image.height, reencoded=True)

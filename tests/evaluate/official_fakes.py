@@ -1,0 +1,138 @@
+"""Tiny fake checkouts of the benchmarks' official code, for the tests of the official-prompt loading:
+the official file names and variable names, with our own placeholder texts (never the real ones).
+
+The DeCapBench and CapArena files end their module level with ``raise SystemExit``: balcaprl reads them
+with ``ast`` and must never run them. The lmms-eval task file is loaded and run (as the real one is),
+so it holds working placeholder functions whose behaviour differs from ours on purpose (a different
+prompt layout, letters read as ``(B)``), to show that theirs are the ones used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+FAKE_SYSTEM = "PLACEHOLDER system message"
+
+FAKE_DECAPBENCH = '''import openai  # balcaprl never runs this file
+
+
+def run_gpt_text(client, prompt, temperature=1.0, sys_prompt="PLACEHOLDER system message", n=1):
+    raise RuntimeError("never called")
+
+
+def run_gpt_multimodal(client, prompt, image_path, temperature=1.0, sys_prompt="PLACEHOLDER system message",
+                       n=1, detail="high"):
+    raise RuntimeError("never called")
+
+
+extract_prompt = """PLACEHOLDER-EXTRACT: list the facts as {{"fact": ..., "relevance": 1}}.
+### Caption
+{caption}
+### Atomic Facts
+"""
+
+verify_prompt = """PLACEHOLDER-VERIFY: mark each fact's verification 1 or 0.
+>>> Reference Caption:
+{reference_caption}
+>>> Atomic Facts:
+{atomic_facts}
+"""
+
+match_prompt = """PLACEHOLDER-MATCH: give each fact its matched_oracle_id or None.
+>>> Set of Atomic Facts:
+{predicted_atomic_facts}
+>>> Oracle Set of Atomic Facts:
+{oracle_atomic_facts}
+>>> Matching Result:
+"""
+
+raise SystemExit("this placeholder module must never be run")
+'''
+
+FAKE_CAPARENA = '''import requests  # balcaprl never runs this file
+
+system_prompt_without_ref = """PLACEHOLDER-ARENA without a reference"""
+
+system_prompt_with_ref = """PLACEHOLDER-ARENA: answer with two lines, Reason: ... and Judgment: ..."""
+
+
+def mllm_judge_pairs(caption_eval_cand_dir, imgs_dir, with_ref=True, cal_agree=True, eval_model_name=None):
+    for item in []:
+        caption_1 = item["caption1"]
+        caption_2 = item["caption2"]
+        caption_ref = item["ref"]
+        if with_ref:
+            compare_prompt = f"PLACEHOLDER first:\\n{caption_1}\\nsecond:\\n{caption_2}\\nreference:\\n{caption_ref}\\nPLACEHOLDER {{braces}} stay."
+        else:
+            compare_prompt = f"PLACEHOLDER first:\\n{caption_1}\\nsecond:\\n{caption_2}"
+
+
+raise SystemExit("this placeholder module must never be run")
+'''
+
+FAKE_LMMS_UTILS = """import re
+
+LETTER_ALPH = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CANNOT_ANSWER_TEXT = "PLACEHOLDER none of these"
+QA_SYSTEM_PROMPT = "PLACEHOLDER-QA system message"
+
+
+def add_cannot_answer_option(question_text, choices):
+    lowered = [str(c).lower() for c in choices]
+    if any("yes" in c for c in lowered) and any("no" in c for c in lowered):
+        return choices
+    return choices + [CANNOT_ANSWER_TEXT]
+
+
+def build_caption_qa_prompt(caption, question, choices):
+    lines = "\\n".join(f"({LETTER_ALPH[i]}) {c}" for i, c in enumerate(choices))
+    return f"PLACEHOLDER-QA caption:\\n{caption}\\nPLACEHOLDER question: {question}\\n{lines}\\nPLACEHOLDER answer:"
+
+
+def extract_letter(answer_text, num_options):
+    match = re.search(r"\\(([A-Z])\\)", answer_text or "")
+    if match and LETTER_ALPH.index(match.group(1)) < num_options:
+        return match.group(1)
+    return None
+"""
+
+
+def _git(root: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@example.org", GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")  # fmt: skip
+    return subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
+
+
+def git_commit_all(root: Path) -> str | None:
+    """Make ``root`` a git work tree with one commit of everything; its commit (None without git)."""
+    if shutil.which("git") is None:
+        return None
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "placeholder checkout")
+    return _git(root, "rev-parse", "HEAD").strip()
+
+
+def fake_decapbench(root: Path, text: str = FAKE_DECAPBENCH) -> Path:
+    (root / "eval").mkdir(parents=True, exist_ok=True)
+    (root / "eval" / "evaluation_decapbench.py").write_text(text)
+    return root
+
+
+def fake_caparena(root: Path, text: str = FAKE_CAPARENA) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "vlm_as_a_judge.py").write_text(text)
+    return root
+
+
+def fake_lmms_eval(root: Path, text: str = FAKE_LMMS_UTILS) -> Path:
+    folder = root / "lmms_eval" / "tasks" / "captionqa"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "utils.py").write_text(text)
+    return root
