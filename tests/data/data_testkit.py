@@ -68,12 +68,17 @@ def scripted_app(model: ScriptedCaptioner):
     async def chat(request: Request):
         body = await request.json()
         model.bodies.append(body)
-        system, user = body["messages"][0], body["messages"][1]
-        assert system["content"] == load_rubric("recaption").text, system["content"][:60]
         assert "response_format" not in body  # free text, not a structured verdict
+        user = body["messages"][-1]
         url = next(p["image_url"]["url"] for p in user["content"] if p["type"] == "image_url")
         text = next(p["text"] for p in user["content"] if p["type"] == "text")
-        instruction = html.unescape(re.search(r"<instruction>\n(.*?)\n</instruction>", text, re.S).group(1))
+        if len(body["messages"]) == 1:  # the paper's way: the original prompt is the whole instruction
+            instruction = text
+        else:  # --rubric strict: the rubric as system message, the prompt as a data block
+            assert body["messages"][0]["content"] == load_rubric("recaption_strict").text
+            instruction = html.unescape(
+                re.search(r"<instruction>\n(.*?)\n</instruction>", text, re.S).group(1)
+            )
         digest = hashlib.sha256(base64.b64decode(url.split(",", 1)[1])).hexdigest()
         model.calls.append((digest, instruction))
         fault = model.next_fault(digest)

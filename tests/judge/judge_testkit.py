@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import re
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -66,3 +69,24 @@ def judge_and_close(judge: Any, requests: list[JudgeRequest]) -> list[Any]:
             await judge.aclose()
 
     return asyncio.run(go())
+
+
+RUN = 7  # words: no run this long may be shared with the paper's prompts
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words, every run of other characters a single separator (as the stored hashes)."""
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+
+
+def run_hashes(text: str) -> dict[str, str]:
+    """sha256 (first 12 hex digits) of every run of RUN words of ``text`` -> the run."""
+    w = words(text)
+    runs = (" ".join(w[i : i + RUN]) for i in range(len(w) - RUN + 1))
+    return {hashlib.sha256(run.encode()).hexdigest()[:12]: run for run in runs}
+
+
+def paper_run_hashes() -> set[str]:
+    """The hashes of every RUN-word run of the paper's judge prompts (paper_prompt_7word_runs.txt)."""
+    lines = (Path(__file__).parent / "paper_prompt_7word_runs.txt").read_text().splitlines()
+    return {line for line in lines if line and not line.startswith("#")}

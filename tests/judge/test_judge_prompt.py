@@ -8,10 +8,12 @@ from judge_testkit import IMAGE, judge_and_close
 
 from balcaprl.judge.images import ImageLoader
 from balcaprl.judge.prompt import (
+    build_coverage_followup,
     build_judge_messages,
     build_recaption_messages,
     clean_caption,
     clean_text,
+    followup_ids,
     parse_judge_messages,
 )
 from balcaprl.rewards.rubrics import load_rubric
@@ -103,14 +105,63 @@ def test_truncated_caption_is_flagged_on_the_judgement(judge_server):
 def test_parse_rejects_foreign_requests():
     with pytest.raises(ValueError, match="system message"):
         parse_judge_messages([{"role": "user", "content": "hi"}])
-    with pytest.raises(ValueError, match="exactly one image_url"):
+    image = {"type": "image_url", "image_url": {"url": PREPARED.data_url}}
+    two_images = [image, image, {"type": "text", "text": "<reference>\nr\n</reference>"}]
+    with pytest.raises(ValueError, match="at most one image_url"):
+        parse_judge_messages([{"role": "system", "content": "x"}, {"role": "user", "content": two_images}])
+    with pytest.raises(ValueError, match="neither a <reference>"):
         parse_judge_messages(
             [{"role": "system", "content": "x"}, {"role": "user", "content": [{"type": "text", "text": "t"}]}]
         )
 
 
-def test_recaption_messages_carry_the_original_prompt_as_data():
+def test_a_text_only_decomposition_round_trips():
+    rubric = load_rubric("reference_decomposition")
+    messages = build_judge_messages(rubric, None, reference="A red door. A cat.")
+    assert [p["type"] for p in messages[1]["content"]] == ["text"]
+    parsed = parse_judge_messages(messages)
+    assert parsed.image is None and parsed.image_mime is None and parsed.caption is None
+    assert parsed.reference == "A red door. A cat." and parsed.system == rubric.text
+    with_image = build_judge_messages(
+        load_rubric("reference_decomposition_with_image"), PREPARED, reference="r"
+    )
+    assert parse_judge_messages(with_image).image == PREPARED.data
+
+
+def test_a_coverage_follow_up_names_only_the_missing_numbers():
+    items = [f"claim {i}" for i in range(1, 8)]
+    request = build_judge_messages(RUBRIC, PREPARED, reference_assertions=items, caption="a caption")
+    answer = '{"reference_coverage": [{"id": 1, "covered": true}]}'
+    messages = build_coverage_followup(request, answer, {3: "claim 3", 7: "x < y & z"})
+    assert messages[:2] == request and messages[2] == {"role": "assistant", "content": answer}
+    text = messages[3]["content"]
+    assert "numbered 3, 7." in text and "claim 1" not in text and "claim 2" not in text
+    assert "3. claim 3\n7. x &lt; y &amp; z" in text  # under their own numbers, escaped like any data
+    assert followup_ids(messages) == [3, 7]
+    # the server still reads the request it follows up on from the first user message
+    parsed = parse_judge_messages(messages)
+    assert parsed.reference_assertions == items and parsed.caption == "a caption"
+    with pytest.raises(ValueError, match="no <reference_assertions>"):
+        followup_ids(request[:1])
+
+
+def test_recaption_follows_the_paper_by_default_the_original_prompt_and_nothing_else():
     rubric = load_rubric("recaption")
+    assert rubric.text == ""
+    messages = build_recaption_messages(rubric, PREPARED, "Describe this image in detail.\x00 ")
+    assert messages == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": PREPARED.data_url}},
+                {"type": "text", "text": "Describe this image in detail."},
+            ],
+        }
+    ]
+
+
+def test_strict_recaption_carries_the_original_prompt_as_data():
+    rubric = load_rubric("recaption_strict")
     messages = build_recaption_messages(rubric, PREPARED, "Describe this image in detail.\x00 </instruction>")
     text = messages[1]["content"][1]["text"]
     assert text == "<instruction>\nDescribe this image in detail. &lt;/instruction&gt;\n</instruction>"

@@ -84,7 +84,7 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     assert summary["metrics"]["precision"]["mean"] == pytest.approx((1 / 3 + 1 + 0) / 3)
     m = summary["metrics"]["recall"]
     assert m["ci95_low"] <= m["mean"] <= m["ci95_high"]
-    assert summary["judge"]["rubric_version"].startswith("evaluation-v1-joint+")
+    assert summary["judge"]["rubric_version"].startswith("evaluation-v2-joint+")
     assert summary["accounting"]["calls"] == 2
     assert "b-CapScore" in result.output and "wrote" in result.output
 

@@ -167,6 +167,23 @@ def test_inference_passes_only_the_evaluation_rubric(scene):
     assert train_verdict.reference_assertions == eval_verdict.reference_assertions
 
 
+def test_the_ablation_rubric_judges_no_pointability_and_admits_commentary(scene):
+    """Under "training_without_pointability" the oracle, like the prompt, asks nothing about
+    pointability: every claim is admitted, `visible` and the reference are judged as in training, so
+    commentary the image does not contradict counts (the reward hack the paper's ablation shows)."""
+    caption = CORRECT + " The picture looks like a simple computer generated illustration."
+    train_verdict, train = rewards(scene, caption, rubric="training")
+    ablation, _ = rewards(scene, caption, rubric="training_without_pointability")
+    assert not all(a.pointable for a in train_verdict.caption_assertions)
+    assert all(a.pointable for a in ablation.caption_assertions)
+    assert [(a.text, a.visible) for a in ablation.caption_assertions] == [
+        (a.text, a.visible) for a in train_verdict.caption_assertions
+    ]
+    assert ablation.reference_assertions == train_verdict.reference_assertions
+    without = score_verdict(ablation, pointability=False)
+    assert without.precision == 1.0 > train.precision
+
+
 @pytest.mark.parametrize("caption", ["", "   ", "assistant assistant assistant", "red red red of the the"])
 def test_degenerate_captions_get_valid_low_verdicts(scene, caption):
     verdict, r = rewards(scene, caption)

@@ -163,16 +163,23 @@ def test_without_the_mask_mode_linguistic_is_left_as_judged(mode):
     assert long.length_penalty == pytest.approx(expected) and (mode == "none" or expected > 0)
 
 
-def test_pointability_switch_rescores_the_verdict():
+@pytest.mark.parametrize(
+    ("pointability", "rubric"), [(True, "training"), (False, "training_without_pointability")]
+)
+def test_pointability_switch_picks_the_rubric_and_rescores_the_verdict(pointability, rubric):
     caption = "this image shows a red circle"  # 'this', 'image', 'shows' are not pointable
-    for pointability in (True, False):
-        judge = _AnyImageJudge(fail_every=None)
-        scorer = SharedVerdictScorer(judge, RewardConfig(pointability=pointability))
-        out = run_like_trl(scorer, *batch([caption]))
-        expected = judge.expected(caption, REFERENCE, pointability=pointability)
-        assert out["precision"][0] == pytest.approx(expected.precision)
+    judge = _AnyImageJudge(fail_every=None)
+    scorer = SharedVerdictScorer(judge, RewardConfig(pointability=pointability))
+    out = run_like_trl(scorer, *batch([caption]))
+    # the judge is asked to apply the rubric of the run: the ablation's leaves pointability out
+    assert [r.rubric for r in judge.requests] == [rubric]
+    expected = judge.expected(caption, REFERENCE, pointability=pointability)
+    assert out["precision"][0] == pytest.approx(expected.precision)
     rollout = scorer.last_batch.rollouts[0]
-    assert rollout.non_pointable_share == pytest.approx(3 / 6)
+    if pointability:
+        assert rollout.non_pointable_share == pytest.approx(3 / 6)
+    else:  # not judged under the ablation's rubric: unknown, not 0
+        assert math.isnan(rollout.non_pointable_share)
 
 
 def test_judge_usage_is_reported_per_batch():

@@ -85,6 +85,23 @@ def test_a_judged_rollout_returns_every_key_with_the_judges_rewards(tiny_qwen, t
     assert Path(judge.requests[0].image) == tiny_dataset / "images" / "scene-000.png"
 
 
+@pytest.mark.parametrize(
+    ("pointability", "rubric"), [(True, "training"), (False, "training_without_pointability")]
+)
+def test_the_reward_config_picks_the_judges_rubric(tiny_qwen, tiny_dataset, pointability, rubric):
+    caption = "this image shows a red circle"  # 'this', 'image', 'shows' are not pointable
+    rewards = RewardConfig(pointability=pointability).to_json()
+    result = score(caption, tiny_qwen, tiny_dataset, rewards=rewards)
+    # the "w/o pointability" run asks the judge for the rubric with the pointability test removed
+    assert [r.rubric for r in JUDGES["scripted"].requests] == [rubric]
+    verdict = train_testkit().ScriptedJudge(fail_every=None).verdict(caption, REFERENCE)
+    assert result["precision"] == pytest.approx(score_verdict(verdict, pointability=pointability).precision)
+    if pointability:
+        assert result["non_pointable_share"] == pytest.approx(3 / 6)
+    else:  # not judged under the ablation's rubric: unknown, never 0
+        assert math.isnan(result["non_pointable_share"])
+
+
 def test_the_length_mask_uses_the_policy_tokenizer_counts(tiny_qwen, tiny_dataset):
     long_caption = "a red circle on the left . " * 3  # 21 tokens against 7: rho = 3 > tau_high
     result = score(long_caption, tiny_qwen, tiny_dataset)

@@ -147,6 +147,12 @@ def recaption(
         "--judge-config",
         help="Judge config YAML: endpoint, key variable, concurrency, limits, cache, prices.",
     ),
+    rubric: str = typer.Option(
+        "paper",
+        "--rubric",
+        help="paper: the sample's original captioning prompt, nothing added (the paper); "
+        "strict: pointable-only references (no feelings, relationships, mood or composition).",
+    ),
     limit: int | None = typer.Option(
         None, "--limit", min=1, help="Re-caption only the first N rows (trial run)."
     ),
@@ -168,13 +174,16 @@ def recaption(
     Keeps `reference_original`; a failed call keeps the original reference and is listed in
     recaption_failures.jsonl. Re-running resumes without paying twice for a finished row.
     """
-    from balcaprl.data.recaption import recaption_dataset
+    from balcaprl.data.recaption import RECAPTION_RUBRICS, recaption_dataset
 
+    if rubric not in RECAPTION_RUBRICS:
+        raise UserError(f"--rubric {rubric!r}: choose {' or '.join(RECAPTION_RUBRICS)}")
     try:
         report = recaption_dataset(
             data,
             judge_config,
             model=model,
+            rubric=rubric,
             limit=limit,
             tokenizer=tokenizer,
             cache_path=cache,

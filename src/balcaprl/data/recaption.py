@@ -4,6 +4,11 @@ The paper re-captions ShareGPT4V with GPT-5-mini, reusing each sample's original
 better references beat the originals (Table 3, "w/o recap"). Per row:
 
     image + original prompt --(recaption rubric, judge endpoint)--> new ``reference``
+
+Rubrics (``RECAPTION_RUBRICS``): ``paper`` (the default) sends the original prompt as the whole
+instruction, nothing added; ``strict`` puts it under a system message asking for pointable-only
+descriptions (no feelings, relationships, composition, mood or symbolism), a deliberate departure
+that removes the route by which non-pointable inferences earn recall (docs/rubrics.md).
     ``reference_original`` keeps the original; a failed call keeps the original as ``reference``.
 
 Everything about the call comes from ``balcaprl.judge`` (nothing of it is rewritten here): the judge
@@ -47,6 +52,7 @@ from balcaprl.files import atomic_write_text
 from balcaprl.progress import Progress
 
 __all__ = [
+    "RECAPTION_RUBRICS",
     "RecaptionOutcome",
     "RecaptionReport",
     "Recaptioner",
@@ -59,6 +65,8 @@ WORK_DIR = ".recaption"
 PROGRESS_FILE = "progress.jsonl"
 FAILURES_FILE = "recaption_failures.jsonl"
 _CARD_KEYS = {"name", "version", "counts", "tokenizer", "rejections"}  # written by write_dataset itself
+# --rubric choice -> packaged rubric name (balcaprl.rewards.rubrics)
+RECAPTION_RUBRICS = {"paper": "recaption", "strict": "recaption_strict"}
 _ABORT_AFTER = 16  # this many failures in a row before any success: the set-up is wrong, stop paying
 
 
@@ -77,6 +85,7 @@ class Recaptioner:
     """Image + original prompt -> a reference caption, from the endpoint of a judge config.
 
     ``model`` overrides the config's model (re-captioning uses a stronger model than judging).
+    ``rubric``: a key of ``RECAPTION_RUBRICS`` (``paper``: the original prompt alone; ``strict``).
     ``image_root``: image paths are resolved inside it. ``cache``: a ``JudgeCache``, None for none,
     or (default) the config's ``cache_path``. Use ``async with``.
     """
@@ -87,14 +96,19 @@ class Recaptioner:
         *,
         image_root: Path | str,
         model: str | None = None,
+        rubric: str = "paper",
         cache: Any = "config",
         http_client: Any = None,
     ) -> None:
         from balcaprl.judge.calls import JudgeCaller
         from balcaprl.rewards.rubrics import load_rubric
 
+        if rubric not in RECAPTION_RUBRICS:
+            raise ValueError(
+                f"unknown re-caption rubric {rubric!r}; choose one of {', '.join(RECAPTION_RUBRICS)}"
+            )
         self.config = config.model_copy(update={"model": model}) if model else config
-        self.rubric = load_rubric("recaption")
+        self.rubric = load_rubric(RECAPTION_RUBRICS[rubric])
         extra = {} if cache == "config" else {"cache": cache}
         self.caller = JudgeCaller(self.config, image_root=image_root, http_client=http_client, **extra)
         self.images = self.caller.images
@@ -314,6 +328,7 @@ def recaption_dataset(
     judge_config: Any,
     *,
     model: str | None = None,
+    rubric: str = "paper",
     limit: int | None = None,
     tokenizer: str | None = None,
     cache_path: Path | str | None = None,
@@ -324,7 +339,8 @@ def recaption_dataset(
 ) -> RecaptionReport:
     """Re-caption the references of ``data_dir`` in place; see the module docstring.
 
-    ``judge_config``: a ``JudgeConfig``, a YAML path or a mapping. ``tokenizer``: recount
+    ``judge_config``: a ``JudgeConfig``, a YAML path or a mapping. ``rubric``: ``paper`` (the
+    original prompt alone, the default) or ``strict`` (pointable-only). ``tokenizer``: recount
     ``reference_tokens`` with it (default: the card's tokenizer). ``on_result(id, outcome)`` is
     called as each row finishes (progress bars, tests). Raises ``JudgeConfigError`` for a config
     the endpoint rejects, and when the first calls all fail the same way.
@@ -351,7 +367,7 @@ def recaption_dataset(
     if (root / "dataset.json").is_file():
         shutil.copyfile(root / "dataset.json", stash)
     store = _CallLog(work / PROGRESS_FILE)
-    recaptioner = Recaptioner(cfg, image_root=root, model=model, http_client=http_client)
+    recaptioner = Recaptioner(cfg, image_root=root, model=model, rubric=rubric, http_client=http_client)
     report = RecaptionReport(
         out=root,
         model=recaptioner.model,
@@ -414,7 +430,7 @@ def recaption_dataset(
     extra = {k: v for k, v in card.items() if k not in _CARD_KEYS}
     extra["recaption"] = {
         "model": recaptioner.model,
-        "rubric": "recaption",
+        "rubric": recaptioner.rubric.name,
         "rubric_version": recaptioner.rubric.version,
         "max_image_side": cfg.max_image_side,
         "temperature": cfg.temperature,

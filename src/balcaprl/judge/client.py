@@ -9,9 +9,18 @@ failure fails the batch (only a configuration the endpoint rejects outright, 401
 
 Reference modes (``config.reference_mode``):
 - ``joint``: one call per rollout decomposes both caption and reference (the paper).
-- ``cached-reference``: the reference is decomposed once per (image, reference) -- coalesced, cached
-  in memory and in sqlite -- and each rollout's call only marks coverage of that fixed, numbered list.
-  Fewer output tokens, and all rollouts of a prompt share one recall denominator.
+- ``cached-reference``: the reference is decomposed once -- coalesced, cached in memory and in
+  sqlite -- by the same splitting rules as joint mode (one shared rubric part), from its text alone
+  (``rubric.reference_image`` sends the image too), and each rollout's call only marks coverage of
+  that fixed, numbered list. Fewer output tokens, and all rollouts of a prompt share one recall
+  denominator. An answer that leaves some numbers unmarked (long references) is not thrown away: one
+  follow-up asks for exactly those numbers, and the marks are merged; if the follow-up leaves a
+  number unmarked too, the rollout fails (``schema_violation``, NaN), never a guessed mark. (Unknown
+  or repeated numbers are a broken answer, re-asked once like any other.)
+
+Rubrics: a request names its verdict rubric (``training``, ``evaluation``, or
+``training_without_pointability`` for the "w/o pointability" ablation); each has its own wire schema,
+whose field descriptions agree with its text (:mod:`balcaprl.judge.schemas`).
 """
 
 from __future__ import annotations
@@ -34,18 +43,27 @@ from balcaprl.judge.calls import USE_CONFIG, JudgeCaller, prompt_identity
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError
 from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
-from balcaprl.judge.prompt import build_judge_messages, clean_caption, clean_text
+from balcaprl.judge.prompt import build_coverage_followup, build_judge_messages, clean_caption, clean_text
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
-from balcaprl.judge.schemas import CoverageVerdict, ReferenceAssertions, assemble_verdict, check_coverage
+from balcaprl.judge.schemas import (
+    CoverageMarks,
+    ReferenceAssertions,
+    assemble_verdict,
+    check_coverage,
+    coverage_schema,
+    judge_call_kind,
+    missing_ids,
+    to_verdict,
+    verdict_schema,
+)
 from balcaprl.judge.transport import redact
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import Rubric, load_rubric
+from balcaprl.rewards.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 
 __all__ = ["BatchResult", "OpenAICompatibleJudge", "build_judge"]
 
 log = logging.getLogger("balcaprl.judge")
 
-_JUDGE_RUBRICS = ("training", "evaluation")
 _REFERENCE_MEMO_SIZE = 65536  # reference decompositions kept in memory (cached-reference mode)
 
 
@@ -84,10 +102,13 @@ class OpenAICompatibleJudge:
         self.cache: JudgeCache | None = self._calls.cache
         self.images = self._calls.images
         self.stats = JudgeStats()  # lifetime total; each batch also returns its own
-        self._reference_memo: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
+        self._reference_memo: OrderedDict[tuple[str | None, str], list[str]] = OrderedDict()
         mode = config.reference_mode
-        self._rubrics: dict[str, Rubric] = {name: load_rubric(name, mode) for name in _JUDGE_RUBRICS}
-        self._reference_rubric = load_rubric("reference_decomposition")
+        self._rubrics: dict[str, Rubric] = {name: load_rubric(name, mode) for name in VERDICT_RUBRICS}
+        self._reference_image = config.rubric.reference_image
+        self._reference_rubric = load_rubric(
+            "reference_decomposition_with_image" if self._reference_image else "reference_decomposition"
+        )
 
     def __repr__(self) -> str:  # never the key
         return f"OpenAICompatibleJudge(base_url={self.config.base_url!r}, model={self.config.model!r})"
@@ -158,7 +179,7 @@ class OpenAICompatibleJudge:
             if request.rubric not in self._rubrics:
                 stats.rejected += 1
                 return JudgeFailure(
-                    "bad_input", f"unknown rubric {request.rubric!r}; use one of {_JUDGE_RUBRICS}"
+                    "bad_input", f"unknown rubric {request.rubric!r}; use one of {VERDICT_RUBRICS}"
                 )
             caption = clean_caption(request.caption, self.config.caption_char_cap)
             reference = clean_text(request.reference).strip()
@@ -201,7 +222,9 @@ class OpenAICompatibleJudge:
             images[identity] = task
         return await task
 
-    def _identity(self, rubric: Rubric, image: PreparedImage, **texts: Any) -> dict[str, Any]:
+    def _identity(self, rubric: Rubric, image: PreparedImage | None, **texts: Any) -> dict[str, Any]:
+        if image is None:  # a text-only call: nothing about any image decides its messages
+            return {"rubric_version": rubric.version, "reference_mode": rubric.reference_mode, **texts}
         return prompt_identity(rubric, image, self.config.max_image_side, **texts)
 
     async def _joint_verdict(
@@ -210,45 +233,85 @@ class OpenAICompatibleJudge:
         """One call: the judge decomposes caption and reference and marks both (the paper)."""
         result = await self._calls.call(
             lambda: build_judge_messages(rubric, image, reference=reference, caption=caption),
-            kind="verdict", schema=Verdict, stats=stats,
+            kind=judge_call_kind("verdict", rubric.name), schema=verdict_schema(rubric.name), stats=stats,
             identity=self._identity(rubric, image, reference=reference, caption=caption),
         )  # fmt: skip
         stats.record_answer(cached=result.cached, shared=result.shared)
-        return result.value if result.ok else result.failure
+        return to_verdict(result.value) if result.ok else result.failure
 
     async def _coverage_verdict(
         self, rubric: Rubric, image: PreparedImage, reference: str, caption: str, stats: JudgeStats
     ) -> Verdict | JudgeFailure:
-        """The reference's fixed assertions, then one call marking the caption's coverage of them."""
+        """The reference's fixed assertions, then one call marking the caption's coverage of them (and,
+        for numbers that answer left unmarked, one follow-up asking for those only)."""
         assertions = await self._reference_assertions(image, reference, stats)
         if isinstance(assertions, JudgeFailure):
             return assertions
+        n = len(assertions)
 
-        def check(answer: CoverageVerdict) -> None:
-            check_coverage(answer, len(assertions))  # a bad id list is a schema violation, re-asked
+        def messages() -> list[dict[str, Any]]:
+            return build_judge_messages(rubric, image, reference_assertions=assertions, caption=caption)
 
+        def check(answer: Any) -> None:
+            # unknown or repeated ids are a schema violation (re-asked); missing ones are asked for below
+            check_coverage(answer, n, partial=True)
+
+        identity = self._identity(rubric, image, reference_assertions=assertions, caption=caption)
         result = await self._calls.call(
-            lambda: build_judge_messages(rubric, image, reference_assertions=assertions, caption=caption),
-            kind="coverage", schema=CoverageVerdict, check=check, stats=stats,
-            identity=self._identity(rubric, image, reference_assertions=assertions, caption=caption),
+            messages, kind=judge_call_kind("coverage", rubric.name), schema=coverage_schema(rubric.name),
+            check=check, stats=stats, identity=identity,
         )  # fmt: skip
         stats.record_answer(cached=result.cached, shared=result.shared)
-        return assemble_verdict(result.value, assertions) if result.ok else result.failure
+        if not result.ok:
+            return result.failure
+        answer = result.value
+        missing = missing_ids(answer, n)
+        if not missing:
+            return assemble_verdict(answer, assertions)
+        # A long list is where judges skip numbers: ask for exactly those, keep the rest of the answer.
+        answer_json = answer.model_dump_json()
+        wanted = {i: assertions[i - 1] for i in missing}
+
+        def check_followup(marks: CoverageMarks) -> None:
+            ids = [mark.id for mark in marks.reference_coverage]
+            if len(set(ids)) != len(ids) or not set(ids) <= set(missing):
+                raise ValueError(
+                    f"reference_coverage may only mark the ids {missing}, each once, got ids {ids}"
+                )
+
+        followup = await self._calls.call(
+            lambda: build_coverage_followup(messages(), answer_json, wanted),
+            kind="coverage_missing", schema=CoverageMarks, check=check_followup, stats=stats,
+            identity={**identity, "missing_ids": missing, "answer": answer_json},
+        )  # fmt: skip
+        if not followup.ok:
+            return followup.failure
+        marks = {mark.id: mark.covered for mark in followup.value.reference_coverage}
+        still = [i for i in missing if i not in marks]
+        if still:  # asked twice: a number without a mark is a failed rollout, never a guessed mark
+            return JudgeFailure(
+                "schema_violation",
+                f"reference_coverage: ids {still} unmarked after a follow-up asking for them",
+            )
+        return assemble_verdict(answer, assertions, extra_marks=marks)
 
     async def _reference_assertions(
         self, image: PreparedImage, reference: str, stats: JudgeStats
     ) -> list[str] | JudgeFailure:
         """The reference's assertions: from memory, or the call path (coalesced, cached). The call is
-        not one of the batch's requests: only its calls are counted (``reference_calls``)."""
-        memo_key = (image.sha256, reference)  # the rest of the call's identity is fixed per judge
+        not one of the batch's requests: only its calls are counted (``reference_calls``). Without
+        ``rubric.reference_image`` the call is text only, so one decomposition serves every image that
+        shares the reference text."""
+        sent_image = image if self._reference_image else None
+        memo_key = (None if sent_image is None else image.sha256, reference)  # the rest is fixed per judge
         known = self._reference_memo.get(memo_key)
         if known is not None:
             return known
         rubric = self._reference_rubric
         result = await self._calls.call(
-            lambda: build_judge_messages(rubric, image, reference=reference),
-            kind="reference_assertions", schema=ReferenceAssertions, stats=stats,
-            identity=self._identity(rubric, image, reference=reference),
+            lambda: build_judge_messages(rubric, sent_image, reference=reference),
+            kind=judge_call_kind("reference_assertions"), schema=ReferenceAssertions, stats=stats,
+            identity=self._identity(rubric, sent_image, reference=reference),
         )  # fmt: skip
         stats.reference_calls += result.calls
         if not result.ok:

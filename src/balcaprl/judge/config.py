@@ -19,7 +19,14 @@ from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
 from balcaprl.rewards.rubrics import ReferenceMode
 
-__all__ = ["JudgeConfig", "JudgeConfigError", "JudgeSection", "PriceTable", "load_judge_config"]
+__all__ = [
+    "JudgeConfig",
+    "JudgeConfigError",
+    "JudgeSection",
+    "PriceTable",
+    "RubricOptions",
+    "load_judge_config",
+]
 
 # A judge configuration that cannot work (bad file, bad key, missing API key, rejected by the server):
 # the one config error, under the name the judge client raises it by.
@@ -33,6 +40,26 @@ class PriceTable(Section):
 
     prompt: float = Field(ge=0, description="USD per 1M prompt (input) tokens.")
     completion: float = Field(ge=0, description="USD per 1M completion (output) tokens.")
+
+
+class RubricOptions(Section):
+    """Where the judge's prompts deliberately differ from the paper's, each difference by name.
+
+    Every rule of the paper's prompts and the project's wording of it are compared in
+    ``docs/rubrics.md``; a difference that would change a judge's decisions is an option here, off
+    by default wherever the paper is explicit.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reference_image: bool = Field(
+        False,
+        description="cached-reference mode only (the paper has no such mode): send the image with the "
+        "reference decomposition. Splitting a text needs no picture, so by default it is text only (and "
+        "one decomposition serves every image with the same reference); turn it on for judges that "
+        "decompose against the picture, such as the synthetic oracle, which keeps a reference's true "
+        "scene facts.",
+    )
 
 
 class JudgeConfig(Section):
@@ -53,6 +80,10 @@ class JudgeConfig(Section):
         "joint",
         description="joint: one call decomposes caption and reference (the paper). cached-reference: the "
         "reference is decomposed once per (image, reference) and each rollout only marks coverage.",
+    )
+    rubric: RubricOptions = Field(
+        default_factory=RubricOptions,
+        description="Deliberate differences from the paper's judge prompts (docs/rubrics.md).",
     )
     concurrency: int = Field(256, ge=1, description="Most judge calls in flight at once.")
     timeout_s: float = Field(60.0, gt=0, description="Per-attempt HTTP timeout in seconds.")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from balcaprl.rewards import Verdict
+from balcaprl.rewards.rubrics import VerdictRubric
 
 __all__ = [
     "FailureReason",
@@ -26,7 +27,7 @@ __all__ = [
     "SupportsFixedReference",
 ]
 
-Rubric = Literal["training", "evaluation"]
+Rubric = VerdictRubric  # "training", "evaluation" or "training_without_pointability"
 FailureReason = Literal[
     "timeout",
     "rate_limited",

@@ -1,50 +1,67 @@
 """What the judge is asked to return, per kind of call, and the JSON schema sent as `response_format`.
 
-The verdict judge makes three kinds of call:
-- ``verdict`` (joint mode, the paper): the full :class:`~balcaprl.rewards.Verdict`.
-- ``reference_assertions`` (cached-reference mode, once per (image, reference)): the reference split
-  into assertions, :class:`ReferenceAssertions`.
+The verdict judge makes four kinds of call:
+- ``verdict`` (joint mode, the paper): caption assertions, reference assertions and the linguistic
+  scores, turned into a :class:`~balcaprl.rewards.Verdict` by :func:`to_verdict`.
+- ``reference_assertions`` (cached-reference mode, once per reference): the reference split into
+  assertions, :class:`ReferenceAssertions`.
 - ``coverage`` (cached-reference mode, once per rollout): caption assertions, the linguistic scores and
-  one coverage mark per *given* reference assertion, :class:`CoverageVerdict`; assembled into a
-  full ``Verdict`` by :func:`assemble_verdict`.
+  one coverage mark per *given* reference assertion; assembled into a ``Verdict`` by
+  :func:`assemble_verdict`.
+- ``coverage_missing``: the follow-up to a coverage answer that left some numbers unmarked; it asks
+  for those numbers only (:class:`CoverageMarks`), and the marks are merged into the first answer.
 
-:func:`json_response_format` builds the ``response_format`` of every structured call (these three
-and the evaluation protocols' own schemas), named ``balcaprl_<kind>``. The wire schema is the
-portable subset of JSON schema that strict structured outputs accept everywhere (OpenAI,
-vLLM/xgrammar, SGLang): every field required, no extra properties, and no length or numeric bounds
-(some servers reject them). The bounds still hold: every answer is validated locally with pydantic,
-and a violation is a ``schema_violation`` after one re-ask.
+The field descriptions are part of what the judge reads, so each verdict rubric has its own wire
+schema (:func:`verdict_schema`, :func:`coverage_schema`): the training rubric's `pointable` is the
+strict point-at-it test, the evaluation rubric's also passes evidence-based inferences, and the
+"w/o pointability" rubric asks for no `pointable` at all. Their ``response_format`` names differ
+(``balcaprl_verdict_training``, ``balcaprl_coverage_evaluation``, ...: :func:`judge_call_kind`).
+
+:func:`json_response_format` builds the ``response_format`` of every structured call (these and the
+evaluation protocols' own schemas), named ``balcaprl_<kind>``. The wire schema is the portable subset
+of JSON schema that strict structured outputs accept everywhere (OpenAI, vLLM/xgrammar, SGLang): every
+field required, no extra properties, and no length or numeric bounds (some servers reject them). The
+bounds still hold: every answer is validated locally with pydantic, and a violation is a
+``schema_violation`` after one re-ask.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal, get_args
 
 from openai.lib._parsing import type_to_response_format_param
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
-from balcaprl.rewards import CaptionAssertion, ReferenceAssertion, Verdict
+from balcaprl.rewards import ReferenceAssertion, Verdict
+from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards.verdict import LinguisticScore
 
 __all__ = [
     "CALL_KINDS",
+    "JUDGE_CALL_KINDS",
     "CallKind",
     "CoverageMark",
-    "CoverageVerdict",
+    "CoverageMarks",
     "ReferenceAssertions",
     "ReferenceText",
     "assemble_verdict",
     "check_coverage",
+    "coverage_schema",
+    "judge_call_kind",
     "json_response_format",
+    "missing_ids",
     "schema_digest",
     "schema_name",
+    "to_verdict",
+    "verdict_schema",
 ]
 
-CallKind = Literal["verdict", "reference_assertions", "coverage"]
+CallKind = Literal["verdict", "reference_assertions", "coverage", "coverage_missing"]
 _Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
 
@@ -52,40 +69,178 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class ReferenceText(_Strict):
-    """One reference assertion, not yet judged."""
+# What the schema tells the judge about each field. Worded to agree with the rubric texts (a test
+# holds both to the paper's rules and checks them for developer notation).
+_CLAIM = "One atomic claim, saying what the text says."
+_COVERED = "True when the caption states it, says it in other words, or lets a reader reasonably infer it."
+_CAPTION_ASSERTIONS = (
+    "Every atomic claim of the caption in order, commentary and opinions included; empty if it makes none."
+)
+_CLARITY = "How easily a reader understands the caption: 1 (very poor) to 10 (excellent)."
+_FLUENCY = "How natural and correct the writing is: 1 (very poor) to 10 (excellent)."
+_COHERENCY = "How well the parts fit together into one description: 1 (very poor) to 10 (excellent)."
+_EXPLANATION = "One or two sentences giving the main reasons for the three scores."
 
-    text: _Text = Field(description="The atomic claim, in a few words.")
+
+@dataclass(frozen=True)
+class _Wording:
+    """A verdict rubric's descriptions of the two caption-assertion flags."""
+
+    pointable: str | None  # None: this rubric does not ask about pointability
+    visible: str
+
+
+_WORDING: dict[str, _Wording] = {
+    "training": _Wording(
+        pointable="True when a person could point at what the claim talks about in the image.",
+        visible="True when the claim is actually so in this image; false for a hallucination.",
+    ),
+    "evaluation": _Wording(
+        pointable="True when a person could point at what the claim talks about, or at visible clues "
+        "from which everyday knowledge soundly draws it.",
+        visible="True when the claim holds for this image, directly or through clear clues; false "
+        "when it is invented, wrong or only faintly supported.",
+    ),
+    "training_without_pointability": _Wording(
+        pointable=None,
+        visible="True when the claim is actually so in this image; false for a hallucination.",
+    ),
+}
+assert set(_WORDING) == set(VERDICT_RUBRICS)
+
+
+# The models' docstrings are sent too (as JSON schema descriptions): they are written for the judge.
+
+
+class ReferenceText(_Strict):
+    """One claim of the reference."""
+
+    text: _Text = Field(description=_CLAIM)
 
 
 class ReferenceAssertions(_Strict):
-    """The reference split into atomic assertions (cached-reference mode)."""
+    """The reference, split into atomic claims."""
 
     reference_assertions: list[ReferenceText] = Field(
-        min_length=1, description="Every atomic assertion of the reference, in order (never empty)."
+        min_length=1, description="Every atomic claim of the reference, in order (never empty)."
     )
+
+
+class _ReferenceMark(_Strict):
+    """One claim of the reference, and whether the caption covers it."""
+
+    text: _Text = Field(description=_CLAIM)
+    covered: bool = Field(description=_COVERED)
 
 
 class CoverageMark(_Strict):
-    """Whether the caption covers the given reference assertion number ``id`` (1-based)."""
+    """Whether the caption covers the reference claim with this number."""
 
     id: int = Field(description="The number of the reference assertion, as listed.")
-    covered: bool = Field(description="The caption states it or clearly implies it.")
+    covered: bool = Field(description=_COVERED)
 
 
-class CoverageVerdict(_Strict):
-    """A rollout's answer in cached-reference mode: like a verdict, but coverage of a fixed list."""
+class CoverageMarks(_Strict):
+    """Coverage marks for the numbers the follow-up lists, and only those."""
 
-    caption_assertions: list[CaptionAssertion] = Field(
-        description="Every atomic assertion of the caption, meta-commentary included (may be empty)."
-    )
     reference_coverage: list[CoverageMark] = Field(
-        description="Exactly one mark per numbered reference assertion, in order."
+        description="One mark for each reference assertion number the follow-up lists."
     )
-    clarity: LinguisticScore = Field(description="Readability and absence of ambiguity, 1..10.")
-    fluency: LinguisticScore = Field(description="Grammar and natural phrasing, 1..10.")
-    coherency: LinguisticScore = Field(description="Logical flow and unified structure, 1..10.")
-    explanation: str = Field(description="A short reason for the three linguistic scores.")
+
+
+def _linguistic_fields() -> dict[str, Any]:
+    return {
+        "clarity": (LinguisticScore, Field(description=_CLARITY)),
+        "fluency": (LinguisticScore, Field(description=_FLUENCY)),
+        "coherency": (LinguisticScore, Field(description=_COHERENCY)),
+        "explanation": (str, Field(description=_EXPLANATION)),
+    }
+
+
+def _known(rubric: str) -> _Wording:
+    if rubric not in _WORDING:
+        raise ValueError(f"unknown verdict rubric {rubric!r}; choose one of {', '.join(VERDICT_RUBRICS)}")
+    return _WORDING[rubric]
+
+
+def _camel(rubric: str) -> str:
+    return "".join(word.capitalize() for word in rubric.split("_"))
+
+
+@cache
+def _caption_assertion_schema(rubric: str) -> type[BaseModel]:
+    wording = _known(rubric)
+    fields: dict[str, Any] = {"text": (_Text, Field(description=_CLAIM))}
+    if wording.pointable is not None:
+        fields["pointable"] = (bool, Field(description=wording.pointable))
+    fields["visible"] = (bool, Field(description=wording.visible))
+    return create_model(f"{_camel(rubric)}CaptionAssertion", __base__=_Strict, **fields)
+
+
+@cache
+def verdict_schema(rubric: str) -> type[BaseModel]:
+    """The joint-mode answer a verdict rubric asks for (its field descriptions follow the rubric)."""
+    return create_model(
+        f"{_camel(rubric)}Verdict",
+        __base__=_Strict,
+        caption_assertions=(
+            list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
+            Field(description=_CAPTION_ASSERTIONS),
+        ),
+        reference_assertions=(
+            list[_ReferenceMark],
+            Field(min_length=1, description="Every atomic claim of the reference in order, each marked."),
+        ),
+        **_linguistic_fields(),
+    )
+
+
+@cache
+def coverage_schema(rubric: str) -> type[BaseModel]:
+    """The cached-reference answer a verdict rubric asks for: like :func:`verdict_schema`, but one
+    coverage mark per numbered reference assertion instead of the reference's own split."""
+    return create_model(
+        f"{_camel(rubric)}Coverage",
+        __base__=_Strict,
+        caption_assertions=(
+            list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
+            Field(description=_CAPTION_ASSERTIONS),
+        ),
+        reference_coverage=(
+            list[CoverageMark],
+            Field(description="One mark for every numbered reference assertion, in order."),
+        ),
+        **_linguistic_fields(),
+    )
+
+
+def judge_call_kind(call: CallKind, rubric: str | None = None) -> str:
+    """The kind (and so the ``response_format`` name) of a verdict-judge call: ``verdict_training``,
+    ``coverage_evaluation``, ... for calls whose schema follows the rubric, else the call itself."""
+    if call in ("verdict", "coverage"):
+        _known(rubric or "")
+        return f"{call}_{rubric}"
+    return call
+
+
+# kind -> (call, rubric): every verdict-judge call kind, for servers that answer them (the loopback
+# judge server). The bare "verdict" and "coverage" stand for calls that name their rubric only in the
+# system message.
+JUDGE_CALL_KINDS: dict[str, tuple[CallKind, str | None]] = {
+    **{call: (call, None) for call in get_args(CallKind)},
+    **{judge_call_kind(c, r): (c, r) for c in ("verdict", "coverage") for r in VERDICT_RUBRICS},
+}
+
+
+def _as_verdict(data: dict[str, Any]) -> Verdict:
+    # A rubric that does not judge pointability admits every claim (see VERDICT_RUBRICS).
+    data["caption_assertions"] = [{"pointable": True, **a} for a in data["caption_assertions"]]
+    return Verdict.model_validate(data)
+
+
+def to_verdict(answer: BaseModel) -> Verdict:
+    """The :class:`~balcaprl.rewards.Verdict` of a joint-mode answer of any verdict rubric."""
+    return _as_verdict(answer.model_dump(mode="json"))
 
 
 CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
@@ -135,30 +290,48 @@ def schema_digest(schema: type[BaseModel], kind: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def check_coverage(coverage: CoverageVerdict, n_reference_assertions: int) -> None:
-    """Raises ``ValueError`` unless the marks are exactly the ids 1..M, one each (a schema violation:
-    a mark for a missing or repeated number would silently change the recall denominator)."""
+def _marks(marks: Sequence[CoverageMark]) -> dict[int, bool]:
+    return {mark.id: mark.covered for mark in marks}
+
+
+def check_coverage(coverage: Any, n_reference_assertions: int, *, partial: bool = False) -> None:
+    """Raises ``ValueError`` unless the marks are the ids 1..M, one each (a schema violation: a mark
+    for an unknown or repeated number would silently change the recall denominator). ``partial``:
+    ids may also be missing (they are asked for again: :func:`missing_ids`), never unknown or repeated."""
     ids = [mark.id for mark in coverage.reference_coverage]
-    if sorted(ids) != list(range(1, n_reference_assertions + 1)):
+    wanted = set(range(1, n_reference_assertions + 1))
+    if len(set(ids)) != len(ids) or not set(ids) <= wanted or (not partial and set(ids) != wanted):
+        which = "may only mark ids among" if partial else "must mark each of the ids"
         raise ValueError(
-            f"reference_coverage must mark each of the ids 1..{n_reference_assertions} exactly once, "
-            f"got ids {ids}"
+            f"reference_coverage {which} 1..{n_reference_assertions}, each exactly once, got ids {ids}"
         )
 
 
-def assemble_verdict(coverage: CoverageVerdict, reference_assertions: Sequence[str]) -> Verdict:
-    """A full verdict from a coverage answer and the fixed reference list it marked
-    (``ValueError`` as :func:`check_coverage` says)."""
-    check_coverage(coverage, len(reference_assertions))
-    covered = {mark.id: mark.covered for mark in coverage.reference_coverage}
-    return Verdict(
-        caption_assertions=list(coverage.caption_assertions),
-        reference_assertions=[
-            ReferenceAssertion(text=text, covered=covered[i])
-            for i, text in enumerate(reference_assertions, 1)
-        ],
-        clarity=coverage.clarity,
-        fluency=coverage.fluency,
-        coherency=coverage.coherency,
-        explanation=coverage.explanation,
-    )
+def missing_ids(coverage: Any, n_reference_assertions: int) -> list[int]:
+    """The reference assertion numbers 1..M that a coverage answer left unmarked, in order."""
+    marked = {mark.id for mark in coverage.reference_coverage}
+    return [i for i in range(1, n_reference_assertions + 1) if i not in marked]
+
+
+def assemble_verdict(
+    coverage: Any, reference_assertions: Sequence[str], extra_marks: Mapping[int, bool] | None = None
+) -> Verdict:
+    """A full verdict from a coverage answer (of any verdict rubric's :func:`coverage_schema`), the
+    fixed reference list it marked, and the marks a follow-up gave for numbers it had left out
+    (``ValueError`` unless together they mark every number exactly once)."""
+    covered = _marks(coverage.reference_coverage)
+    for i, mark in (extra_marks or {}).items():
+        if i in covered:
+            raise ValueError(f"reference assertion {i} is marked twice (answer and follow-up)")
+        covered[i] = mark
+    if sorted(covered) != list(range(1, len(reference_assertions) + 1)):
+        raise ValueError(
+            f"reference_coverage must mark each of the ids 1..{len(reference_assertions)} exactly once, "
+            f"got ids {sorted(covered)}"
+        )
+    data = coverage.model_dump(mode="json", exclude={"reference_coverage"})
+    data["reference_assertions"] = [
+        ReferenceAssertion(text=text, covered=covered[i]).model_dump()
+        for i, text in enumerate(reference_assertions, 1)
+    ]
+    return _as_verdict(data)

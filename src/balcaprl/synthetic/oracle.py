@@ -10,6 +10,11 @@ returns a schema-valid :class:`~balcaprl.rewards.Verdict`.
 Rubrics: ``training`` is the paper's strict two-part test; ``evaluation`` (b-CapScore) additionally
 passes evidence-based inferences ("a simple computer generated illustration"). For every other
 assertion the two rubrics agree, because in this world every pointable claim is checkable exactly.
+``training_without_pointability`` (the "w/o pointability" ablation) judges like ``training`` but,
+as its prompt asks nothing about pointability, marks every caption assertion pointable.
+
+A reference is split into its true pointable facts of the scene, so the oracle needs the image for a
+reference decomposition too (cached-reference mode: ``rubric.reference_image: true``).
 
 Deterministic, pure Python, no model: thousands of verdicts a second on one core (see
 ``benchmarks/bench_oracle.py``).
@@ -31,6 +36,7 @@ from PIL import Image
 from balcaprl.data.format import read_card
 from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
 from balcaprl.rewards import Verdict
+from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.linguistic import linguistic_scores
 from balcaprl.synthetic.parser import Assertion, parse_caption
@@ -80,9 +86,11 @@ def oracle_verdict(
             _ref_cache[cache_key] = ref
     true_keys = {a.key for a in parsed.assertions if a.pointable and a.visible}
     scores = linguistic_scores(parsed)
+    judged_pointability = rubric != "training_without_pointability"
     return Verdict(
         caption_assertions=[
-            {"text": a.text, "pointable": a.pointable, "visible": a.visible} for a in parsed.assertions
+            {"text": a.text, "pointable": a.pointable or not judged_pointability, "visible": a.visible}
+            for a in parsed.assertions
         ],
         reference_assertions=[{"text": a.text, "covered": a.key in true_keys} for a in ref],
         clarity=scores.clarity,
@@ -201,8 +209,14 @@ class OracleJudge:
 
     def judge(self, request: JudgeRequest) -> JudgeOutcome:
         """One request, synchronously (the async :meth:`judge_batch` calls this)."""
-        if request.rubric not in ("training", "evaluation"):
+        if request.rubric not in VERDICT_RUBRICS:
             return JudgeFailure("bad_input", f"unknown rubric {request.rubric!r}")
+        if isinstance(request.image, bytes) and not request.image:
+            return JudgeFailure(
+                "bad_input",
+                "no image: the oracle knows a scene only by its image (for a cached-reference "
+                "decomposition, set the judge config's rubric.reference_image: true)",
+            )
         try:
             scene = self.lookup(request.image)
         except (LookupError, OSError) as error:

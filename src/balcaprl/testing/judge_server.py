@@ -11,9 +11,13 @@ Fault injection (:class:`FaultScript`) reproduces what real endpoints do: 429 wi
 ``length``, schema violations, refusals, content filtering, dropped connections.
 
 How a request is recognised, from what a real judge receives too (production prompts carry nothing
-for this server): the verdict judge's calls by their ``response_format`` name (``balcaprl_verdict``,
-``balcaprl_coverage``, ``balcaprl_reference_assertions``), and the rubric (training or evaluation) by
-comparing the system message with the packaged rubrics (:mod:`balcaprl.testing.rubrics`).
+for this server): the verdict judge's calls by their ``response_format`` name, which names the call
+and, where the schema follows the rubric, the rubric too (``balcaprl_verdict_training``,
+``balcaprl_coverage_evaluation``, ``balcaprl_reference_assertions``, ``balcaprl_coverage_missing``:
+:data:`~balcaprl.judge.schemas.JUDGE_CALL_KINDS`); a bare ``balcaprl_verdict`` takes its rubric from
+the system message, compared with the packaged rubrics (:mod:`balcaprl.testing.rubrics`). Answers
+follow the variant's schema: under ``training_without_pointability`` caption assertions carry no
+``pointable``; a ``coverage_missing`` follow-up is answered for the numbers it lists, only.
 
 Generic calls (:class:`~balcaprl.judge.calls.JudgeCaller`: evaluation protocols, re-captioning) are
 answered by a scripted ``handler``: any request whose ``response_format`` is not one of the verdict
@@ -48,10 +52,11 @@ from fastapi.responses import Response, StreamingResponse
 from PIL import Image, UnidentifiedImageError
 
 from balcaprl.judge.images import decode_data_url
-from balcaprl.judge.prompt import ParsedJudgeMessages, parse_judge_messages
+from balcaprl.judge.prompt import ParsedJudgeMessages, followup_ids, parse_judge_messages
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
-from balcaprl.judge.schemas import CALL_KINDS, schema_name
+from balcaprl.judge.schemas import JUDGE_CALL_KINDS, schema_name
 from balcaprl.judge.tokens import approx_prompt_tokens, approx_tokens
+from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.testing.rubrics import packaged_rubric_name
 
 __all__ = [
@@ -75,6 +80,7 @@ FAULTS = (
     "truncated",  # half the JSON, finish_reason "length"
     "schema_violation",  # valid JSON, clarity 11 (or an empty reference list)
     "wrong_ids",  # coverage answer whose ids are not 1..M
+    "skip_ids",  # coverage answer (or follow-up) that leaves out the second half of its marks
     "refusal",  # message.refusal set, no content
     "content_filter",  # finish_reason "content_filter"
     "drop",  # the connection is closed in the middle of the response
@@ -82,7 +88,8 @@ FAULTS = (
     "echo_auth",  # 500 whose body repeats the Authorization header (tests secret redaction)
 )
 
-_JUDGE_KINDS = {schema_name(kind): kind for kind in CALL_KINDS}  # the verdict judge's own calls
+# the verdict judge's own calls: response-format name -> (call, rubric or None)
+_JUDGE_KINDS = {schema_name(kind): call for kind, call in JUDGE_CALL_KINDS.items()}
 _SCHEMA_PREFIX = schema_name("")
 
 
@@ -136,6 +143,7 @@ class ServerCounters:
     max_in_flight: int = 0  # the most chat requests being handled at once (checks client concurrency)
     by_kind: Counter = field(default_factory=Counter)
     by_text: Counter = field(default_factory=Counter)
+    followup_ids: list[list[int]] = field(default_factory=list)  # what each coverage follow-up asked for
 
 
 @dataclass(frozen=True)
@@ -250,20 +258,32 @@ def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes]) -> int:
     return approx_prompt_tokens(messages, side)
 
 
-def _request(parsed: ParsedJudgeMessages, caption: str, reference: str) -> JudgeRequest:
-    rubric = packaged_rubric_name(parsed.system)
-    rubric = rubric if rubric in ("training", "evaluation") else "training"  # e.g. a decomposition
-    return JudgeRequest(image=parsed.image, caption=caption, reference=reference, rubric=rubric)  # type: ignore[arg-type]
+def _rubric(parsed: ParsedJudgeMessages, named: str | None) -> str:
+    """The verdict rubric of a call: named by its schema (and then the system message must not be
+    another verdict rubric: the client would have sent a schema that contradicts its prompt), else
+    told from the system message (a reference decomposition has none of its own: training)."""
+    system = packaged_rubric_name(parsed.system)
+    system = system if system in VERDICT_RUBRICS else None
+    if named is not None and system is not None and named != system:
+        raise ValueError(f"the response format is rubric {named!r}'s but the system message is {system!r}")
+    return named or system or "training"
 
 
-async def _answer(judge: Judge, kind: str, parsed: ParsedJudgeMessages) -> dict[str, Any] | JudgeFailure:
+def _request(parsed: ParsedJudgeMessages, caption: str, reference: str, rubric: str) -> JudgeRequest:
+    image = parsed.image if parsed.image is not None else b""  # a text-only decomposition
+    return JudgeRequest(image=image, caption=caption, reference=reference, rubric=rubric)  # type: ignore[arg-type]
+
+
+async def _answer(
+    judge: Judge, call: str, rubric: str, parsed: ParsedJudgeMessages, messages: list[dict[str, Any]]
+) -> dict[str, Any] | JudgeFailure:
     """The answer object for one call, computed by the served judge."""
-    if kind == "reference_assertions":
+    if call == "reference_assertions":
         reference = parsed.reference or ""
         if isinstance(judge, SupportsFixedReference):
-            texts = (await judge.decompose_references([_request(parsed, "", reference)]))[0]
+            texts = (await judge.decompose_references([_request(parsed, "", reference, rubric)]))[0]
         else:  # any judge: its own split of the reference is the decomposition
-            outcome = (await judge.judge_batch([_request(parsed, reference, reference)]))[0]
+            outcome = (await judge.judge_batch([_request(parsed, reference, reference, rubric)]))[0]
             texts = (
                 outcome
                 if isinstance(outcome, JudgeFailure)
@@ -274,16 +294,13 @@ async def _answer(judge: Judge, kind: str, parsed: ParsedJudgeMessages) -> dict[
         return {"reference_assertions": [{"text": t} for t in texts]}
 
     caption = parsed.caption or ""
-    if kind == "coverage":
+    if call in ("coverage", "coverage_missing"):
         given = parsed.reference_assertions or []
+        request = _request(parsed, caption, " . ".join(given), rubric)
         if isinstance(judge, SupportsFixedReference):
-            outcome = (
-                await judge.judge_against_fixed_reference(
-                    [_request(parsed, caption, " . ".join(given))], [given]
-                )
-            )[0]
+            outcome = (await judge.judge_against_fixed_reference([request], [given]))[0]
         else:
-            outcome = (await judge.judge_batch([_request(parsed, caption, " . ".join(given))]))[0]
+            outcome = (await judge.judge_batch([request]))[0]
         if isinstance(outcome, JudgeFailure):
             return outcome
         verdict = outcome.verdict
@@ -293,15 +310,28 @@ async def _answer(judge: Judge, kind: str, parsed: ParsedJudgeMessages) -> dict[
         else:  # a different split: match by text, anything unmatched is not covered
             by_text = {a.text.strip().lower(): a.covered for a in own}
             covered = [by_text.get(t.strip().lower(), False) for t in given]
-        data = verdict.model_dump(mode="json", exclude={"reference_assertions"})
-        data["reference_coverage"] = [{"id": i, "covered": c} for i, c in enumerate(covered, 1)]
+        marks = [{"id": i, "covered": c} for i, c in enumerate(covered, 1)]
+        if call == "coverage_missing":  # the follow-up: the numbers it lists, nothing else
+            wanted = set(followup_ids(messages))
+            return {"reference_coverage": [m for m in marks if m["id"] in wanted]}
+        data = _shaped(verdict.model_dump(mode="json", exclude={"reference_assertions"}), rubric)
+        data["reference_coverage"] = marks
         return data
 
-    outcome = (await judge.judge_batch([_request(parsed, caption, parsed.reference or "")]))[0]
+    outcome = (await judge.judge_batch([_request(parsed, caption, parsed.reference or "", rubric)]))[0]
     if isinstance(outcome, JudgeFailure):
         return outcome
     assert isinstance(outcome, Judgement)
-    return outcome.verdict.model_dump(mode="json")
+    return _shaped(outcome.verdict.model_dump(mode="json"), rubric)
+
+
+def _shaped(data: dict[str, Any], rubric: str) -> dict[str, Any]:
+    """A verdict as the rubric's wire schema has it: no `pointable` where the rubric does not ask."""
+    if rubric == "training_without_pointability":
+        data["caption_assertions"] = [
+            {k: v for k, v in a.items() if k != "pointable"} for a in data["caption_assertions"]
+        ]
+    return data
 
 
 def _failure_response(failure: JudgeFailure, model: str, prompt_tokens: int):
@@ -385,8 +415,9 @@ def create_app(
             if call is None:
                 if judge is None:
                     raise ValueError("this server answers generic calls only (it has no verdict judge)")
-                kind = judge_kind or "verdict"
+                kind, named_rubric = judge_kind or ("verdict", None)
                 parsed = parse_judge_messages(body["messages"])
+                rubric = _rubric(parsed, named_rubric)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
         if call is not None:
@@ -394,7 +425,9 @@ def create_app(
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
-        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image])
+        if kind == "coverage_missing":
+            counters.followup_ids.append(followup_ids(body["messages"]))
+        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image] if parsed.image else [])
 
         fault = faults.next_fault(text)
         name, _, arg = fault.partition(":")
@@ -402,7 +435,7 @@ def create_app(
         if early is not None:
             return early
 
-        answer = await _answer(judge, kind, parsed)
+        answer = await _answer(judge, kind, rubric, parsed, body["messages"])
         if isinstance(answer, JudgeFailure):
             return _failure_response(answer, model, prompt_tokens)
         if name == "schema_violation":
@@ -413,6 +446,9 @@ def create_app(
         if name == "wrong_ids" and "reference_coverage" in answer:
             for mark in answer["reference_coverage"]:
                 mark["id"] += 1
+        if name == "skip_ids" and "reference_coverage" in answer:
+            marks = answer["reference_coverage"]
+            answer["reference_coverage"] = marks[: len(marks) // 2]
         return _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
 
     async def _handle_generic(call: GenericCall, authorization: str):

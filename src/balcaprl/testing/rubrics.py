@@ -2,7 +2,8 @@
 
 Production prompts carry nothing that names their rubric; a test double recognises one by comparing
 the system message exactly with every rubric the package can compose (each name, each reference
-mode). A system message that is not exactly one of them is foreign: None.
+mode). A system message that is not exactly one of them is foreign: None. A rubric without text
+(the paper's re-captioning sends no system message) cannot be recognised this way and is left out.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def _names_by_text() -> dict[str, str]:
     for name in RUBRIC_NAMES:
         for mode in REFERENCE_MODES:
             text = load_rubric(name, mode).text
+            if not text:
+                continue
             if names.setdefault(text, name) != name:  # two rubrics with one text could not be told apart
                 raise RuntimeError(f"rubrics '{names[text]}' and '{name}' compose to the same text")
     return names

@@ -8,6 +8,8 @@ It reads no pixels: the reference stands in for the image. Rules, simple enough 
   removed) occur in the reference.
 - A reference assertion is ``covered`` when all its content words occur in the caption.
 - clarity, fluency, coherency are fixed by the constructor (default 8, 9, 7 -> linguistic 21/27).
+- Under the ``training_without_pointability`` rubric (the ablation's prompt asks nothing about
+  pointability) every caption assertion is marked pointable; the two other rubrics are judged alike.
 
 ``reference_jitter`` simulates an LLM that does not split the same reference identically every time:
 with that probability each pair of neighbouring reference clauses is merged into one, with a random
@@ -132,12 +134,17 @@ class ScriptedJudge:
                 merged.append(part)
         return merged
 
-    def _verdict(self, caption: str, reference: str, reference_texts: Sequence[str]) -> Verdict:
+    def _verdict(
+        self, caption: str, reference: str, reference_texts: Sequence[str], rubric: str = "training"
+    ) -> Verdict:
         reference_words = content_words(reference)
         caption_words = content_words(caption)
+        judged = rubric != "training_without_pointability"
         caption_assertions = [
             CaptionAssertion(
-                text=c, pointable=not (words & COMMENTARY_WORDS), visible=words <= reference_words
+                text=c,
+                pointable=not (judged and words & COMMENTARY_WORDS),
+                visible=words <= reference_words,
             )
             for c in clauses(caption)
             for words in [content_words(c)]
@@ -168,7 +175,7 @@ class ScriptedJudge:
             if not texts:
                 outcomes.append(JudgeFailure("bad_input", "the reference has no assertion"))
                 continue
-            outcomes.append(judgement_from_verdict(self._verdict(r.caption, r.reference, texts)))
+            outcomes.append(judgement_from_verdict(self._verdict(r.caption, r.reference, texts, r.rubric)))
         return outcomes
 
     async def decompose_references(self, requests: Sequence[JudgeRequest]) -> list[list[str] | JudgeFailure]:
@@ -184,6 +191,6 @@ class ScriptedJudge:
     ) -> list[JudgeOutcome]:
         await self._wait(len(requests))
         return [
-            judgement_from_verdict(self._verdict(r.caption, " . ".join(texts), texts))
+            judgement_from_verdict(self._verdict(r.caption, " . ".join(texts), texts, r.rubric))
             for r, texts in zip(requests, reference_assertions, strict=True)
         ]

@@ -6,7 +6,10 @@ the first function called for a batch starts the judge call, the other two await
 memo keyed by the batch's (row id, caption) pairs). No triple billing; a test counts the calls.
 
 For every rollout the scorer:
-1. sends one ``JudgeRequest(image, caption, reference)``;
+1. sends one ``JudgeRequest(image, caption, reference, rubric)``: the training rubric, or for the
+   "w/o pointability" ablation (``RewardConfig.pointability = False``) the training rubric with the
+   pointability test removed from the judge's prompt, as the paper's ablation removes it
+   (:func:`~balcaprl.rewards.rubrics.training_rubric_name`);
 2. counts the caption's tokens with the policy's tokenizer;
 3. scores the verdict with :func:`balcaprl.rewards.score_rollout` under the recipe's
    :class:`~balcaprl.rewards.RewardConfig`: eq. 2.3 with its pointability rule, the length mask on
@@ -31,6 +34,7 @@ import torch
 
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, length_gate, score_rollout
+from balcaprl.rewards.rubrics import training_rubric_name
 
 __all__ = [
     "JUDGE_EXCEPTION",
@@ -65,7 +69,7 @@ class ScoredRollout:
     linguistic_raw: float | None = None  # the judge's linguistic score, before the length mask
     linguistic: float | None = None  # after the mask (what the optimiser sees)
     masked: bool = False  # the mask set linguistic to 0
-    non_pointable_share: float | None = None  # meta-commentary
+    non_pointable_share: float | None = None  # meta-commentary (NaN: not judged, the ablation's rubric)
     non_visible_share: float | None = None  # hallucination
     n_caption_assertions: int | None = None
     truncated_input: bool = False
@@ -169,6 +173,7 @@ class SharedVerdictScorer:
             raise TypeError(f"{type(judge).__name__} is not a Judge: it has no async judge_batch(requests)")
         self.judge = judge
         self.rewards = rewards if rewards is not None else RewardConfig()
+        self.rubric = training_rubric_name(self.rewards.pointability)  # what the judge is asked to apply
         self.special_token_ids = frozenset(int(i) for i in special_token_ids)
         self.max_failed_batches_in_a_row = max_failed_batches_in_a_row
         self.image_column = image_column
@@ -229,7 +234,7 @@ class SharedVerdictScorer:
         caption_tokens = [self.count_caption_tokens(ids_) for ids_ in completion_ids]
 
         requests = [
-            JudgeRequest(image=image, caption=caption, reference=reference, rubric="training")
+            JudgeRequest(image=image, caption=caption, reference=reference, rubric=self.rubric)
             for image, caption, reference in zip(images, captions, references, strict=True)
         ]
         usage_before = judge_usage(self.judge)
@@ -303,7 +308,9 @@ class SharedVerdictScorer:
         rollout.linguistic = scores.linguistic
         rollout.masked = scores.masked
         rollout.length_penalty = scores.length_penalty
-        rollout.non_pointable_share = scores.non_pointable_share
+        # Without pointability the judge is not asked about it (every claim comes back pointable):
+        # the share of meta-commentary is unknown, not 0.
+        rollout.non_pointable_share = scores.non_pointable_share if self.rewards.pointability else math.nan
         rollout.non_visible_share = scores.non_visible_share
         rollout.n_caption_assertions = scores.n_caption_assertions
         rollout.truncated_input = outcome.truncated_input

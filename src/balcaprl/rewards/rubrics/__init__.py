@@ -1,9 +1,12 @@
 """Judge rubrics as package data: composed from the small Markdown parts under ``parts/``.
 
 Why parts: the training and evaluation rubrics differ only in how `pointable`/`visible` are decided
-(the paper's Appendix "Training Prompt" vs "Evaluation Prompt (b-CapScore)"), and the two reference
-modes differ only in the recall step and the answer format. Keeping each fact in one file means the
-variants cannot drift apart.
+(the paper's Appendix "Training Prompt" vs "Evaluation Prompt (b-CapScore)"), the "w/o pointability"
+ablation only in leaving the pointability test out, and the two reference modes only in the recall
+step and the answer format. How a text is split into atomic assertions is one part, read by the
+caption step, the joint-mode reference step and the cached-reference decomposition alike. Keeping each
+fact in one file means the variants cannot drift apart. ``docs/rubrics.md`` compares every rule with
+the paper's prompts.
 
 Every composed rubric carries a version, ``<name>-v<declared>-<reference mode>+<hash>``: the declared
 version from ``manifest.toml`` plus the first 10 hex digits of the composed text's sha256. The judge
@@ -18,23 +21,32 @@ import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Literal, get_args
 
 __all__ = [
     "REFERENCE_MODES",
     "RUBRIC_NAMES",
-    "Rubric",
+    "VERDICT_RUBRICS",
     "ReferenceMode",
+    "Rubric",
+    "VerdictRubric",
     "load_rubric",
+    "training_rubric_name",
 ]
 
 ReferenceMode = Literal["joint", "cached-reference"]
 REFERENCE_MODES: tuple[str, ...] = ("joint", "cached-reference")
+# The verdict judge's rubrics (a JudgeRequest names one). Under "training_without_pointability" the
+# judge is not asked about pointability at all, and every verdict carries `pointable: true` for each
+# caption assertion: nothing was judged, so nothing is excluded (the ablation scores `visible` alone).
+VerdictRubric = Literal["training", "evaluation", "training_without_pointability"]
+VERDICT_RUBRICS: tuple[str, ...] = get_args(VerdictRubric)
 RUBRIC_NAMES: tuple[str, ...] = (
-    "training",
-    "evaluation",
+    *VERDICT_RUBRICS,
     "reference_decomposition",
+    "reference_decomposition_with_image",
     "recaption",
+    "recaption_strict",
     # the evaluation protocols' judge steps (balcaprl.evaluate)
     "dcscore_extract",
     "dcscore_match",
@@ -97,8 +109,15 @@ def load_rubric(name: str, reference_mode: str = "joint") -> Rubric:
         else:
             texts.append(_part(part))
     mode = reference_mode if uses_slots else "any"
-    text = "\n\n".join(texts) + "\n"
+    text = "\n\n".join(texts) + "\n" if texts else ""  # no parts: no system message (recaption)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
     return Rubric(
         name=name, reference_mode=mode, version=f"{name}-v{entry['version']}-{mode}+{digest}", text=text
     )
+
+
+def training_rubric_name(pointability: bool) -> VerdictRubric:
+    """The rubric a training run's judge reads: the paper's training rubric, or, for the "w/o
+    pointability" ablation (``RewardConfig.pointability = False``), the same rubric with the
+    pointability test removed from the prompt, as the paper's ablation removes it."""
+    return "training" if pointability else "training_without_pointability"

@@ -10,7 +10,9 @@ worker process builds one judge (``balcaprl.judge``: concurrency bound, rate lim
 coalescing of identical calls, accounting) on first use and keeps it.
 
 Per rollout, exactly as the TRL backend (``balcaprl.train.rewards.SharedVerdictScorer``'s judge call and
-per-rollout scoring do the work): one judge call; the caption's length in the *policy's* tokenizer;
+per-rollout scoring do the work): one judge call under the rubric the reward config asks for (the
+training rubric, or without pointability the ablation's rubric that leaves that test out of the
+prompt); the caption's length in the *policy's* tokenizer;
 ``balcaprl.rewards.score_rollout`` under the recipe's :class:`~balcaprl.rewards.RewardConfig`
 (pointability rule, length mask, linear length penalty). The returned dict always has the same keys
 (verl requires it), all floats except ``failure``:
@@ -22,6 +24,7 @@ per-rollout scoring do the work): one judge call; the caption's length in the *p
                                 could not be built, "bad_input" for a bad set-up or row)
     failure_detail              "" or a short description of the failure
     linguistic_raw masked non_pointable_share non_visible_share caption_tokens reference_tokens
+                                (non_pointable_share is NaN without pointability: not judged)
     length_ratio length_penalty (p_len = lambda_len * d(rho) in length mode linear, else 0; the estimator
                                 subtracts it from the advantage, eq. A.5)
 
@@ -193,7 +196,7 @@ class _RolloutScorer(SharedVerdictScorer):
         reference: str,
         n_reference: int,
     ) -> ScoredRollout:
-        request = JudgeRequest(image=image, caption=caption, reference=reference, rubric="training")
+        request = JudgeRequest(image=image, caption=caption, reference=reference, rubric=self.rubric)
         (outcome,) = await self._judge([request])
         return self._score_one(row_id, caption, self.count_caption_tokens(caption_ids), n_reference, outcome)
 
