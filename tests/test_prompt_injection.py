@@ -158,8 +158,11 @@ def _protocols(image, official):
             ),
             [numbered("reference_assertions"), exact("caption")],
         ),
-        "recaption": (
-            lambda t: build_recaption_messages(load_rubric("recaption"), image, t),
+        # The strict variant puts the dataset's prompt in a data block under its own rules. The paper's
+        # variant sends the prompt alone as the instruction: no block to close, no rule to override
+        # (test_paper_recaption_sends_the_prompt_alone).
+        "recaption (strict)": (
+            lambda t: build_recaption_messages(load_rubric("recaption_strict"), image, t),
             [lambda text, payload: _block(text, "instruction") == clean_text(payload).strip()],
         ),
         "dcscore extract": (lambda t: extract_messages(t), [exact("caption")]),
@@ -202,7 +205,7 @@ def _protocols(image, official):
 
 
 PROTOCOLS = [
-    "training", "score (evaluation rubric)", "reference decomposition", "cached-reference verdict", "recaption",
+    "training", "score (evaluation rubric)", "reference decomposition", "cached-reference verdict", "recaption (strict)",
     "dcscore extract", "dcscore match", "dcscore verify", "dcscore extract (official)", "dcscore match (official)",
     "dcscore verify (official)", "caparena", "caparena, the other position", "caparena (official)", "captionqa",
     "captionqa (official)",
@@ -252,3 +255,14 @@ def test_the_official_json_lists_still_carry_every_fact_as_published(official):
         {"id": 1, "fact": payload},
     ]
     assert json.loads(json.dumps(payload)) == payload
+
+
+@pytest.mark.parametrize("payload_name", list(PAYLOADS))
+def test_paper_recaption_sends_the_prompt_alone(image, payload_name):
+    """The paper re-captions with each sample's own prompt: it IS the instruction, so the request holds
+    the image and that cleaned text and nothing a payload could escape from or override."""
+    payload = PAYLOADS[payload_name]
+    messages = build_recaption_messages(load_rubric("recaption"), image, payload)
+    assert [m["role"] for m in messages] == ["user"]
+    texts = [part["text"] for part in messages[0]["content"] if part["type"] == "text"]
+    assert texts == [clean_text(payload).strip()]
