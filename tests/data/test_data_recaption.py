@@ -240,8 +240,9 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
             "--no-progress",
         ],
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # one row failed: written, and the status says so
     text = " ".join(result.output.split())
+    assert "incomplete: only 9 of 10 rows re-captioned (90.0%; --min-recaptioned 1 asks for 100%)" in text
     assert "9 of 33 references re-captioned by gpt-5-mini" in text
     assert "failed (kept the original reference): 1 (refused 1)" in text
     assert "tokens 1000 in / 200 out" in text and "$0.0018" in text

@@ -55,8 +55,13 @@ def score(images, captions, references, judge_yaml, out, *extra):
 def test_score_writes_hand_computed_rows_and_summary(workspace):
     server, tmp, images, judge_yaml, captions, references = workspace
     result = score(images, captions, references, judge_yaml, tmp / "out")
-    assert result.exit_code == 0, result.output
+    # 3 of 6 captions could not be scored: the files are written, and the exit status says so
+    assert result.exit_code == 1, result.output
+    assert "incomplete: only 3 of 6 captions scored (50.0%; --min-scored 1 asks for 100%); fix the bad inputs" in (
+        " ".join(result.output.split())
+    )
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
+        ".score",  # the record of scored captions, for --resume
         "scores.jsonl",
         "summary.json",
     ]  # no temp files
@@ -86,21 +91,25 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     assert m["ci95_low"] <= m["mean"] <= m["ci95_high"]
     assert summary["judge"]["rubric_version"].startswith("evaluation-v1-joint+")
     assert summary["accounting"]["calls"] == 2
+    assert summary["n_empty_captions"] == 1 and "empty captions (scored 0, in the means): 1" in result.output
     assert "b-CapScore" in result.output and "wrote" in result.output
+    # half scored is enough when the user says so
+    again = score(images, captions, references, judge_yaml, tmp / "half", "--min-scored", "0.5")
+    assert again.exit_code == 0, again.output
 
 
 def test_score_resumes_from_the_cache(workspace):
     server, tmp, images, judge_yaml, captions, references = workspace
-    assert score(images, captions, references, judge_yaml, tmp / "out1").exit_code == 0
+    assert score(images, captions, references, judge_yaml, tmp / "out1", "--min-scored", "0").exit_code == 0
     hits = server.counters.total
-    result = score(images, captions, references, judge_yaml, tmp / "out2")
+    result = score(images, captions, references, judge_yaml, tmp / "out2", "--min-scored", "0")
     assert result.exit_code == 0
     assert server.counters.total == hits  # nothing judged again
     assert (tmp / "out1" / "scores.jsonl").read_text() == (tmp / "out2" / "scores.jsonl").read_text()
     summary = json.loads((tmp / "out2" / "summary.json").read_text())
     assert summary["accounting"]["cache_hits"] == 2
     # --no-cache judges again
-    assert score(images, captions, references, judge_yaml, tmp / "out3", "--no-cache").exit_code == 0
+    assert score(images, captions, references, judge_yaml, tmp / "out3", "--no-cache", "--min-scored", "0").exit_code == 0
     assert server.counters.total == hits + 2
 
 
@@ -108,7 +117,8 @@ def test_score_accepts_a_json_object_of_captions(workspace):
     server, tmp, images, judge_yaml, _, references = workspace
     captions = tmp / "captions.json"
     captions.write_text(json.dumps({"a.png": CAPTION, "b.png": FULL}))
-    assert score(images, captions, references, judge_yaml, tmp / "out").exit_code == 0
+    result = score(images, captions, references, judge_yaml, tmp / "out")
+    assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp / "out" / "scores.jsonl").read_text().splitlines()]
     assert [r["image"] for r in rows] == ["a.png", "b.png"]
 
