@@ -113,8 +113,10 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
     # The same command again is refused: the folder holds these protocols' results.
     result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
                  "--no-progress")  # fmt: skip
-    assert result.exit_code == 2 and "already holds results (bcapscore, dcscore, captionqa, caparena); pass --resume" in (
-        " ".join(result.output.split())
+    assert (
+        result.exit_code == 2
+        and "already holds results (bcapscore, dcscore, captionqa, caparena); pass --resume"
+        in (" ".join(result.output.split()))
     )
     # With --resume it costs nothing: every answer is in OUT/judge_cache.sqlite.
     result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
@@ -129,7 +131,9 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
     assert result.exit_code == 0, result.output
     assert server.counters.total == calls and not (out / "dcscore" / "stale.txt").exists()
     assert read_eval(out)["headline"] == headline and read_eval(out)["label"] == "tiny"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".eval")) == []  # nothing left aside
+    assert (
+        sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".eval")) == []
+    )  # nothing left aside
 
 
 def test_results_accumulate_and_flags_override(tmp_path, world):

@@ -57,8 +57,9 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     result = score(images, captions, references, judge_yaml, tmp / "out")
     # 3 of 6 captions could not be scored: the files are written, and the exit status says so
     assert result.exit_code == 1, result.output
-    assert "incomplete: only 3 of 6 captions scored (50.0%; --min-scored 1 asks for 100%); fix the bad inputs" in (
-        " ".join(result.output.split())
+    assert (
+        "incomplete: only 3 of 6 captions scored (50.0%; --min-scored 1 asks for 100%); fix the bad inputs"
+        in (" ".join(result.output.split()))
     )
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
         ".score",  # the record of scored captions, for --resume
@@ -109,7 +110,12 @@ def test_score_resumes_from_the_cache(workspace):
     summary = json.loads((tmp / "out2" / "summary.json").read_text())
     assert summary["accounting"]["cache_hits"] == 2
     # --no-cache judges again
-    assert score(images, captions, references, judge_yaml, tmp / "out3", "--no-cache", "--min-scored", "0").exit_code == 0
+    assert (
+        score(
+            images, captions, references, judge_yaml, tmp / "out3", "--no-cache", "--min-scored", "0"
+        ).exit_code
+        == 0
+    )
     assert server.counters.total == hits + 2
 
 
@@ -179,3 +185,30 @@ def test_serve_judge_rejects_a_bad_fault_script(tmp_path):
     faults.write_text(json.dumps({"rules": {"x": ["explode"]}}))
     result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["judge", "serve", "--faults", str(faults)])
     assert result.exit_code == 2 and "unknown fault 'explode'" in result.output
+
+
+def test_score_reports_progress_in_a_log(workspace, monkeypatch):
+    """Off a terminal (a log file, CI) `score` writes periodic lines with count, rate and ETA."""
+    import functools
+
+    import balcaprl.progress
+
+    ticks = iter(range(10, 1000, 10))  # ten seconds pass between two readings of the clock
+    clocked = functools.partial(
+        balcaprl.progress.Progress, clock=lambda: float(next(ticks)), heartbeat=False, interval_s=10
+    )
+    monkeypatch.setattr(balcaprl.progress, "Progress", clocked)
+    _, tmp, images, judge_yaml, _, references = workspace
+    captions = tmp / "two.json"
+    captions.write_text(json.dumps({"a.png": CAPTION, "b.png": FULL}))
+    result = score(images, captions, references, judge_yaml, tmp / "out")
+    assert result.exit_code == 0, result.output
+    # readings: start 10; the total is set (check at 20: a line, nothing done yet); each caption
+    # reads twice (30/40, 50/60), and a line is due 10 s after the last; the end at 70
+    assert [line for line in result.output.splitlines() if line.startswith("judging:")] == [
+        "judging: started",
+        "judging: 0/2 captions (0%), elapsed 0:00:10, no progress for 0:00:10",
+        "judging: 1/2 captions (50%), 0.1 captions/s, elapsed 0:00:30, ETA 0:00:20",
+        "judging: 2/2 captions (100%), 0.1 captions/s, elapsed 0:00:50, ETA 0:00:00",
+        "judging: done, 2/2 captions in 0:01:00 (0.0 captions/s)",
+    ]

@@ -107,8 +107,13 @@ def prepare_sharegpt4v(
     if out.expanduser().resolve() == image_root.expanduser().resolve():
         raise InputError("--out must not be the image root itself; use a new folder (e.g. next to it)")
     target = claim_output_dir(
-        out, what="--out", results=prepare_results, resume=resume, overwrite=overwrite,
-        copy=(".prepare",), resumable=(".prepare",),  # image checks are facts about the sources: reused
+        out,
+        what="--out",
+        results=prepare_results,
+        resume=resume,
+        overwrite=overwrite,
+        copy=(".prepare",),
+        resumable=(".prepare",),  # image checks are facts about the sources: reused
     )
     with target.committing():
         report = prepare(
@@ -235,7 +240,14 @@ def recaption(
     console.print(f"wrote {report.out}")
     done = report.requested - failed
     exit_if_short(
-        shortfall(done, report.requested, min_recaptioned, unit="rows", verb="re-captioned", flag="--min-recaptioned"),
+        shortfall(
+            done,
+            report.requested,
+            min_recaptioned,
+            unit="rows",
+            verb="re-captioned",
+            flag="--min-recaptioned",
+        ),
         "failed rows are asked again by the same command with --resume" if failed else "",
     )
 

@@ -244,7 +244,9 @@ def evaluate(
     settings = load_evaluation_config(config, overrides)
     for spec in captions:  # text inputs must be UTF-8: an error naming the byte, never a traceback
         benchmark, _, rest = spec.partition("=")
-        read_utf8_text(rest if rest and benchmark in ("decapbench", "captionqa", "caparena") else spec, "--captions")
+        read_utf8_text(
+            rest if rest and benchmark in ("decapbench", "captionqa", "caparena") else spec, "--captions"
+        )
     for flag, path in (("--decapbench", decapbench), ("--captionqa", captionqa), ("--caparena", caparena)):
         if path is not None and path.is_file():
             read_utf8_text(path, flag)
@@ -287,7 +289,9 @@ def evaluate(
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")
     if any(r.failures for r in results.values()):
-        typer.echo("failures are left out of the scores; run the same command with --resume to retry only them")
+        typer.echo(
+            "failures are left out of the scores; run the same command with --resume to retry only them"
+        )
     typer.echo(f"wrote {target.final / 'eval.json'}")
     reasons = []
     for name, result in results.items():

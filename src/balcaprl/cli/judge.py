@@ -23,7 +23,9 @@ def serve(
     ),
     latency: float = typer.Option(0.0, "--latency", min=0.0, help="Scripted judge: seconds per answer."),
     faults: str | None = typer.Option(
-        None, "--faults", help="Scripted faults: a JSON FaultScript file, or the JSON itself ('{\"rules\": ...}')."
+        None,
+        "--faults",
+        help="Scripted faults: a JSON FaultScript file, or the JSON itself ('{\"rules\": ...}').",
     ),
     api_key_env: str | None = typer.Option(
         None, "--api-key-env", help="Require the key in this environment variable (default: no auth)."
@@ -45,6 +47,8 @@ def serve(
             ) from error
         try:
             local_judge = OracleJudge.from_dataset(oracle)
+        except UserError as error:  # says which file is missing and how to make one
+            raise InputError(f"--oracle: {error}") from None
         except (OSError, ValueError, KeyError) as error:  # not a synthetic dataset, or a broken one
             detail = str(error) if not isinstance(error, KeyError) else f"missing field {error}"
             raise InputError(

@@ -204,7 +204,9 @@ class TransformersCaptioner:
         if not local.exists() and (str(model).startswith((".", "/", "~")) or str(model).count("/") > 1):
             raise CaptionError(f"--model {model}: no such folder; give a checkpoint folder or a hub id")
         try:
-            self.model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+            self.model = (
+                AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+            )
             self.processor = AutoProcessor.from_pretrained(model)
         except (OSError, ValueError) as error:  # not a checkpoint, not on the hub, or offline
             raise CaptionError(

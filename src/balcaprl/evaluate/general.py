@@ -137,7 +137,9 @@ def import_lmms_eval_results(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(read_utf8_text(path, "lmms-eval results"))
     except json.JSONDecodeError as error:
-        raise InputError(f"{path}: not JSON ({error.msg} at line {error.lineno}); not an lmms-eval results file") from None
+        raise InputError(
+            f"{path}: not JSON ({error.msg} at line {error.lineno}); not an lmms-eval results file"
+        ) from None
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, dict):
         raise InputError(f"{path}: not an lmms-eval results file (no 'results' mapping)")

@@ -97,7 +97,7 @@ class JudgeCache:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
-        except (sqlite3.Error, OSError) as error:  # OutputError: an OSError the command line shows as one line
+        except (sqlite3.Error, OSError) as error:  # OutputError is an OSError shown as one line
             raise OutputError(
                 f"judge cache {self.path} cannot be opened ({error}); fix the path or permissions, "
                 "or disable the cache (cache_path: null / --no-cache)"

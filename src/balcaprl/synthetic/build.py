@@ -135,4 +135,3 @@ def build_dataset(
             }
         },
     )
-

@@ -110,7 +110,9 @@ class FaultScript:
     def __post_init__(self) -> None:
         example = '{"rules": {"CAPTION TEXT": ["rate_limit", "ok"]}, "always": "ok"}'
         if not isinstance(self.rules, dict):
-            raise ConfigError(f"fault script: 'rules' must map caption text to a list of faults, e.g. {example}")
+            raise ConfigError(
+                f"fault script: 'rules' must map caption text to a list of faults, e.g. {example}"
+            )
         for needle, faults in self.rules.items():
             if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
                 got = f"the string {faults!r}" if isinstance(faults, str) else type(faults).__name__

@@ -94,7 +94,9 @@ def run_results(output_dir: Path | str) -> list[str]:
     found = sorted(p.name for p in output_dir.glob("checkpoint-*") if p.is_dir())
     if (output_dir / "final").is_dir():
         found.append("final/")
-    found += [name for name in LOG_FILES if (output_dir / name).is_file() and (output_dir / name).stat().st_size]
+    found += [
+        name for name in LOG_FILES if (output_dir / name).is_file() and (output_dir / name).stat().st_size
+    ]
     return found
 
 

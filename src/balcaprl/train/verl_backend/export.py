@@ -121,7 +121,9 @@ def verl_row(
     try:
         image = {"bytes": Path(image_path).read_bytes()} if embed_images else {"image": image_path}
     except OSError as error:
-        raise InputError(f"{split} row {row_id!r}: image {image_path} cannot be read ({error.strerror})") from None
+        raise InputError(
+            f"{split} row {row_id!r}: image {image_path} cannot be read ({error.strerror})"
+        ) from None
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": _user_content(str(row["prompt"]), row_id)}],
