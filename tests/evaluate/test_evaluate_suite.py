@@ -202,3 +202,25 @@ def test_the_evaluation_config_resolves_paths_and_validates_judges_when_it_loads
     config_file.write_text("base: ../base.yaml\nbcapscore: {judge: ../judges/typo.yaml}\n")
     with pytest.raises(ConfigError, match=r"bcapscore\.judge\.modle: unknown key; allowed here: api_key_env"):
         load_evaluation_config(config_file)
+
+
+def test_a_judge_that_fails_gives_exit_status_1_and_no_shared_cache_still_resumes(tmp_path, world):
+    import socket
+
+    server, _, captions, config, _ = world
+    with socket.socket() as sock:  # a port nothing listens on: every call fails
+        sock.bind(("127.0.0.1", 0))
+        dead = write_judge_yaml(tmp_path / "dead.yaml", f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    out = tmp_path / "eval"
+    result = cli("evaluate", "--captions", captions, "--config", config, "--judge-for", f"caparena={dead}",
+                 "--out", out, "--suite", "captionqa,caparena", "--no-cache", "--no-progress")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "incomplete: caparena: none of the 6 items with a caption scored" in text
+    assert "captionqa" not in text.split("incomplete:")[1]  # captionqa scored all it had captions for
+    paid = server.counters.total
+    # --no-cache: no shared cache, yet the folder's own record means --resume pays nothing twice
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--suite",
+                 "captionqa,caparena", "--no-cache", "--no-progress", "--resume")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert server.counters.total == paid + 6  # only the 6 battles that failed before
