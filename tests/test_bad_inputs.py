@@ -108,7 +108,7 @@ def score(ws: Path, tmp: Path, *, captions="captions.jsonl", references="referen
 def run_with_run_folder(ws: Path, tmp: Path) -> list[str]:
     (tmp / "run" / "checkpoint-3").mkdir(parents=True)
     (tmp / "run" / "checkpoint-3" / "trainer_state.json").write_text('{"global_step": 3}')
-    return ["train", str(RECIPE_3B), f"data.path={ws / 'dataset'}", f"run.output_dir={tmp / 'run'}"]
+    return ["train", str(RECIPE_3B), f"data.path={ws / 'dataset'}", f"run.output_dir={tmp / 'run'}", NO_CACHE]
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,13 @@ class Case:
     args: Callable[[Path, Path], list[str]]  # (workspace, this row's tmp folder) -> command line
     code: int
     says: str  # expected in the output; {ws} and {tmp} are filled in
+    env: tuple[tuple[str, str], ...] = ()  # more environment variables
+
+
+# The paper's recipe names its judge's key variable: a placeholder lets the run get as far as the
+# mistake under test (no call is made); no cache file is opened.
+JUDGE_KEY = (("OPENAI_API_KEY", "sk-placeholder-never-sent"),)
+NO_CACHE = "judge.cache_path=null"
 
 
 CASES = [
@@ -152,7 +159,7 @@ CASES = [
     # ----------------------------------------------------------------------------------- judge serve
     Case("judge serve: --oracle on a folder that is not a dataset",
          lambda ws, t: ["judge", "serve", "--oracle", str(ws / "not-a-dataset")],
-         2, "error: --oracle {ws}/not-a-dataset:"),
+         2, "error: --oracle: {ws}/not-a-dataset/dataset.json not found"),
     Case("judge serve: a busy port", lambda ws, t: ["judge", "serve", "--port", str(busy_port(t))],
          2, "cannot listen there (Address already in use); choose another --port, or --port 0 for a free one"),
     Case("judge serve: fault rules given as a string",
@@ -164,11 +171,12 @@ CASES = [
          2, "error: --faults {ws}/plain.txt: not JSON (Expecting value at line 1)"),
     # ----------------------------------------------------------------------------------- train
     Case("train: data.path does not exist",
-         lambda ws, t: ["train", str(RECIPE_3B), f"data.path={t / 'nowhere'}", f"run.output_dir={t / 'run'}"],
-         2, "error: data.path: {tmp}/nowhere/dataset.json not found: {tmp}/nowhere is not a finished balcaprl dataset"),
+         lambda ws, t: ["train", str(RECIPE_3B), f"data.path={t / 'nowhere'}", f"run.output_dir={t / 'run'}", NO_CACHE],
+         2, "error: data.path: {tmp}/nowhere/dataset.json not found: {tmp}/nowhere is not a finished balcaprl dataset",
+         JUDGE_KEY),
     Case("train: run.output_dir holds a run", run_with_run_folder,
          2, "error: run.output_dir {tmp}/run already holds a run (checkpoint-3); pass --resume to continue it, "
-            "--overwrite to replace it"),
+            "--overwrite to replace it", JUDGE_KEY),
     Case("train: --resume and --overwrite",
          lambda ws, t: ["train", str(RECIPE_3B), f"data.path={ws / 'dataset'}", "--resume", "--overwrite"],
          2, "error: give --resume (or --resume-from) or --overwrite, not both"),
@@ -234,6 +242,9 @@ CASES = [
     Case("evaluate: captions that are not UTF-8",
          lambda ws, t: ["evaluate", "--captions", f"caparena={ws / 'latin1.jsonl'}", "--out", str(t / "e")],
          2, "error: --captions {ws}/latin1.jsonl: not UTF-8 at byte 34"),
+    Case("evaluate: an empty caption file",
+         lambda ws, t: ["evaluate", "--captions", str(ws / "empty.jsonl"), "--out", str(t / "e"), "--suite", "caparena"],
+         1, "incomplete: --captions {ws}/empty.jsonl holds no captions: nothing scored"),
     Case("evaluate: --out is a file",
          lambda ws, t: ["evaluate", "--captions", str(ws / "captions.jsonl"), "--out", str(ws / "plain.txt"),
                         "--suite", "caparena"],
@@ -260,7 +271,7 @@ def test_the_table_is_long_enough():
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case: Case, ws: Path, tmp_path: Path):
     try:
-        result = CliRunner().invoke(app, case.args(ws, tmp_path), env={"COLUMNS": "100"})
+        result = CliRunner().invoke(app, case.args(ws, tmp_path), env={"COLUMNS": "100", **dict(case.env)})
     finally:
         while BUSY:
             BUSY.pop().close()

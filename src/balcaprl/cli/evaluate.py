@@ -244,9 +244,9 @@ def evaluate(
     settings = load_evaluation_config(config, overrides)
     for spec in captions:  # text inputs must be UTF-8: an error naming the byte, never a traceback
         benchmark, _, rest = spec.partition("=")
-        read_utf8_text(
-            rest if rest and benchmark in ("decapbench", "captionqa", "caparena") else spec, "--captions"
-        )
+        path = rest if rest and benchmark in ("decapbench", "captionqa", "caparena") else spec
+        if not read_utf8_text(path, "--captions").strip():
+            exit_if_short(f"--captions {path} holds no captions: nothing scored")
     for flag, path in (("--decapbench", decapbench), ("--captionqa", captionqa), ("--caparena", caparena)):
         if path is not None and path.is_file():
             read_utf8_text(path, flag)

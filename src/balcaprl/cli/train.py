@@ -46,17 +46,11 @@ def train(
         return
     from balcaprl.data.format import read_card
     from balcaprl.errors import ConfigError, UserError
+    from balcaprl.outputs import ensure_writable_dir
     from balcaprl.train.checkpointing import replace_run, resolve_resume
 
     if overwrite and (resume or resume_from is not None):
         raise UserError("give --resume (or --resume-from) or --overwrite, not both")
-    try:
-        read_card(Path(recipe.data.path).expanduser())  # before loading any model
-    except UserError as error:
-        raise ConfigError(f"data.path: {error}") from None
-    output_dir = Path(recipe.run.output_dir).expanduser()
-    if not overwrite:
-        resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals first
     judge_config = judge if judge is not None else recipe.judge
     if judge_config is None:
         raise ConfigError(
@@ -68,13 +62,19 @@ def train(
     judge_object = balcaprl.judge.build_judge(
         judge_config, image_root=Path(recipe.data.path).expanduser().resolve()
     )
-
-    from balcaprl.outputs import ensure_writable_dir
-    from balcaprl.train.trl_backend import train as train_with_trl
-
+    # Before any model is loaded: the data, and a run folder that may be written.
+    try:
+        read_card(Path(recipe.data.path).expanduser())
+    except UserError as error:
+        raise ConfigError(f"data.path: {error}") from None
+    output_dir = Path(recipe.run.output_dir).expanduser()
     if overwrite:
         replace_run(output_dir)
+    else:
+        resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
     ensure_writable_dir(output_dir, "run.output_dir")
+
+    from balcaprl.train.trl_backend import train as train_with_trl
 
     result = train_with_trl(
         recipe,
