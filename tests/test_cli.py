@@ -36,7 +36,7 @@ TREE = {
     "version": None,
 }
 
-TRL_FLAGS = {"--resume", "--resume-from", "--judge", "--allow-recipe-change", "--print-config"}
+TRL_FLAGS = {"--resume", "--resume-from", "--overwrite", "--judge", "--allow-recipe-change", "--print-config"}
 VERL_FLAGS = {"--judge", "--nnodes", "--gpus-per-node", "--verl-data", "--verl-override", "--dry-run"}
 HEAVY = ("torch", "transformers", "openai", "pyarrow", "datasets", "trl")
 

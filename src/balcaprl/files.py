@@ -1,12 +1,27 @@
-"""Writing files so that an interruption never leaves a half-written one that looks complete."""
+"""Reading and writing files: atomic writes, and text that must be UTF-8.
+
+Writes go through a temporary file in the same folder and an atomic rename, so an interruption
+never leaves a half-written file that looks complete. Work that is paid for as it goes (judge calls,
+generated captions) is recorded in a :class:`JsonlLog` as each piece finishes, so a killed run
+loses at most the pieces in flight.
+
+Text inputs (caption and reference files, benchmark annotations) must be UTF-8. Bytes that are not
+are an error naming the file, the byte offset and the line, never replaced silently: a caption file
+in another encoding (Latin-1, Windows-1252) would otherwise have every accented letter turned into
+U+FFFD and then be judged as if the captioner had written that.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+from balcaprl.errors import InputError, MissingInputError
+
+__all__ = ["JsonlLog", "atomic_write_bytes", "atomic_write_text", "decode_utf8", "read_utf8_text"]
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
@@ -28,3 +43,96 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 def atomic_write_text(path: Path | str, text: str) -> None:
     """UTF-8 ``text`` to ``path``, atomically (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """``data`` as UTF-8 text (a leading byte-order mark dropped); :class:`InputError` naming
+    ``where``, the byte offset and the line of the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        bad = data[error.start : error.start + 4].hex(" ")
+        raise InputError(
+            f"{where}: not UTF-8 at byte {error.start} (line {line}: bytes {bad}); "
+            "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def read_utf8_text(path: Path | str, what: str = "") -> str:
+    """The UTF-8 text of ``path`` (see :func:`decode_utf8`); a missing or unreadable file is an
+    :class:`InputError` too. ``what`` names the input in messages, e.g. ``"--captions"``."""
+    path = Path(path)
+    label = f"{what} {path}".strip()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MissingInputError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{label} is a folder; give a file") from None
+    except OSError as error:
+        raise InputError(f"{label}: cannot read it ({error.strerror or error})") from None
+    return decode_utf8(data, label)
+
+
+class JsonlLog:
+    """An append-only JSONL record that survives its process being killed at any moment.
+
+    Each :meth:`append` writes one line and flushes it to the operating system at once (a killed
+    process loses nothing written); every ``sync_every`` lines, and on :meth:`close`, the file is
+    also fsynced (a power cut loses at most the lines since). A last line cut short by an
+    interruption is dropped when the record is read back, so the file stays valid JSONL.
+    """
+
+    def __init__(self, path: Path | str, sync_every: int = 32) -> None:
+        self.path = Path(path)
+        self.sync_every = sync_every
+        self._handle: IO[str] | None = None
+        self._unsynced = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every complete record in the file, in order (none if the file does not exist)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        if data and not data.endswith(b"\n"):  # a line cut by an interruption
+            data = data[: data.rfind(b"\n") + 1]
+            with self.path.open("r+b") as handle:
+                handle.truncate(len(data))
+        records = []
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = self.path.open("a", encoding="utf-8")
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+        self._unsynced += 1
+        if self._unsynced >= self.sync_every:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._handle is not None and self._unsynced:
+            os.fsync(self._handle.fileno())
+            self._unsynced = 0
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self.sync()
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> JsonlLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,6 +1,7 @@
 """The data commands through typer: `prepare sharegpt4v` and `data info` (recaption has its own file)."""
 
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -132,3 +133,29 @@ def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
 def test_info_on_a_folder_that_is_not_a_dataset(tmp_path):
     result = invoke("data", "info", tmp_path)
     assert result.exit_code == 2 and "not a finished balcaprl dataset" in result.output
+
+
+def test_prepare_refuses_then_resumes_or_replaces(fixture_template, tmp_path):
+    out = tmp_path / "ds"
+    command = ["data", "prepare", "sharegpt4v", "--json", fixture_template.json_path, "--image-root",
+               fixture_template.image_root, "--out", out, "--eval-size", "2", "--workers", "0", "--no-progress"]  # fmt: skip
+    assert invoke(*command).exit_code == 0
+    before = read_card(out)["counts"]
+    refused = invoke(*command)
+    assert refused.exit_code == 2 and "already holds results (dataset.json" in " ".join(
+        refused.output.split()
+    )
+    resumed = invoke(*command, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    reused = re.search(r"reused from an earlier run (\d+)", resumed.output).group(0)
+    assert reused != "reused from an earlier run 0"  # (only missing files are checked again)
+    (out / "images" / "stale.jpg").write_bytes(b"left by an earlier run")
+    (out / "notes.txt").write_text("left by hand")
+    replaced = invoke(*command, "--overwrite", "--eval-size", "3")
+    assert replaced.exit_code == 0, replaced.output
+    assert read_card(out)["counts"]["eval"] == 3 and sum(before.values()) == sum(
+        read_card(out)["counts"].values()
+    )
+    assert not (out / "images" / "stale.jpg").exists() and not (out / "notes.txt").exists()
+    assert reused in replaced.output  # the image checks came along; the results did not
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

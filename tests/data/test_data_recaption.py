@@ -240,8 +240,9 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
             "--no-progress",
         ],
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # one row failed: written, and the status says so
     text = " ".join(result.output.split())
+    assert "incomplete: only 9 of 10 rows re-captioned (90.0%; --min-recaptioned 1 asks for 100%)" in text
     assert "9 of 33 references re-captioned by gpt-5-mini" in text
     assert "failed (kept the original reference): 1 (refused 1)" in text
     assert "tokens 1000 in / 200 out" in text and "$0.0018" in text
@@ -257,3 +258,25 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
         app, ["data", "recaption", "--data", str(dataset), "--model", "m", "--judge-config", str(bad)]
     )
     assert result.exit_code == 2 and "modell: unknown key" in result.output
+
+
+def test_cli_refuses_an_earlier_recaptioning_then_resumes_or_redoes_it(dataset, recaption_server, tmp_path):
+    model = ScriptedCaptioner()
+    config = tmp_path / "judge.yaml"
+    config.write_text(yaml.safe_dump({**judge_config(recaption_server(model)).model_dump(mode="json")}))
+    command = ["data", "recaption", "--data", str(dataset), "--model", "gpt-5-mini", "--judge-config", str(config),
+               "--no-progress"]  # fmt: skip
+    runner = CliRunner(env={"COLUMNS": "120"})
+    first = runner.invoke(app, [*command, "--limit", "5"])
+    assert first.exit_code == 0, first.output
+    assert len(model.calls) == 5
+    refused = runner.invoke(app, command)
+    assert refused.exit_code == 2 and "already holds results (.recaption/progress.jsonl" in refused.output
+    assert len(model.calls) == 5
+    resumed = runner.invoke(app, [*command, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert len(model.calls) == 33  # the 5 finished rows are not asked again
+    redone = runner.invoke(app, [*command, "--overwrite"])
+    assert redone.exit_code == 0, redone.output
+    assert len(model.calls) == 66  # every row asked again
+    assert read_card(dataset)["recaption"]["recaptioned"] == 33

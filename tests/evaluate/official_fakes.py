@@ -136,3 +136,19 @@ def fake_lmms_eval(root: Path, text: str = FAKE_LMMS_UTILS) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "utils.py").write_text(text)
     return root
+
+
+# A stand-in for CaptionQA's captioning script: the same code shape, our own placeholder words.
+FAKE_CQA_CAPTION = """
+def caption_all(image_paths, prompt_text):
+    current_prompt = prompt_text
+    if len(image_paths) > 1:
+        current_prompt = f"PLACEHOLDER {len(image_paths)} views follow. {prompt_text}"
+    return current_prompt
+"""
+
+
+def fake_captionqa_repo(root: Path, text: str = FAKE_CQA_CAPTION) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "caption.py").write_text(text)
+    return root

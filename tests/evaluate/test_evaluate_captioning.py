@@ -111,6 +111,10 @@ def test_an_interrupted_run_resumes_and_a_different_run_is_refused(tmp_path):
     assert run.generated == 3 and captioner.batches == 2 and len(run.rows) == 5
     assert json.loads(run.native.read_text()) == {r["key"]: r["caption"] for r in run.rows}
 
+    again = FakeCaptioner()
+    assert caption_items(items, again, out, settings=settings).generated == 0  # a finished OUT resumes
+    assert again.batches == 0
+
     (tmp_path / "caps.jsonl.part").write_text(json.dumps({**run.rows[0], "run_id": "other"}) + "\n")
     with pytest.raises(CaptionError, match="different run"):
         caption_items(items, FakeCaptioner(), out, settings=settings)

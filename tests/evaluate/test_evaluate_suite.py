@@ -116,12 +116,30 @@ def test_the_whole_suite_then_a_free_rerun(tmp_path, world):
     # and 2 verify trials of the one caption with facts; captionqa 4 questions; caparena 6 battles
     assert calls == 2 + (6 + 2 + 2) + 4 + 6
 
-    # The same command again costs nothing: every answer is in OUT/judge_cache.sqlite.
+    # The same command again is refused: the folder holds these protocols' results.
     result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
                  "--no-progress")  # fmt: skip
+    assert (
+        result.exit_code == 2
+        and "already holds results (bcapscore, dcscore, captionqa, caparena); pass --resume"
+        in (" ".join(result.output.split()))
+    )
+    # With --resume it costs nothing: every answer is in OUT/judge_cache.sqlite.
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--label", "tiny",
+                 "--no-progress", "--resume")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert server.counters.total == calls
     assert read_eval(out)["headline"] == headline
+    # --overwrite replaces the results, and the folder's judge cache goes with it into the new folder
+    (out / "dcscore" / "stale.txt").write_text("left by hand")
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--suite", "dcscore",
+                 "--no-progress", "--overwrite")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert server.counters.total == calls and not (out / "dcscore" / "stale.txt").exists()
+    assert read_eval(out)["headline"] == headline and read_eval(out)["label"] == "tiny"
+    assert (
+        sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".eval")) == []
+    )  # nothing left aside
 
 
 def test_results_accumulate_and_flags_override(tmp_path, world):
@@ -248,3 +266,25 @@ def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_
         and "vlm_as_a_judge.py" in result.output
     )
     assert len(calls) == n_calls
+
+
+def test_a_judge_that_fails_gives_exit_status_1_and_no_shared_cache_still_resumes(tmp_path, world):
+    import socket
+
+    server, _, captions, config, _ = world
+    with socket.socket() as sock:  # a port nothing listens on: every call fails
+        sock.bind(("127.0.0.1", 0))
+        dead = write_judge_yaml(tmp_path / "dead.yaml", f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    out = tmp_path / "eval"
+    result = cli("evaluate", "--captions", captions, "--config", config, "--judge-for", f"caparena={dead}",
+                 "--out", out, "--suite", "captionqa,caparena", "--no-cache", "--no-progress")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "incomplete: caparena: none of the 6 items with a caption scored" in text
+    assert "captionqa" not in text.split("incomplete:")[1]  # captionqa scored all it had captions for
+    paid = server.counters.total
+    # --no-cache: no shared cache, yet the folder's own record means --resume pays nothing twice
+    result = cli("evaluate", "--captions", captions, "--config", config, "--out", out, "--suite",
+                 "captionqa,caparena", "--no-cache", "--no-progress", "--resume")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert server.counters.total == paid + 6  # only the 6 battles that failed before

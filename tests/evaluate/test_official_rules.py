@@ -16,11 +16,12 @@ from collections import Counter
 
 import pytest
 from evaluate_testkit import CAPTIONQA_ROWS, ProtocolJudge, judge_config, png, write_caparena
-from official_fakes import FAKE_SYSTEM, fake_caparena, fake_decapbench, fake_lmms_eval
+from official_fakes import FAKE_SYSTEM, fake_caparena, fake_captionqa_repo, fake_decapbench, fake_lmms_eval
 from PIL import Image
 
+from balcaprl.errors import ConfigError
 from balcaprl.evaluate.caparena import CapArenaSettings, read_official_judgment, run_caparena
-from balcaprl.evaluate.captioning import caption_items, collect_items
+from balcaprl.evaluate.captioning import CaptionError, caption_items, collect_items
 from balcaprl.evaluate.captionqa import CaptionQASettings, prepare_questions, run_captionqa
 from balcaprl.evaluate.dcscore import (
     DCScoreSettings,
@@ -30,7 +31,12 @@ from balcaprl.evaluate.dcscore import (
     score_trial,
 )
 from balcaprl.evaluate.formats import read_caparena, read_caption_sets, read_captionqa, read_decapbench
-from balcaprl.evaluate.official import load_caparena_prompts, load_captionqa_task, load_decapbench_prompts
+from balcaprl.evaluate.official import (
+    load_caparena_prompts,
+    load_captionqa_multi_image_line,
+    load_captionqa_task,
+    load_decapbench_prompts,
+)
 from balcaprl.judge import JudgeCaller
 
 # ----------------------------------------------------------------------------------------- DeCapBench file
@@ -395,17 +401,26 @@ def test_captionqa_multi_image_entries_are_captioned_from_all_images(tmp_path):
             return ["c"] * len(prompts)
 
     expected = {
-        # the authors' caption.py: all images and one line saying how many (before: the first image only)
-        "captionqa": [(2, "You are viewing 2 related images. Describe this image in detail."),
+        # the authors' caption.py: all images and one line saying how many, the line read from a checkout
+        # (here a placeholder one; before: the first image only)
+        "captionqa": [(2, "PLACEHOLDER 2 views follow. Describe this image in detail."),
                       (1, "Describe this image in detail.")],
         "lmms-eval": [(2, "Describe this image in detail."), (1, "Describe this image in detail.")],
         "first": [(1, "Describe this image in detail."), (1, "Describe this image in detail.")],
     }  # fmt: skip
+    line, source = load_captionqa_multi_image_line(fake_captionqa_repo(tmp_path / "CaptionQA"))
+    assert line == "PLACEHOLDER {n} views follow. " and source.file.endswith("caption.py")
     for mode, got in expected.items():
         recorder = Recorder()
-        items = collect_items(None, benchmark="captionqa", annotations=path, multi_image=mode)
+        items = collect_items(
+            None, benchmark="captionqa", annotations=path, multi_image=mode, multi_image_line=line
+        )
         caption_items(items, recorder, tmp_path / mode / "caps.jsonl", benchmark="captionqa")
         assert recorder.got == got, mode
+    with pytest.raises(CaptionError, match="--official-captionqa-repo"):
+        collect_items(None, benchmark="captionqa", annotations=path, multi_image="captionqa")
+    with pytest.raises(ConfigError, match="found 0"):  # not CaptionQA's script
+        load_captionqa_multi_image_line(fake_captionqa_repo(tmp_path / "other", "x = 1\n"))
 
 
 def test_captionqa_refused_rows(tmp_path):

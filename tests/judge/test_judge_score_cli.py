@@ -55,8 +55,14 @@ def score(images, captions, references, judge_yaml, out, *extra):
 def test_score_writes_hand_computed_rows_and_summary(workspace):
     server, tmp, images, judge_yaml, captions, references = workspace
     result = score(images, captions, references, judge_yaml, tmp / "out")
-    assert result.exit_code == 0, result.output
+    # 3 of 6 captions could not be scored: the files are written, and the exit status says so
+    assert result.exit_code == 1, result.output
+    assert (
+        "incomplete: only 3 of 6 captions scored (50.0%; --min-scored 1 asks for 100%); fix the bad inputs"
+        in (" ".join(result.output.split()))
+    )
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
+        ".score",  # the record of scored captions, for --resume
         "scores.jsonl",
         "summary.json",
     ]  # no temp files
@@ -86,21 +92,30 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     assert m["ci95_low"] <= m["mean"] <= m["ci95_high"]
     assert summary["judge"]["rubric_version"].startswith("evaluation-v2-joint+")
     assert summary["accounting"]["calls"] == 2
+    assert summary["n_empty_captions"] == 1 and "empty captions (scored 0, in the means): 1" in result.output
     assert "b-CapScore" in result.output and "wrote" in result.output
+    # half scored is enough when the user says so
+    again = score(images, captions, references, judge_yaml, tmp / "half", "--min-scored", "0.5")
+    assert again.exit_code == 0, again.output
 
 
 def test_score_resumes_from_the_cache(workspace):
     server, tmp, images, judge_yaml, captions, references = workspace
-    assert score(images, captions, references, judge_yaml, tmp / "out1").exit_code == 0
+    assert score(images, captions, references, judge_yaml, tmp / "out1", "--min-scored", "0").exit_code == 0
     hits = server.counters.total
-    result = score(images, captions, references, judge_yaml, tmp / "out2")
+    result = score(images, captions, references, judge_yaml, tmp / "out2", "--min-scored", "0")
     assert result.exit_code == 0
     assert server.counters.total == hits  # nothing judged again
     assert (tmp / "out1" / "scores.jsonl").read_text() == (tmp / "out2" / "scores.jsonl").read_text()
     summary = json.loads((tmp / "out2" / "summary.json").read_text())
     assert summary["accounting"]["cache_hits"] == 2
     # --no-cache judges again
-    assert score(images, captions, references, judge_yaml, tmp / "out3", "--no-cache").exit_code == 0
+    assert (
+        score(
+            images, captions, references, judge_yaml, tmp / "out3", "--no-cache", "--min-scored", "0"
+        ).exit_code
+        == 0
+    )
     assert server.counters.total == hits + 2
 
 
@@ -108,7 +123,8 @@ def test_score_accepts_a_json_object_of_captions(workspace):
     server, tmp, images, judge_yaml, _, references = workspace
     captions = tmp / "captions.json"
     captions.write_text(json.dumps({"a.png": CAPTION, "b.png": FULL}))
-    assert score(images, captions, references, judge_yaml, tmp / "out").exit_code == 0
+    result = score(images, captions, references, judge_yaml, tmp / "out")
+    assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp / "out" / "scores.jsonl").read_text().splitlines()]
     assert [r["image"] for r in rows] == ["a.png", "b.png"]
 
@@ -169,3 +185,30 @@ def test_serve_judge_rejects_a_bad_fault_script(tmp_path):
     faults.write_text(json.dumps({"rules": {"x": ["explode"]}}))
     result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["judge", "serve", "--faults", str(faults)])
     assert result.exit_code == 2 and "unknown fault 'explode'" in result.output
+
+
+def test_score_reports_progress_in_a_log(workspace, monkeypatch):
+    """Off a terminal (a log file, CI) `score` writes periodic lines with count, rate and ETA."""
+    import functools
+
+    import balcaprl.progress
+
+    ticks = iter(range(10, 1000, 10))  # ten seconds pass between two readings of the clock
+    clocked = functools.partial(
+        balcaprl.progress.Progress, clock=lambda: float(next(ticks)), heartbeat=False, interval_s=10
+    )
+    monkeypatch.setattr(balcaprl.progress, "Progress", clocked)
+    _, tmp, images, judge_yaml, _, references = workspace
+    captions = tmp / "two.json"
+    captions.write_text(json.dumps({"a.png": CAPTION, "b.png": FULL}))
+    result = score(images, captions, references, judge_yaml, tmp / "out")
+    assert result.exit_code == 0, result.output
+    # readings: start 10; the total is set (check at 20: a line, nothing done yet); each caption
+    # reads twice (30/40, 50/60), and a line is due 10 s after the last; the end at 70
+    assert [line for line in result.output.splitlines() if line.startswith("judging:")] == [
+        "judging: started",
+        "judging: 0/2 captions (0%), elapsed 0:00:10, no progress for 0:00:10",
+        "judging: 1/2 captions (50%), 0.1 captions/s, elapsed 0:00:30, ETA 0:00:20",
+        "judging: 2/2 captions (100%), 0.1 captions/s, elapsed 0:00:50, ETA 0:00:00",
+        "judging: done, 2/2 captions in 0:01:00 (0.0 captions/s)",
+    ]

@@ -49,7 +49,7 @@ def test_planted_key_appears_nowhere(tmp_path, judge_server, monkeypatch, debug_
     result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["score", "--images", str(images), "--captions",
                                                             str(captions), "--references", str(references),
                                                             "--judge", str(judge_yaml), "--out", str(out)])  # fmt: skip
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # 2 of 3 failed on purpose: the files are still written
 
     rows = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
     assert [r["failure"] for r in rows] == [None, "server_error", "refused"]

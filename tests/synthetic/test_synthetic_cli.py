@@ -61,3 +61,66 @@ def test_sft_command_defaults_match_the_config():
     params = inspect.signature(sft).parameters
     for name in ("steps", "batch_size", "lr", "flawed_fraction", "seed", "eval_limit"):
         assert params[name].default.default == getattr(SFTConfig(), name), name
+
+
+class FakeClock:
+    """Ten seconds pass between two readings: progress lines without any real waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 10.0
+        return self.now
+
+
+def test_build_reports_progress_in_a_log(tmp_path, monkeypatch):
+    import functools
+
+    import balcaprl.synthetic.build as build
+
+    clocked = functools.partial(build.Progress, clock=FakeClock(), heartbeat=False, terminal=False)
+    monkeypatch.setattr(build, "Progress", clocked)
+    result = runner.invoke(
+        app, ["synthetic", "build", "--out", str(tmp_path / "ds"), "--n-train", "5", "--n-eval", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("rendering scenes:")]
+    # The clock is read at the start (10 s) and twice per scene (20/30, 40/50, ...); a line is due
+    # when 30 s have passed since the last one: after scenes 2 (t=50), 4 (t=90) and 6 (t=130), each
+    # with the rate of its interval (2 scenes / 40 s) and the ETA at that rate; the last line at 140.
+    assert lines == [
+        "rendering scenes: started, 6 scenes",
+        "rendering scenes: 2/6 scenes (33%), 0.1 scenes/s, elapsed 0:00:40, ETA 0:01:20",
+        "rendering scenes: 4/6 scenes (67%), 0.1 scenes/s, elapsed 0:01:20, ETA 0:00:40",
+        "rendering scenes: 6/6 scenes (100%), 0.1 scenes/s, elapsed 0:02:00, ETA 0:00:00",
+        "rendering scenes: done, 6/6 scenes in 0:02:10 (0.0 scenes/s)",
+    ]
+
+
+def test_build_refuses_a_dataset_then_resumes_or_replaces_it(tmp_path):
+    out = tmp_path / "ds"
+    build = [
+        "synthetic",
+        "build",
+        "--out",
+        str(out),
+        "--n-train",
+        "3",
+        "--n-eval",
+        "2",
+        "--seed",
+        "5",
+        "--no-progress",
+    ]
+    assert runner.invoke(app, build).exit_code == 0
+    refused = runner.invoke(app, build)
+    assert refused.exit_code == 2 and "already holds results" in refused.output
+    resumed = runner.invoke(app, [*build, "--resume"])
+    assert resumed.exit_code == 0 and "already holds this dataset" in " ".join(resumed.output.split())
+    smaller = ["synthetic", "build", "--out", str(out), "--n-train", "1", "--n-eval", "1", "--no-progress"]
+    replaced = runner.invoke(app, [*smaller, "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert read_card(out)["counts"] == {"train": 1, "eval": 1}
+    assert len(list((out / "images").iterdir())) == 2  # no stale image of the 5-scene dataset
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

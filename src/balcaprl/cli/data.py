@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short
 from balcaprl.errors import InputError, UserError
 
 __all__ = ["info", "prepare_sharegpt4v", "recaption"]
@@ -23,15 +24,12 @@ def _console():
 
 
 def _token_counter(tokenizer: str | None):
-    """The tokenizer's counter, or None; a tokenizer that cannot be loaded is the user's input."""
+    """The tokenizer's counter, or None (one that cannot be loaded is an InputError naming it)."""
     if tokenizer is None:
         return None
     from balcaprl.data.format import TokenCounter
 
-    try:
-        return TokenCounter.load(tokenizer)
-    except ValueError as error:
-        raise InputError(f"--tokenizer: {error}") from error
+    return TokenCounter.load(tokenizer)
 
 
 def prepare_sharegpt4v(
@@ -41,7 +39,7 @@ def prepare_sharegpt4v(
     image_root: Path = typer.Option(
         ..., "--image-root", help="Folder holding coco/, sam/, llava/, wikiart/, ..."
     ),
-    out: Path = typer.Option(..., "--out", help="Dataset folder to write (re-running it resumes)."),
+    out: Path = typer.Option(..., "--out", help="Dataset folder to write (--resume continues one)."),
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
@@ -73,12 +71,20 @@ def prepare_sharegpt4v(
         None, "--limit", min=1, help="Read only the first N entries (trial run)."
     ),
     name: str | None = typer.Option(None, "--name", help="Dataset name in the card."),
+    resume: bool = typer.Option(
+        False, "--resume", help=RESUME_HELP + " Images already checked are not checked again."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
-    """ShareGPT4V -> train/eval parquet + images + card; every rejected entry is reported with its reason."""
-    from balcaprl.data.sharegpt4v import PrepareOptions
+    """ShareGPT4V -> train/eval parquet + images + card; every rejected entry is reported with its reason.
+
+    Exits with status 1 when the JSON yields no usable entry.
+    """
+    from balcaprl.data.sharegpt4v import PrepareOptions, prepare_results
     from balcaprl.data.sharegpt4v import prepare_sharegpt4v as prepare
     from balcaprl.data.validation import ImageLimits
+    from balcaprl.outputs import claim_output_dir
 
     if images not in IMAGE_MODES:
         raise UserError(f"--images {images!r}: choose auto, hardlink, copy or reencode")
@@ -98,15 +104,30 @@ def prepare_sharegpt4v(
         limit=limit,
         name=name,
     )
-    try:
+    if out.expanduser().resolve() == image_root.expanduser().resolve():
+        raise InputError("--out must not be the image root itself; use a new folder (e.g. next to it)")
+    target = claim_output_dir(
+        out,
+        what="--out",
+        results=prepare_results,
+        resume=resume,
+        overwrite=overwrite,
+        copy=(".prepare",),
+        resumable=(".prepare",),  # image checks are facts about the sources: reused
+    )
+    with target.committing():
         report = prepare(
-            json_file, image_root, out, options=options, token_counter=counter, progress=progress
+            json_file, image_root, target.work, options=options, token_counter=counter, progress=progress
         )
-    except UserError:  # JsonFileError: already says what is wrong
-        raise
-    except (ValueError, OSError) as error:  # a rejected folder or an unreadable file, by the user
-        raise InputError(str(error)) from error
+    report.out = target.final
     _print_prepare_report(report)
+    if report.entries == 0:
+        exit_if_short(f"{json_file} holds no entries: nothing to prepare")
+    if report.kept == 0:
+        exit_if_short(
+            f"none of the {report.entries} entries was kept (reasons above; details in "
+            f"{target.final / 'rejections.jsonl'})"
+        )
 
 
 def _print_prepare_report(report) -> None:
@@ -167,31 +188,44 @@ def recaption(
     no_cache: bool = typer.Option(
         False, "--no-cache", help="No judge cache (the progress file still resumes)."
     ),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Forget an earlier re-captioning and ask for every reference again."
+    ),
+    min_recaptioned: float = typer.Option(
+        1.0, "--min-recaptioned", min=0.0, max=1.0,
+        help="Exit with status 1 unless at least this share of the rows asked for got a new reference.",
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
-) -> None:
+) -> None:  # fmt: skip
     """Re-caption every reference with a strong model, reusing each sample's original prompt.
 
     Keeps `reference_original`; a failed call keeps the original reference and is listed in
-    recaption_failures.jsonl. Re-running resumes without paying twice for a finished row.
+    recaption_failures.jsonl. --resume continues without paying twice for a finished row.
     """
-    from balcaprl.data.recaption import RECAPTION_RUBRICS, recaption_dataset
+    from balcaprl.data.format import read_card
+    from balcaprl.data.recaption import RECAPTION_RUBRICS, recaption_dataset, recaption_results
+    from balcaprl.judge.config import load_judge_config
+    from balcaprl.outputs import claim_in_place, shortfall
 
     if rubric not in RECAPTION_RUBRICS:
         raise UserError(f"--rubric {rubric!r}: choose {' or '.join(RECAPTION_RUBRICS)}")
-    try:
-        report = recaption_dataset(
-            data,
-            judge_config,
-            model=model,
-            rubric=rubric,
-            limit=limit,
-            tokenizer=tokenizer,
-            cache_path=cache,
-            no_cache=no_cache,
-            progress=progress,
-        )
-    except FileNotFoundError as error:  # JudgeConfigError is a UserError already
-        raise InputError(str(error)) from error
+    if not (data / ".recaption" / "card.json").is_file():  # (a rewrite that was interrupted keeps it)
+        read_card(data)  # not a dataset: say so before anything else
+    judge = load_judge_config(judge_config)  # a config mistake is reported before anything else
+    mode = claim_in_place(data, what="--data", results=recaption_results, resume=resume, overwrite=overwrite)
+    report = recaption_dataset(
+        data,
+        judge,
+        model=model,
+        rubric=rubric,
+        limit=limit,
+        tokenizer=tokenizer,
+        cache_path=cache,
+        no_cache=no_cache,
+        progress=progress,
+        restart=mode == "overwrite",
+    )
     console = _console()
     failed = sum(report.failed.values())
     console.print(
@@ -213,6 +247,18 @@ def recaption(
     )
     console.print(f"reference_tokens counted with: {report.tokenizer or 'none (the trainer recounts)'}")
     console.print(f"wrote {report.out}")
+    done = report.requested - failed
+    exit_if_short(
+        shortfall(
+            done,
+            report.requested,
+            min_recaptioned,
+            unit="rows",
+            verb="re-captioned",
+            flag="--min-recaptioned",
+        ),
+        "failed rows are asked again by the same command with --resume" if failed else "",
+    )
 
 
 def info(
@@ -229,10 +275,7 @@ def info(
     from balcaprl.data.info import dataset_info, info_json, render_info, write_length_histogram
 
     counter = _token_counter(tokenizer)
-    try:
-        statistics = dataset_info(dataset, tokenizer=counter)
-    except FileNotFoundError as error:
-        raise InputError(str(error)) from error
+    statistics = dataset_info(dataset, tokenizer=counter)
     path = write_length_histogram(statistics, png or dataset / "reference_lengths.png")
     if as_json:
         typer.echo(info_json(statistics))

@@ -54,10 +54,7 @@ def demo(
 
     if variant is not None and variants is not None:
         raise UserError("give --variant or --variants, not both")
-    try:
-        chosen = parse_variants(variants or variant or "full")
-    except ValueError as error:
-        raise UserError(f"{'--variants' if variants is not None else '--variant'}: {error}") from error
+    chosen = parse_variants(variants or variant or "full")  # ConfigError names the choices
     overrides = list(set_)
     if out is not None:
         overrides.append(f"output_dir={out}")

@@ -12,20 +12,12 @@ from pathlib import Path
 
 import typer
 
+from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short
 from balcaprl.errors import InputError, UserError
 
 __all__ = ["caption", "evaluate", "evaluate_general", "report", "score"]
 
 PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
-
-
-def _progress(enabled: bool = True):
-    """Transient progress bars on stderr, so stdout stays the command's result."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    return Progress(*columns, console=Console(stderr=True), transient=True, disable=not enabled)
 
 
 def caption(
@@ -57,14 +49,20 @@ def caption(
     dtype: str = typer.Option("auto", "--dtype", help="transformers: auto | float32 | bfloat16 | float16."),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm: tensor_parallel_size."),
     multi_image: str = typer.Option(
-        "captionqa", "--multi-image",
-        help="CaptionQA entries with several images: captionqa (all, with the benchmark script's count line), "
-        "lmms-eval (all, no line) or first (the first only).",
+        "lmms-eval", "--multi-image",
+        help="CaptionQA entries with several images: lmms-eval (all of them, as lmms-eval's official task "
+        "sends them), captionqa (all, after the count line the benchmark's own script adds; read from "
+        "--official-captionqa-repo) or first (the first only).",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Discard an unfinished earlier run (OUT.part)."),
+    official_captionqa_repo: Path | None = typer.Option(
+        None, "--official-captionqa-repo",
+        help="A checkout of the CaptionQA repository: --multi-image captionqa reads its count line from caption.py.",
+    ),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP + " (OUT, or OUT.part of an unfinished run)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT and discard an unfinished run's OUT.part."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:  # fmt: skip
-    """Caption images with a model; resumable; writes JSONL and the benchmark's own input format."""
+    """Caption images with a model; resumable (--resume); writes JSONL and the benchmark's own input format."""
     from balcaprl.evaluate.captioning import (
         GenerationSettings,
         TransformersCaptioner,
@@ -72,38 +70,43 @@ def caption(
         caption_items,
         collect_items,
     )
+    from balcaprl.outputs import claim_output_file
+    from balcaprl.progress import Progress
 
     if backend not in ("transformers", "vllm"):
         raise UserError(f"--backend {backend}: choose transformers or vllm")
     if multi_image not in ("captionqa", "lmms-eval", "first"):
-        raise UserError(f"--multi-image {multi_image}: choose captionqa, lmms-eval or first")
-    try:
-        items = collect_items(
-            images, benchmark=benchmark, annotations=annotations, split=split, limit=limit,  # type: ignore[arg-type]
-            multi_image=multi_image,  # type: ignore[arg-type]
-        )  # fmt: skip
-        settings = GenerationSettings(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            batch_size=batch_size,
+        raise UserError(f"--multi-image {multi_image}: choose lmms-eval, captionqa or first")
+    line = None
+    if official_captionqa_repo is not None:
+        from balcaprl.evaluate.official import load_captionqa_multi_image_line
+
+        line, _ = load_captionqa_multi_image_line(official_captionqa_repo)
+    items = collect_items(
+        images, benchmark=benchmark, annotations=annotations, split=split, limit=limit,  # type: ignore[arg-type]
+        multi_image=multi_image, multi_image_line=line,  # type: ignore[arg-type]
+    )  # fmt: skip
+    part = out.with_name(out.name + ".part")
+    claim_output_file(out, what="--out", partial=[part], resume=resume, overwrite=overwrite)
+    settings = GenerationSettings(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        batch_size=batch_size,
+    )
+    if backend == "transformers":
+        captioner = TransformersCaptioner(model, device=device, dtype=dtype)
+    else:
+        most = max((len(i.images) for i in items), default=1)
+        captioner = VLLMCaptioner(
+            model, tensor_parallel_size=tensor_parallel, limit_mm_per_prompt={"image": most}
         )
-        if backend == "transformers":
-            captioner = TransformersCaptioner(model, device=device, dtype=dtype)
-        else:
-            most = max((len(i.images) for i in items), default=1)
-            captioner = VLLMCaptioner(
-                model, tensor_parallel_size=tensor_parallel, limit_mm_per_prompt={"image": most}
-            )
-        with _progress(progress) as bars:
-            task = bars.add_task(f"captioning with {model}", total=len(items))
-            run = caption_items(
-                items, captioner, out, prompt=prompt, benchmark=benchmark, settings=settings, overwrite=overwrite,
-                on_progress=lambda done, total: bars.update(task, completed=done, total=total),
-            )  # fmt: skip
-    except FileNotFoundError as error:  # CaptionError and FormatError are UserErrors already
-        raise InputError(str(error)) from error
+    with Progress(f"captioning with {model}", total=len(items), unit="images", enabled=progress) as bar:
+        run = caption_items(
+            items, captioner, out, prompt=prompt, benchmark=benchmark, settings=settings, overwrite=overwrite,
+            on_progress=lambda done, total: setattr(bar, "completed", done),
+        )  # fmt: skip
     typer.echo(
         f"{len(run.rows)} captions ({run.generated} generated now, {len(run.rows) - run.generated} resumed)"
     )
@@ -128,29 +131,49 @@ def score(
         1000, "--bootstrap-resamples", min=100, help="Bootstrap resamples for the CIs."
     ),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
+    min_scored: float = typer.Option(1.0, "--min-scored", min=0.0, max=1.0, help=MIN_SCORED_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Report progress on stderr."),
 ) -> None:
     """b-CapScore (x100) with precision, recall and linguistic quality, judged with the evaluation rubric.
 
-    Re-running resumes: verdicts already in the cache are not judged again.
+    Every scored caption is recorded in OUT as it arrives: after an interruption, run the same
+    command with --resume and only the unscored captions are judged (also with --no-cache).
     """
     from rich.console import Console
     from rich.table import Table
 
     from balcaprl.judge.client import build_judge
-    from balcaprl.judge.score import score_captions
+    from balcaprl.judge.protocol import JudgeFailure
+    from balcaprl.judge.score import score_captions, score_results
+    from balcaprl.outputs import claim_output_dir, shortfall
+    from balcaprl.progress import Progress
 
     if not images.is_dir():
         raise InputError(f"--images {images} is not a folder")
-    try:
-        judge_client = build_judge(judge, image_root=images, no_cache=no_cache, cache_path=cache)
-    except OSError as error:  # JudgeConfigError is a UserError already
-        raise InputError(f"--judge {judge}: {error}") from error
-    with _progress() as progress:
-        task = progress.add_task("judging", total=None)
+    target = claim_output_dir(
+        out, what="--out", results=score_results, resume=resume, overwrite=overwrite, resumable=(".score",)
+    )
+    judge_client = build_judge(judge, image_root=images, no_cache=no_cache, cache_path=cache)
+    failed = 0
+
+    def started(total: int, resumed: int) -> None:
+        bar.total, bar.completed = total, resumed
+        if resumed:
+            bar.log(f"{resumed} captions scored by an earlier run (from {target.final}/.score/record.jsonl)")
+
+    def judged(i: int, outcome) -> None:
+        nonlocal failed
+        if isinstance(outcome, JudgeFailure):
+            failed += 1
+            bar.status = f"{failed} failed"
+        bar.advance()
+
+    with target.committing(), Progress("judging", unit="captions", enabled=progress, transient=True) as bar:
         run = score_captions(
-            judge_client, captions, references, out, resamples=resamples, seed=seed,
-            on_start=lambda n: progress.update(task, total=n),
-            on_outcome=lambda i, o: progress.advance(task),
+            judge_client, captions, references, target.work, resamples=resamples, seed=seed,
+            on_start=started, on_outcome=judged,
         )  # fmt: skip
     summary = run.summary
     table = Table(title=f"b-CapScore — {summary['n_scored']}/{summary['n_captions']} captions scored")
@@ -164,9 +187,25 @@ def score(
                 name, f"{figures['mean']:.3f}", f"[{figures['ci95_low']:.3f}, {figures['ci95_high']:.3f}]"
             )
     Console().print(table)
+    if summary["n_empty_captions"]:
+        typer.echo(f"empty captions (scored 0, in the means): {summary['n_empty_captions']}")
     if summary["failures"]:
         typer.echo(f"failures (left out of the means): {json.dumps(summary['failures'])}")
-    typer.echo(f"wrote {run.scores_path}\nwrote {run.summary_path}")
+    if run.resumed:
+        typer.echo(f"resumed: {run.resumed} captions scored by an earlier run, not judged again")
+    final = target.final
+    typer.echo(f"wrote {final / run.scores_path.name}\nwrote {final / run.summary_path.name}")
+    reason = shortfall(summary["n_scored"], summary["n_captions"], min_scored, unit="captions", verb="scored")
+    exit_if_short(reason, _retry_advice(summary["failures"]))
+
+
+def _retry_advice(failures: dict[str, int]) -> str:
+    """What to do about failed items: bad inputs need fixing; anything else is retried by --resume."""
+    if not failures:
+        return ""
+    if set(failures) == {"bad_input"}:
+        return "fix the bad inputs (each row's 'detail' says what), then run the same command with --resume"
+    return "run the same command with --resume to retry only the failed ones"
 
 
 def evaluate(
@@ -199,11 +238,28 @@ def evaluate(
     ),
     label: str | None = typer.Option(None, "--label", help="The run's name in reports (default: the folder)."),
     cache: Path | None = typer.Option(None, "--cache", help="Judge cache file (default: the judge config's, or OUT/)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="No judge cache (a re-run pays again)."),
+    no_cache: bool = typer.Option(
+        False, "--no-cache",
+        help="No shared judge cache; OUT keeps its own record of paid answers, so --resume still pays once.",
+    ),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the suite's results in OUT (other protocols' results are kept)."
+    ),
+    min_scored: float = typer.Option(1.0, "--min-scored", min=0.0, max=1.0, help=MIN_SCORED_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:  # fmt: skip
-    """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable via the judge cache."""
-    from balcaprl.evaluate.suite import load_evaluation_config, run_suite
+    """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable (--resume)."""
+    from balcaprl.evaluate.suite import (
+        ANSWER_RECORD,
+        evaluation_results,
+        load_evaluation_config,
+        read_eval,
+        run_suite,
+    )
+    from balcaprl.files import read_utf8_text
+    from balcaprl.outputs import claim_output_dir, remove, shortfall
+    from balcaprl.progress import Progress
 
     overrides: dict = {
         "judge": str(judge) if judge else None,
@@ -224,19 +280,42 @@ def evaluate(
         overrides[protocol]["judge"] = path
     names = [p.strip() for p in suite.split(",") if p.strip()]
     settings = load_evaluation_config(config, overrides)
-    with _progress(progress) as bars:
-        tasks: dict[str, int] = {}
+    for spec in captions:  # text inputs must be UTF-8: an error naming the byte, never a traceback
+        benchmark, _, rest = spec.partition("=")
+        path = rest if rest and benchmark in ("decapbench", "captionqa", "caparena") else spec
+        if not read_utf8_text(path, "--captions").strip():
+            exit_if_short(f"--captions {path} holds no captions: nothing scored")
+    for flag, path in (("--decapbench", decapbench), ("--captionqa", captionqa), ("--caparena", caparena)):
+        if path is not None and path.is_file():
+            read_utf8_text(path, flag)
+    target = claim_output_dir(
+        out, what="--out", results=lambda folder: evaluation_results(folder, names), resume=resume,
+        overwrite=overwrite, copy=["*"], resumable=["judge_cache.sqlite*", f"{ANSWER_RECORD}*"],
+    )  # fmt: skip
+    if target.replacing:  # the suite's protocols start afresh; the other protocols' results stay
+        remove(target.work, names)
+        label = label or read_eval(target.final).get("label") or target.final.name
+    if no_cache:  # no shared cache, but every paid answer is kept in OUT for --resume
+        cache = target.work / ANSWER_RECORD
+    bars: dict[str, Progress] = {}
 
-        def on_start(protocol: str, n: int) -> None:
-            tasks[protocol] = bars.add_task(protocol, total=None)
+    def on_start(protocol: str, n: int) -> None:
+        for bar in bars.values():
+            bar.close()
+        bars[protocol] = Progress(protocol, total=n, unit="items", enabled=progress, transient=True).start()
 
-        def on_progress(protocol: str, done: int, total: int) -> None:
-            bars.update(tasks[protocol], completed=done, total=total)
+    def on_progress(protocol: str, done: int, total: int) -> None:
+        bars[protocol].total, bars[protocol].completed = total, done
 
-        results = run_suite(
-            captions, names, out, settings, label=label, cache_path=cache, no_cache=no_cache,
-            on_start=on_start, on_progress=on_progress,
-        )  # fmt: skip
+    try:
+        with target.committing():
+            results = run_suite(
+                captions, names, target.work, settings, label=label, cache_path=cache, no_cache=False,
+                on_start=on_start, on_progress=on_progress,
+            )  # fmt: skip
+    finally:
+        for bar in bars.values():
+            bar.close()
     for name, result in results.items():
         value = "–" if result.score is None else f"{result.score:.1f}"
         line = f"{name:>10}: {value}  ({result.n_scored} scored"
@@ -255,8 +334,21 @@ def evaluate(
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")
     if any(r.failures for r in results.values()):
-        typer.echo("failures are left out of the scores; run the same command again to retry only them")
-    typer.echo(f"wrote {Path(out) / 'eval.json'}")
+        typer.echo(
+            "failures are left out of the scores; run the same command with --resume to retry only them"
+        )
+    typer.echo(f"wrote {target.final / 'eval.json'}")
+    reasons = []
+    for name, result in results.items():
+        attempted = result.n_scored + sum(result.failures.values())
+        reason = shortfall(result.n_scored, attempted, min_scored, unit="items with a caption", verb="scored")
+        if reason is not None:
+            reasons.append(f"{name}: {reason}")
+    failures: dict[str, int] = {}
+    for result in results.values():
+        for key, n in result.failures.items():
+            failures[key] = failures.get(key, 0) + n
+    exit_if_short("; ".join(reasons) or None, _retry_advice(failures))
 
 
 def report(
@@ -275,12 +367,9 @@ def report(
     """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
     from balcaprl.evaluate.report import build_report
 
-    try:
-        result = build_report(
-            runs or [], out, baseline=baseline, published=published, human_ranking=human_ranking, title=title
-        )
-    except FileNotFoundError as error:  # ReportError is a UserError already
-        raise InputError(str(error)) from error
+    result = build_report(  # ReportError (a UserError) says what is wrong
+        runs or [], out, baseline=baseline, published=published, human_ranking=human_ranking, title=title
+    )
     typer.echo(result.markdown)
     typer.echo(f"wrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'report.png'}")
 
@@ -316,10 +405,7 @@ def evaluate_general(
         shell_line,
     )
 
-    try:
-        chosen = select([b.strip() for b in benchmarks.split(",")] if benchmarks else None)
-    except ValueError as error:
-        raise UserError(f"--benchmarks: {error}") from error
+    chosen = select([b.strip() for b in benchmarks.split(",")] if benchmarks else None)
     output_path = out / "lmms_eval"
     if import_only is None:
         if model is None:
@@ -331,20 +417,14 @@ def evaluate_general(
         typer.echo(shell_line(argv))
         if dry_run:
             return
-        try:
-            status = run_lmms_eval(argv)
-        except RuntimeError as error:  # lmms-eval is not installed
-            raise UserError(str(error)) from error
+        status = run_lmms_eval(argv)  # UserError when lmms-eval is not installed
         if status != 0:
             raise UserError(f"lmms-eval exited with status {status}; nothing imported")
         source = output_path
     else:
         source = import_only
-    try:
-        results_file = source if Path(source).is_file() else find_results_file(Path(source))
-        imported = import_lmms_eval_results(results_file)
-    except (FileNotFoundError, ValueError) as error:  # includes json.JSONDecodeError
-        raise InputError(str(error)) from error
+    results_file = source if Path(source).is_file() else find_results_file(Path(source))
+    imported = import_lmms_eval_results(results_file)
     path = record_general(out, imported, label=label)
     for name, value in imported["scores"].items():
         typer.echo(f"{name:>10}: {value:.2f}")

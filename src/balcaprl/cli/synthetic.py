@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from balcaprl.cli.common import OVERWRITE_HELP
 from balcaprl.errors import UserError
 
 __all__ = ["build", "caption", "init_policy", "sft", "show"]
@@ -24,17 +25,38 @@ def build(
     policy: Path | None = typer.Option(
         None, "--policy", help="Count reference_tokens with this policy's tokenizer."
     ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Keep the dataset in --out if it is this build; else finish or redo it."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Report rendering progress."),
 ) -> None:
     """Write scenes, images and reference captions in the pinned dataset format (+ scenes.jsonl)."""
-    from balcaprl.synthetic.build import build_dataset
+    from balcaprl.outputs import claim_output_dir, remove
+    from balcaprl.synthetic.build import build_dataset, build_results, build_settings, built_settings
     from balcaprl.synthetic.scenes import SceneSpec
 
-    try:
-        spec = SceneSpec(min_objects=min_objects, max_objects=max_objects)
-    except ValueError as error:
-        raise UserError(f"--min-objects/--max-objects: {error}") from error
-    root = build_dataset(out, n_train, n_eval, seed, image_size=image_size, spec=spec, policy_dir=policy)
-    typer.echo(f"wrote {n_train} train + {n_eval} eval scenes to {root}")
+    spec = SceneSpec(min_objects=min_objects, max_objects=max_objects)  # ConfigError names the bounds
+    target = claim_output_dir(out, what="--out", results=build_results, resume=resume, overwrite=overwrite)
+    if target.mode == "resume" and build_results(target.final):
+        wanted = build_settings(n_train, n_eval, seed, image_size, spec, policy)
+        existing = built_settings(target.final)
+        if existing == wanted:
+            typer.echo(f"{target.final} already holds this dataset ({n_train} train + {n_eval} eval scenes)")
+            return
+        if existing is not None:
+            changed = ", ".join(k for k in wanted if wanted[k] != existing.get(k))
+            raise UserError(
+                f"--out {target.final} holds a synthetic dataset built with other settings ({changed}); "
+                "--resume only finishes the same build: pass --overwrite to replace it"
+            )
+        remove(target.final, build_results(target.final))  # an unfinished build: nothing is kept
+    with target.committing():
+        build_dataset(
+            target.work, n_train, n_eval, seed, image_size=image_size, spec=spec, policy_dir=policy,
+            progress=progress,
+        )  # fmt: skip
+    typer.echo(f"wrote {n_train} train + {n_eval} eval scenes to {target.final}")
 
 
 def sft(

@@ -23,6 +23,9 @@ def train(
     resume_from: Path | None = typer.Option(
         None, "--resume-from", help="Continue from this checkpoint folder."
     ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the run already in run.output_dir (its checkpoints are deleted)."
+    ),
     judge: Path | None = typer.Option(
         None, "--judge", help="Judge config YAML (replaces the recipe's judge:)."
     ),
@@ -41,8 +44,13 @@ def train(
     if print_config:
         typer.echo(recipe.to_yaml(), nl=False)
         return
-    from balcaprl.errors import ConfigError
+    from balcaprl.data.format import read_card
+    from balcaprl.errors import ConfigError, UserError
+    from balcaprl.outputs import ensure_writable_dir
+    from balcaprl.train.checkpointing import replace_run, resolve_resume
 
+    if overwrite and (resume or resume_from is not None):
+        raise UserError("give --resume (or --resume-from) or --overwrite, not both")
     judge_config = judge if judge is not None else recipe.judge
     if judge_config is None:
         raise ConfigError(
@@ -54,6 +62,17 @@ def train(
     judge_object = balcaprl.judge.build_judge(
         judge_config, image_root=Path(recipe.data.path).expanduser().resolve()
     )
+    # Before any model is loaded: the data, and a run folder that may be written.
+    try:
+        read_card(Path(recipe.data.path).expanduser())
+    except UserError as error:
+        raise ConfigError(f"data.path: {error}") from None
+    output_dir = Path(recipe.run.output_dir).expanduser()
+    if overwrite:
+        replace_run(output_dir)
+    else:
+        resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
+    ensure_writable_dir(output_dir, "run.output_dir")
 
     from balcaprl.train.trl_backend import train as train_with_trl
 

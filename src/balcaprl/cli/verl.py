@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from balcaprl.errors import InputError, UserError
+from balcaprl.errors import UserError
 
 __all__ = ["export", "launch"]
 
@@ -42,17 +42,14 @@ def export(
     if reference not in REFERENCE_COLUMNS:
         raise UserError(f"--reference {reference}: choose reference or reference_original")
     target = out if out is not None else data / "verl"
-    try:
-        result = export_verl(
-            data,
-            target,
-            reference=reference,
-            tokenizer=tokenizer,
-            embed_images=embed_images,
-            max_samples=max_samples,
-        )
-    except (ValueError, FileNotFoundError) as error:  # a row or folder that cannot be exported
-        raise InputError(str(error)) from error
+    result = export_verl(  # a row or folder that cannot be exported is an InputError naming it
+        data,
+        target,
+        reference=reference,
+        tokenizer=tokenizer,
+        embed_images=embed_images,
+        max_samples=max_samples,
+    )
     counts = ", ".join(f"{n} {split}" for split, n in result.counts.items())
     typer.echo(f"wrote {counts} rows to {result.out_dir}")
 

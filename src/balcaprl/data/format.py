@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "load_split",
     "read_card",
     "read_split_rows",
+    "read_split_table",
     "write_dataset",
 ]
 
@@ -108,10 +110,11 @@ class TokenCounter:
             try:
                 tokenizer = AutoProcessor.from_pretrained(name_or_path)
             except Exception:
-                raise ValueError(
-                    f"cannot load a tokenizer from {name_or_path!r}: {first}; pass a hub name or a "
-                    "local folder holding tokenizer files"
-                ) from first
+                raise InputError(
+                    f"--tokenizer {name_or_path}: cannot load a tokenizer from it "
+                    f"({str(first).splitlines()[0] if str(first) else type(first).__name__}); pass a hub "
+                    "name or a local folder holding tokenizer files"
+                ) from None
         return cls.from_hf(tokenizer, name=name_or_path)
 
 
@@ -247,13 +250,21 @@ def write_dataset(
 
 
 def read_card(dataset_dir: Path | str) -> dict[str, Any]:
+    """The dataset's card; :class:`~balcaprl.errors.MissingInputError` when ``dataset_dir`` is not a
+    finished dataset, :class:`~balcaprl.errors.InputError` when the card is not readable JSON."""
     card = Path(dataset_dir) / "dataset.json"
     if not card.is_file():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"{card} not found: {dataset_dir} is not a finished balcaprl dataset "
             "(build one with `balcaprl synthetic build` or `balcaprl data prepare sharegpt4v`)"
         )
-    return json.loads(card.read_text())
+    try:
+        data = json.loads(card.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # ValueError: bad JSON or bytes that are not UTF-8
+        raise InputError(f"{card}: cannot read the dataset card ({error}); rebuild the dataset") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{card}: the dataset card is not a JSON object; rebuild the dataset")
+    return data
 
 
 def _split_path(dataset_dir: Path | str, split: str) -> Path:
@@ -263,10 +274,22 @@ def _split_path(dataset_dir: Path | str, split: str) -> Path:
     return Path(dataset_dir) / f"{split}.parquet"
 
 
+def read_split_table(dataset_dir: Path | str, split: str) -> pa.Table:
+    """One split as an Arrow table; a missing or corrupt parquet file is an
+    :class:`~balcaprl.errors.InputError` naming it."""
+    path = _split_path(dataset_dir, split)
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError:
+        raise MissingInputError(f"{path} not found: the dataset is incomplete; rebuild it") from None
+    except (OSError, pa.ArrowException) as error:
+        raise InputError(f"{path}: not a readable parquet file ({error}); rebuild the dataset") from None
+
+
 def read_split_rows(dataset_dir: Path | str, split: str) -> list[dict[str, Any]]:
     """The rows of one split as dicts, with ``image_path`` (absolute) added for convenience."""
     root = Path(dataset_dir)
-    rows = pq.read_table(_split_path(root, split)).to_pylist()
+    rows = read_split_table(root, split).to_pylist()
     for row in rows:
         row["image_path"] = str(root / row["image"])
     return rows

@@ -11,6 +11,7 @@ import numpy as np
 
 from balcaprl.data.format import SPLITS, TokenCounter, read_card, read_split_rows
 from balcaprl.data.validation import REASONS
+from balcaprl.errors import OutputError
 
 __all__ = [
     "dataset_info",
@@ -143,9 +144,16 @@ def write_length_histogram(info: dict[str, Any], png: Path | str) -> Path:
     ax.set_title(f"{info['name']}: {info['counts']['train']} train / {info['counts']['eval']} eval")
     fig.tight_layout()
     png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png)
-    plt.close(fig)
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(png)
+    except OSError as error:  # a read-only dataset folder, or a folder where the file should go
+        raise OutputError(
+            f"--png {png}: cannot write the histogram there ({error.strerror or error}); pass --png FILE "
+            "in a writable folder"
+        ) from None
+    finally:
+        plt.close(fig)
     return png
 
 

@@ -48,6 +48,7 @@ from balcaprl.data.format import (
     TokenCounter,
     write_dataset,
 )
+from balcaprl.errors import OutputError
 from balcaprl.files import atomic_write_text
 from balcaprl.progress import Progress
 
@@ -57,6 +58,7 @@ __all__ = [
     "RecaptionReport",
     "Recaptioner",
     "recaption_dataset",
+    "recaption_results",
 ]
 
 log = logging.getLogger("balcaprl.recaption")
@@ -236,6 +238,19 @@ class _CallLog:
         self._handle.close()
 
 
+def recaption_results(root: Path) -> list[str]:
+    """What in a dataset folder is the result of an earlier re-captioning (finished or not)."""
+    root = Path(root)
+    found = [f"{WORK_DIR}/{PROGRESS_FILE}"] if (root / WORK_DIR / PROGRESS_FILE).is_file() else []
+    try:
+        card = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        card = {}
+    if isinstance(card, dict) and card.get("recaption"):
+        found.append(f"dataset.json: {card['recaption'].get('recaptioned', '?')} re-captioned references")
+    return found
+
+
 def _load_card(root: Path) -> dict[str, Any]:
     """The dataset's card, or the copy kept while an interrupted rewrite was under way."""
     card, stash = root / "dataset.json", root / WORK_DIR / "card.json"
@@ -336,8 +351,11 @@ def recaption_dataset(
     http_client: Any = None,
     on_result: Callable[[str, RecaptionOutcome], None] | None = None,
     progress: bool = False,
+    restart: bool = False,
 ) -> RecaptionReport:
     """Re-caption the references of ``data_dir`` in place; see the module docstring.
+
+    ``restart``: forget the progress of earlier runs (every row is asked again; ``--overwrite``).
 
     ``judge_config``: a ``JudgeConfig``, a YAML path or a mapping. ``rubric``: ``paper`` (the
     original prompt alone, the default) or ``strict`` (pointable-only). ``tokenizer``: recount
@@ -362,11 +380,19 @@ def recaption_dataset(
     wanted = ordered if limit is None else ordered[:limit]
 
     work = root / WORK_DIR
-    work.mkdir(exist_ok=True)
-    stash = work / "card.json"
-    if (root / "dataset.json").is_file():
-        shutil.copyfile(root / "dataset.json", stash)
-    store = _CallLog(work / PROGRESS_FILE)
+    try:  # before any call: a dataset folder that cannot be written is found now, not after paying
+        work.mkdir(exist_ok=True)
+        stash = work / "card.json"
+        if (root / "dataset.json").is_file():
+            shutil.copyfile(root / "dataset.json", stash)
+        if restart:
+            (work / PROGRESS_FILE).unlink(missing_ok=True)
+        store = _CallLog(work / PROGRESS_FILE)
+    except OSError as error:
+        raise OutputError(
+            f"--data {root}: cannot write there ({error.strerror or error}); the dataset is rewritten in "
+            "place, so it must be writable"
+        ) from None
     recaptioner = Recaptioner(cfg, image_root=root, model=model, rubric=rubric, http_client=http_client)
     report = RecaptionReport(
         out=root,

@@ -4,7 +4,8 @@ Shared by the producers of dataset folders. Work is split so that the expensive 
 
 * :func:`inspect_image` (run in worker processes) resolves the path, reads the file once, hashes it,
   and decodes it fully (truncation only shows up when the last bytes are decoded). It returns raw
-  :class:`ImageFacts`, not a verdict.
+  :class:`ImageFacts`, not a verdict. An image above the pixel limit that the judge, the trainer and
+  ``caption`` also apply (:data:`balcaprl.images.MAX_PIXELS`) is refused from its header.
 * :func:`image_rejection` applies the thresholds (aspect ratio, smallest side) to those facts in the
   parent, so changing a threshold never forces a re-check.
 
@@ -20,7 +21,6 @@ import io
 import json
 import os
 import stat
-import warnings
 from dataclasses import asdict, dataclass, field
 
 __all__ = [
@@ -48,7 +48,7 @@ REASONS: dict[str, str] = {
     "zero_size_image": "the image file is empty (0 bytes)",
     "unreadable_image": "the file is not an image Pillow can decode, or cannot be read",
     "truncated_image": "the image file ends before its data does (partial download)",
-    "image_too_large": "more pixels than Pillow's decompression-bomb limit",
+    "image_too_large": "more pixels than the limit every balcaprl command applies (89.5 MP)",
     "image_too_small": "the shortest side is below --min-side (vision encoders reject such images)",
     "absurd_aspect_ratio": "long side / short side is above --max-aspect-ratio",
     "duplicate_image": "same image content (sha256) as an earlier, kept entry",
@@ -128,8 +128,9 @@ def inspect_image(root: str, image: str, allow_symlinks_out: bool = False) -> Im
 
     ``root`` must be an absolute, resolved path (``os.path.realpath``); ``image`` relative to it.
     """
-    from PIL import Image
+    from balcaprl.images import ImageTooLarge, check_pixels, pillow
 
+    Image = pillow()
     facts = ImageFacts(image=image)
     problem = lexical_path_problem(image)
     if problem:
@@ -166,17 +167,16 @@ def inspect_image(root: str, image: str, allow_symlinks_out: bool = False) -> Im
         return facts
     facts.sha256 = hashlib.sha256(data).hexdigest()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                facts.width, facts.height = img.size
-                facts.format = img.format
-                if img.format == "JPEG":
-                    # Decode at reduced scale: every byte is still entropy-decoded (truncation
-                    # still shows), the inverse DCT and colour conversion get cheaper.
-                    img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
-                img.load()
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        with Image.open(io.BytesIO(data)) as img:
+            facts.width, facts.height = img.size
+            facts.format = img.format
+            check_pixels(img.width, img.height, image)  # the limit every reader applies
+            if img.format == "JPEG":
+                # Decode at reduced scale: every byte is still entropy-decoded (truncation
+                # still shows), the inverse DCT and colour conversion get cheaper.
+                img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
+            img.load()
+    except (ImageTooLarge, Image.DecompressionBombError) as exc:
         facts.error = ["image_too_large", str(exc)]
     except Image.UnidentifiedImageError:
         facts.error = ["unreadable_image", "not an image format Pillow recognises"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from balcaprl.errors import ConfigError
+
 __all__ = ["VARIANTS", "Variant", "get_variant", "parse_variants"]
 
 
@@ -76,15 +78,15 @@ def get_variant(name: str) -> Variant:
     try:
         return VARIANTS[name]
     except KeyError:
-        raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)} (or 'all')") from None
+        raise ConfigError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)} (or 'all')") from None
 
 
 def parse_variants(spec: str) -> list[Variant]:
     """``"all"``, one name, or a comma-separated list (``"full,grpo"``), in the order given."""
     names = list(VARIANTS) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     if not names:
-        raise ValueError("no variant named; choose from " + ", ".join(VARIANTS) + " (or 'all')")
+        raise ConfigError("no variant named; choose from " + ", ".join(VARIANTS) + " (or 'all')")
     variants = [get_variant(n) for n in names]
     if len({v.name for v in variants}) != len(variants):
-        raise ValueError(f"variant named twice in {spec!r}")
+        raise ConfigError(f"variant named twice in {spec!r}")
     return variants

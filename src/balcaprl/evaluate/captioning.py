@@ -14,10 +14,12 @@ Sources (what to caption):
 - a benchmark (``--benchmark``): ``decapbench`` (annotation JSONL + image folder; key = image name),
   ``captionqa`` (question file with embedded images, or + an image folder; key = id), ``caparena``
   (``caparena_auto_600.json`` or just the image folder; key = the ``test_XXXXX.jpg`` name).
-  A CaptionQA entry with several images (views of one scene) is captioned from all of them, the
-  prompt prefixed with one line saying how many, as the benchmark's own captioning script does
-  (``multi_image="captionqa"``); ``"lmms-eval"`` sends all of them without the line (lmms-eval's
-  task), ``"first"`` only the first image.
+  A CaptionQA entry with several images (views of one scene) is captioned from all of them
+  (``multi_image="lmms-eval"``, the default: lmms-eval's official task), or from all of them with the
+  line saying how many that the benchmark's own captioning script puts before the prompt
+  (``"captionqa"``: that line is read from a checkout of the benchmark's repository, see
+  :func:`balcaprl.evaluate.official.load_captionqa_multi_image_line`), or from the first only
+  (``"first"``).
 
 Output: ``OUT`` (JSONL: key, image, caption, benchmark, model, prompt, generation settings), plus the
 benchmark's own input format next to it — ``OUT-stem.decapbench.jsonl`` (``image_path``,
@@ -26,6 +28,8 @@ benchmark's own input format next to it — ``OUT-stem.decapbench.jsonl`` (``ima
 caption}``) for a folder or dataset. Resumable: finished captions are appended to ``OUT.part`` as
 each batch ends; a re-run with the same model, prompt and sampling skips them (a different set-up
 is refused, so one file never mixes two runs); the final files are written atomically at the end.
+``balcaprl caption`` refuses an ``OUT`` (or ``OUT.part``) that exists unless ``--resume`` (continue:
+also a finished ``OUT``, whose captions are kept) or ``--overwrite`` (start again) is given.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -42,7 +45,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.errors import InputError
-from balcaprl.files import atomic_write_text
+from balcaprl.files import JsonlLog, atomic_write_text
 
 __all__ = [
     "PROMPT_PRESETS",
@@ -121,12 +124,15 @@ def collect_items(
     annotations: Path | None = None,
     split: str = "eval",
     limit: int | None = None,
-    multi_image: MultiImage = "captionqa",
+    multi_image: MultiImage = "lmms-eval",
+    multi_image_line: str | None = None,
 ) -> list[CaptionItem]:
-    """What to caption, in a stable order (see the module docstring)."""
-    from balcaprl.evaluate.captionqa import MULTI_IMAGE_PREFIX
+    """What to caption, in a stable order (see the module docstring). ``multi_image_line``: the
+    ``{n}`` template that ``multi_image="captionqa"`` puts before the prompt."""
     from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
 
+    if benchmark is not None and images is not None and not Path(images).is_dir():
+        raise CaptionError(f"--images {images} is not a folder")
     items: list[CaptionItem]
     if benchmark == "decapbench":
         if annotations is None or images is None:
@@ -155,9 +161,14 @@ def collect_items(
                 raise CaptionError(f"CaptionQA entry {entry.id}: no embedded image and none under --images")
             if multi_image == "first":
                 found = found[:1]
+            if multi_image == "captionqa" and multi_image_line is None:
+                raise CaptionError(
+                    "--multi-image captionqa needs the benchmark's count line: give --official-captionqa-repo "
+                    "(a checkout of the CaptionQA repository), or use --multi-image lmms-eval"
+                )
             prefix = (
-                MULTI_IMAGE_PREFIX.format(n=len(found))
-                if multi_image == "captionqa" and len(found) > 1
+                multi_image_line.format(n=len(found))
+                if multi_image == "captionqa" and multi_image_line is not None and len(found) > 1
                 else ""
             )
             items.append(CaptionItem(entry.id, found[0], more_images=tuple(found[1:]), prompt_prefix=prefix))
@@ -190,12 +201,16 @@ def collect_items(
     return items[:limit] if limit is not None else items
 
 
-def _load_pil(image: Path | bytes):
-    from PIL import Image
+def _load_pil(item: CaptionItem, image: Path | bytes | None = None):
+    """``image`` (default: the item's first) at full size (the model's processor resizes it as the model
+    expects), within the pixel limit every command applies; a missing or broken image names the item."""
+    from balcaprl.images import ImageReadError, open_image
 
-    data = image if isinstance(image, bytes) else Path(image).read_bytes()
-    with Image.open(io.BytesIO(data)) as opened:
-        return opened.convert("RGB")
+    source = item.image if image is None else image
+    try:
+        return open_image(source, mode="RGB", where=f"the image of {item.key!r} ({item.image_label})")
+    except ImageReadError as error:
+        raise CaptionError(f"{error}; fix or remove it, then run again with --resume") from None
 
 
 class TransformersCaptioner:
@@ -216,8 +231,19 @@ class TransformersCaptioner:
         self.model_id = str(model)
         self.device = device
         self.dtype = torch_dtype
-        self.model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
-        self.processor = AutoProcessor.from_pretrained(model)
+        local = Path(model).expanduser()
+        if not local.exists() and (str(model).startswith((".", "/", "~")) or str(model).count("/") > 1):
+            raise CaptionError(f"--model {model}: no such folder; give a checkpoint folder or a hub id")
+        try:
+            self.model = (
+                AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+            )
+            self.processor = AutoProcessor.from_pretrained(model)
+        except (OSError, ValueError) as error:  # not a checkpoint, not on the hub, or offline
+            raise CaptionError(
+                f"--model {model}: cannot load an image-text model from it ({str(error).splitlines()[0]}); "
+                "give a checkpoint folder (config.json, weights, processor files) or a hub id"
+            ) from None
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.padding_side = "left"  # decoder-only batched generation continues on the right
@@ -325,23 +351,14 @@ def _run_id(
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _read_part(part: Path, run_id: str) -> dict[str, dict[str, Any]]:
-    if not part.exists():
-        return {}
-    data = part.read_bytes()
-    if data and not data.endswith(b"\n"):  # a line cut by an interruption
-        data = data[: data.rfind(b"\n") + 1]
-        with part.open("r+b") as handle:
-            handle.truncate(len(data))
+def _read_done(path: Path, run_id: str) -> dict[str, dict[str, Any]]:
+    """Captions already made by this run: the rows of ``OUT.part`` (an unfinished run) or of ``OUT``
+    (a finished one, for ``--resume``); rows of a different run are refused, so files never mix."""
     done = {}
-    for line in data.decode("utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for row in JsonlLog(path).read():
         if row.get("run_id") != run_id:
             raise CaptionError(
-                f"{part} holds captions of a different run (model, prompt or sampling differ); "
+                f"{path} holds captions of a different run (model, prompt or sampling differ); "
                 "finish that run, or pass --overwrite to start over"
             )
         done[row["key"]] = row
@@ -371,17 +388,19 @@ def caption_items(
     part = out.with_name(out.name + ".part")
     if overwrite:
         part.unlink(missing_ok=True)
-    done = _read_part(part, run_id)
+    done = {} if overwrite or not out.is_file() else _read_done(out, run_id)  # a finished run
+    done.update(_read_done(part, run_id))
     todo = [i for i in items if i.key not in done]
     generation = settings.model_dump(exclude={"batch_size"})
     if on_progress is not None:
         on_progress(len(items) - len(todo), len(items))
     out.parent.mkdir(parents=True, exist_ok=True)
-    with part.open("a", encoding="utf-8") as handle:
+    with JsonlLog(part, sync_every=settings.batch_size) as record:  # fsynced once per batch
         for batch in _batches(todo, settings.batch_size):
             prompts = [i.prompt_prefix + (text if text is not None else (i.prompt or "")) for i in batch]
             pictures = [
-                _load_pil(i.image) if not i.more_images else [_load_pil(x) for x in i.images] for i in batch
+                _load_pil(i) if not i.more_images else [_load_pil(i, image) for image in i.images]
+                for i in batch
             ]
             captions = captioner.generate(pictures, prompts, settings)
             for item, caption, used in zip(batch, captions, prompts, strict=True):
@@ -389,9 +408,8 @@ def caption_items(
                        "model": captioner.model_id, "backend": captioner.name, "prompt": used,
                        "generation": generation, "run_id": run_id}  # fmt: skip
                 done[item.key] = row
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+                record.append(row)
+            record.sync()
             if on_progress is not None:
                 on_progress(len(done), len(items))
     rows = [done[i.key] for i in items]

@@ -40,9 +40,10 @@ prompt builder, the letter reader and the cannot-answer option come from lmms-ev
 (:func:`~balcaprl.evaluate.official.load_captionqa_task`). In both, the caption is an escaped data
 block (the one change to the official layout).
 
-Entries with several images (several views of one scene) are captioned from all of them, the prompt
-prefixed with one line saying how many (:data:`MULTI_IMAGE_PREFIX`, as the authors' ``caption.py``
-does; lmms-eval sends all images without it): see ``balcaprl caption --multi-image``.
+Entries with several images (several views of one scene) are captioned from all of them, as
+lmms-eval's task does; the authors' ``caption.py`` also puts one line saying how many before the
+prompt, which ``balcaprl caption --multi-image captionqa`` reads from a checkout of their repository
+(see ``balcaprl caption --multi-image``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ from balcaprl.rewards.rubrics import load_rubric
 
 __all__ = [
     "CANNOT_ANSWER",
-    "MULTI_IMAGE_PREFIX",
     "OFFICIAL_OPTIONS",
     "CaptionQASettings",
     "PreparedQuestion",
@@ -83,8 +83,6 @@ __all__ = [
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CANNOT_ANSWER = "Cannot answer from the caption"
 CANNOT_ANSWER_BONUS = 0.05
-# How the benchmark's own captioning script introduces an entry with several images (n > 1).
-MULTI_IMAGE_PREFIX = "You are viewing {n} related images. "
 ROUND_DIGITS = 4  # both official scorers round to 4 decimals (per question, or the mean)
 _YES_NO_STARTS = (
     "is ", "are ", "was ", "were ", "do ", "does ", "did ", "have ", "has ", "had ", "can ", "could ",

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from balcaprl.errors import InputError, MissingInputError, UserError
+from balcaprl.files import read_utf8_text
+
 __all__ = [
     "GENERAL_BENCHMARKS",
     "GeneralBenchmark",
@@ -71,7 +74,7 @@ def select(names: Sequence[str] | None) -> list[GeneralBenchmark]:
         bench = _BY_NAME.get(name.lower()) or _BY_TASK.get(name)
         if bench is None:
             known = ", ".join(b.name for b in GENERAL_BENCHMARKS)
-            raise ValueError(f"unknown general benchmark {name!r}; choose from {known}")
+            raise InputError(f"--benchmarks: unknown general benchmark {name!r}; choose from {known}")
         chosen.append(bench)
     return chosen
 
@@ -117,7 +120,7 @@ def find_results_file(output_path: Path) -> Path:
     """The newest ``*_results.json`` under lmms-eval's output path."""
     found = sorted(Path(output_path).rglob("*_results.json"), key=lambda p: (p.stat().st_mtime, p.name))
     if not found:
-        raise FileNotFoundError(f"no lmms-eval *_results.json under {output_path}")
+        raise MissingInputError(f"no lmms-eval *_results.json under {output_path}")
     return found[-1]
 
 
@@ -131,10 +134,15 @@ def _value(raw: Any, scale: str) -> float:
 def import_lmms_eval_results(path: Path) -> dict[str, Any]:
     """``{"scores": {Table-2 name: 0..100}, "average": mean of those, "tasks": raw per-task metrics,
     "missing": names without a score, "source": path, "model": ...}`` from a results file."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    results = data.get("results")
+    try:
+        data = json.loads(read_utf8_text(path, "lmms-eval results"))
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"{path}: not JSON ({error.msg} at line {error.lineno}); not an lmms-eval results file"
+        ) from None
+    results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, dict):
-        raise ValueError(f"{path}: not an lmms-eval results file (no 'results' mapping)")
+        raise InputError(f"{path}: not an lmms-eval results file (no 'results' mapping)")
     scores: dict[str, float] = {}
     used: dict[str, str] = {}
     for bench in GENERAL_BENCHMARKS:
@@ -176,14 +184,15 @@ def record_general(eval_dir: Path, imported: dict[str, Any], label: str | None =
 
 
 def run_lmms_eval(argv: Sequence[str]) -> int:
-    """Run lmms-eval (output streams through); its exit status."""
+    """Run lmms-eval (output streams through); its exit status. :class:`~balcaprl.errors.UserError`
+    when lmms-eval is not installed here."""
     try:
         import importlib.util
 
         if importlib.util.find_spec("lmms_eval") is None:
             raise ModuleNotFoundError
     except ModuleNotFoundError:
-        raise RuntimeError(
+        raise UserError(
             "lmms-eval is not installed in this environment: `pip install lmms-eval` (or from "
             "https://github.com/EvolvingLMMs-Lab/lmms-eval) on the GPU machine, or run the printed "
             "command there and import its results with --import-only FILE"

@@ -58,6 +58,7 @@ from balcaprl.errors import ConfigError
 from balcaprl.judge.prompt import data_block
 
 __all__ = [
+    "load_captionqa_multi_image_line",
     "DECAPBENCH_JPEG_QUALITY",
     "OFFICIAL_IMAGE_SIDE",
     "OFFICIAL_JUDGES",
@@ -324,6 +325,53 @@ def _fstring_template(node: ast.JoinedStr, name: str, file: Path) -> str:
                 f"{file}: `{name}` has a field that is not a plain name; is this the official file?"
             )
     return "".join(parts)
+
+
+# ------------------------------------------------------------------------- CaptionQA's captioning script
+
+_CQA_CAPTION_FILE = Path("caption.py")
+
+
+def _count_line(node: ast.JoinedStr) -> str | None:
+    """``f"...{len(x)}...{prompt}"`` as a ``str.format`` template with ``{n}`` for the count and
+    without the trailing prompt field; None for any other f-string."""
+    values = node.values
+    counts = [
+        v
+        for v in values
+        if isinstance(v, ast.FormattedValue)
+        and isinstance(v.value, ast.Call)
+        and isinstance(v.value.func, ast.Name)
+        and v.value.func.id == "len"
+    ]
+    last = values[-1] if values else None
+    if len(counts) != 1 or not (isinstance(last, ast.FormattedValue) and isinstance(last.value, ast.Name)):
+        return None
+    parts = []
+    for value in values[:-1]:
+        if value is counts[0]:
+            parts.append("{n}")
+        elif isinstance(value, ast.Constant) and isinstance(value.value, str):
+            parts.append(value.value.replace("{", "{{").replace("}", "}}"))
+        else:
+            return None
+    return "".join(parts)
+
+
+def load_captionqa_multi_image_line(root: Path | str) -> tuple[str, PromptSource]:
+    """The line CaptionQA's own captioning script (``caption.py``) puts before the prompt of an entry
+    with several images, read with :mod:`ast` from the user's checkout of the benchmark's repository:
+    the one f-string of the form ``f"...{len(images)}...{prompt}"``. Returned as a template with ``{n}``
+    for the number of images, and where it came from."""
+    file = _locate(Path(root).expanduser(), _CQA_CAPTION_FILE, "CaptionQA's captioning script")
+    lines = {line for node in ast.walk(_parse(file, "CaptionQA")) if isinstance(node, ast.JoinedStr)
+             for line in [_count_line(node)] if line is not None}  # fmt: skip
+    if len(lines) != 1:
+        raise ConfigError(
+            f"{file}: expected one f-string putting the number of images before the prompt, found "
+            f"{len(lines)}; is this the official caption.py?"
+        )
+    return lines.pop(), _source("captionqa", file, ["caption.py: the multi-image count line"])
 
 
 # ----------------------------------------------------------------------------------------- DeCapBench

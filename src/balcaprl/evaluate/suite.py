@@ -39,11 +39,13 @@ from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text
 
 __all__ = [
+    "ANSWER_RECORD",
     "PROTOCOLS",
     "EVAL_FILE",
     "EvaluationConfig",
     "EvaluationError",
     "load_evaluation_config",
+    "evaluation_results",
     "read_eval",
     "run_suite",
 ]
@@ -64,6 +66,25 @@ HEADLINE = {
     "arena_length": ("caparena", "length_words"),
     "bcapscore": ("bcapscore", "b_capscore"),
 }
+
+
+# The folder's own record of paid judge answers when the shared cache is off (`evaluate --no-cache`):
+# a judge cache that lives and dies with the evaluation folder, so --resume never pays twice.
+ANSWER_RECORD = ".judge_record.sqlite"
+
+
+def evaluation_results(out_dir: Path, protocols: Sequence[str]) -> list[str]:
+    """The results of ``protocols`` that ``out_dir`` already holds (their folders or eval.json entries):
+    what a new run of those protocols would replace (``balcaprl.outputs``)."""
+    out_dir = Path(out_dir)
+    found = [p for p in protocols if (out_dir / p).is_dir() and any((out_dir / p).iterdir())]
+    try:
+        recorded = read_eval(out_dir).get("results") or {}
+    except (OSError, ValueError):
+        recorded = {}
+        found.append(EVAL_FILE)  # unreadable: still something a run would write over
+    found += [f"{EVAL_FILE}: {p}" for p in protocols if p in recorded and p not in found]
+    return found
 
 
 class EvaluationError(InputError):

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from balcaprl.errors import OutputError
+
 __all__ = ["JudgeCache", "cache_key"]
 
 log = logging.getLogger(__name__)
@@ -95,8 +97,8 @@ class JudgeCache:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
-        except sqlite3.Error as error:
-            raise OSError(
+        except (sqlite3.Error, OSError) as error:  # OutputError is an OSError shown as one line
+            raise OutputError(
                 f"judge cache {self.path} cannot be opened ({error}); fix the path or permissions, "
                 "or disable the cache (cache_path: null / --no-cache)"
             ) from None

@@ -7,6 +7,11 @@ formats) are re-encoded (PNG stays PNG, everything else becomes JPEG unless it h
 
 The sha256 of the original bytes is computed once per image: the loader remembers paths (keyed by
 their size and modification time), and callers group a batch's rollouts by image before loading.
+
+Memory stays bounded however many calls are in flight: an image is opened through
+:func:`balcaprl.images.open_image` (refused above the one pixel limit, ``MAX_PIXELS``, from its
+header; a large JPEG decoded at a reduced scale), and every loader thread reads and decodes inside
+one process-wide semaphore of :data:`~balcaprl.images.DECODE_SLOTS`.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from balcaprl.errors import InputError
+from balcaprl.images import DECODE_SLOTS, ImageReadError, check_pixels, open_image, pillow
 
 __all__ = ["ImageError", "ImageLoader", "PreparedImage", "decode_data_url", "sha256_hex"]
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
+_DECODING = threading.BoundedSemaphore(DECODE_SLOTS)  # shared by every loader of the process
 
 
 class ImageError(InputError):
@@ -104,7 +111,8 @@ class ImageLoader:
     def load(self, image: Path | str | bytes) -> PreparedImage:
         """Prepare ``image`` (a path, or PNG/JPEG/... bytes). Raises :class:`ImageError`."""
         if isinstance(image, bytes | bytearray | memoryview):
-            return self._prepare(bytes(image), where="<image bytes>")
+            with _DECODING:
+                return self._prepare(bytes(image), where="<image bytes>")
         if not isinstance(image, str | os.PathLike):
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
         path = self.resolve(image)
@@ -118,11 +126,12 @@ class ImageLoader:
             if known is not None:
                 self._known.move_to_end(key)
                 return known
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
-        prepared = self._prepare(data, where=f"image '{image}'")
+        with _DECODING:  # the file's bytes and its decoded pixels: a bounded number at once
+            try:
+                data = path.read_bytes()
+            except OSError as error:
+                raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
+            prepared = self._prepare(data, where=f"image '{image}'")
         with self._lock:
             self._known[key] = prepared
             while len(self._known) > self._remember:
@@ -133,25 +142,31 @@ class ImageLoader:
         if not data:
             raise ImageError(f"{where} is empty (0 bytes)")
         try:
-            with Image.open(io.BytesIO(data)) as probe:
+            with pillow().open(io.BytesIO(data)) as probe:
+                original_size = probe.size
+                check_pixels(*original_size, where)  # from the header: nothing decoded yet
                 probe.verify()  # catches truncated/corrupt files without a full decode
-            image = Image.open(io.BytesIO(data))
-            image.load()
-        except (
-            UnidentifiedImageError,
-            OSError,
-            SyntaxError,
-            ValueError,
-            Image.DecompressionBombError,
-        ) as error:
+            # decoded at a reduced scale when it is larger than what is sent (JPEG)
+            image = open_image(data, max_side=self.max_side, where=where)
+        except ImageReadError as error:
+            raise ImageError(str(error)) from None
+        except Exception as error:  # verify() raises whatever the format's parser raises
             raise ImageError(f"{where} is not a readable image ({error})") from None
         digest = sha256_hex(data)
         fmt = image.format or ""
-        if self.jpeg_quality is None and fmt in _MIME and max(image.size) <= self.max_side:
+        # the original bytes when they are already fit to send (decoded at full size, within max_side)
+        # and no re-encoding is asked for (jpeg_quality: the official DCScore layout)
+        if (
+            self.jpeg_quality is None
+            and fmt in _MIME
+            and image.size == original_size
+            and max(image.size) <= self.max_side
+        ):
             return PreparedImage(digest, _MIME[fmt], data, image.width, image.height, reencoded=False)
         return self._reencode(image, fmt, digest)
 
     def _reencode(self, image: Image.Image, fmt: str, digest: str) -> PreparedImage:
+        """A re-encoding of ``image`` (already no longer than ``max_side``), upright per its EXIF."""
         image = ImageOps.exif_transpose(image)
         if max(image.size) > self.max_side:
             image.thumbnail((self.max_side, self.max_side), Image.Resampling.LANCZOS)

@@ -2,32 +2,62 @@
 
 Inputs: an image folder, a caption file and a reference file, each either JSONL
 (``{"image": ..., "caption": ...}`` per line; references may say ``"reference"`` instead of
-``"caption"``) or one JSON object ``{image: caption}`` (the CapArena/CaptionQA convention). Image
-names are paths relative to the image folder and may not leave it.
+``"caption"``) or one JSON object ``{image: caption}`` (the CapArena/CaptionQA convention), in
+UTF-8 (other bytes are an error naming the byte offset, never replaced). Image names are paths
+relative to the image folder and may not leave it.
 
-Outputs (both written atomically: temp file, then rename): ``scores.jsonl`` (one line per caption,
-in input order) and ``summary.json`` (means with 95% bootstrap intervals, failure counts, judge
-accounting). Resumable: every verdict goes to the judge cache as it arrives, so re-running after an
-interruption only judges what is missing.
+Outputs: ``scores.jsonl`` (one line per caption, in input order) and ``summary.json`` (means with
+95% bootstrap intervals, failure and empty-caption counts, judge accounting), both written
+atomically at the end (temp file, then rename).
+
+Nothing paid for is lost: the output folder is checked for writability before the first call,
+and every caption the judge scored is appended at once to ``OUT/.score/record.jsonl``, keyed by
+everything that decides its verdict (image file, caption, reference, judge model and settings,
+rubric version). A re-run into the same folder takes those rows from the record and judges only
+the rest, with or without the judge cache (``--no-cache``); failures are not recorded, so a re-run
+retries them. The record is kept after a run, so the final files of a resumed run are byte for byte
+those of an uninterrupted one (``summary.json``'s ``accounting`` describes the run that wrote it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from balcaprl.errors import InputError
-from balcaprl.files import atomic_write_text
+from balcaprl.errors import InputError, OutputError
+from balcaprl.files import JsonlLog, atomic_write_text, read_utf8_text
 from balcaprl.judge.client import OpenAICompatibleJudge
+from balcaprl.judge.images import ImageError
+from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.judge.summary import summarise_scores
+from balcaprl.outputs import ensure_writable_dir
 from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
 
-__all__ = ["CaptionFileError", "ScoreRun", "read_caption_file", "score_captions"]
+__all__ = [
+    "RECORD_FILE",
+    "SCORES_FILE",
+    "SUMMARY_FILE",
+    "CaptionFileError",
+    "ScoreRun",
+    "read_caption_file",
+    "score_captions",
+    "score_results",
+]
+
+SCORES_FILE = "scores.jsonl"
+SUMMARY_FILE = "summary.json"
+RECORD_FILE = ".score/record.jsonl"
+
+
+def score_results(folder: Path) -> list[str]:
+    """What in ``folder`` is the results of a ``score`` run (finished or not)."""
+    return [name for name in (SCORES_FILE, SUMMARY_FILE, RECORD_FILE) if (Path(folder) / name).exists()]
 
 
 class CaptionFileError(InputError):
@@ -36,10 +66,7 @@ class CaptionFileError(InputError):
 
 def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[tuple[str, str]]:
     """``[(image, text), ...]`` in file order. ``keys``: the accepted names of the text field."""
-    try:
-        raw = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as error:
-        raise CaptionFileError(f"{path}: cannot read it ({error.strerror})") from None
+    raw = read_utf8_text(path)  # InputError naming the file (and the byte offset of non-UTF-8)
     stripped = raw.lstrip()
     if stripped.startswith("{"):
         try:
@@ -92,6 +119,25 @@ class ScoreRun:
     summary: dict[str, Any]
     scores_path: Path
     summary_path: Path
+    resumed: int = 0  # rows taken from the record of an earlier run into the same folder
+
+
+def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: str) -> str:
+    """Everything that decides one row's verdict: the image file as it is now, the texts, the judge."""
+    try:
+        stat = judge.images.resolve(image).stat()
+        file = [stat.st_size, stat.st_mtime_ns]
+    except (ImageError, OSError):
+        file = None  # such a row fails as bad_input and is never recorded
+    cfg = judge.config
+    identity = {
+        "image": image, "file": file, "caption": caption, "reference": reference,
+        "model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
+        "reference_mode": cfg.reference_mode, "max_image_side": cfg.max_image_side,
+        "caption_char_cap": cfg.caption_char_cap, "rubric_version": judge.rubric_version("evaluation"),
+    }  # fmt: skip
+    canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def score_captions(
@@ -102,12 +148,15 @@ def score_captions(
     *,
     resamples: int = 1000,
     seed: int = 0,
-    on_start: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
     on_outcome: Callable[[int, JudgeOutcome], None] | None = None,
 ) -> ScoreRun:
     """Judge every caption against its image's reference with the evaluation rubric; write the files.
 
     A caption whose image has no reference is a ``bad_input`` row, not an error for the whole run.
+    Rows already in ``out``'s record are not judged again (module docstring). ``on_start(total,
+    resumed)`` is called before the first call; ``on_outcome(i, outcome)`` as each caption is judged.
+    Raises :class:`~balcaprl.errors.OutputError` before any call when ``out`` cannot be written.
     """
     caption_rows = read_caption_file(captions, keys=("caption",))
     reference_rows = read_caption_file(references, keys=("reference", "caption"))
@@ -116,30 +165,55 @@ def score_captions(
         if image in by_image and by_image[image] != text:
             raise CaptionFileError(f"{references}: image {image!r} has two different references")
         by_image[image] = text
-    requests = [
-        JudgeRequest(image=image, caption=caption, reference=by_image.get(image, ""), rubric="evaluation")
-        for image, caption in caption_rows
-    ]
-    if on_start is not None:
-        on_start(len(requests))
-    result = asyncio.run(_judge_all(judge, requests, on_outcome))
-    rows = []
-    for (image, _), outcome in zip(caption_rows, result.outcomes, strict=True):
-        if isinstance(outcome, JudgeFailure) and image not in by_image:
-            outcome = JudgeFailure("bad_input", f"no reference for image {image!r} in {references.name}")
-        rows.append(_row(image, outcome))
-    summary = summarise_scores(rows, resamples=resamples, seed=seed)
+    out = ensure_writable_dir(out, "--out")
+    scores_path, summary_path = out / SCORES_FILE, out / SUMMARY_FILE
+    for target in (scores_path, summary_path):
+        if target.is_dir():
+            raise OutputError(f"--out {out}: {target.name} is a folder; remove it or choose another --out")
+    keys = [_row_key(judge, image, caption, by_image.get(image, "")) for image, caption in caption_rows]
+    rows: list[dict[str, Any] | None] = [None] * len(caption_rows)
+    with JsonlLog(out / RECORD_FILE) as record:
+        known = {r["key"]: r["row"] for r in record.read() if isinstance(r.get("row"), dict) and "key" in r}
+        for i, key in enumerate(keys):
+            rows[i] = known.get(key)
+        todo = [i for i, row in enumerate(rows) if row is None]
+        resumed = len(rows) - len(todo)
+        record.append({"run": "started", "captions": len(rows), "resumed": resumed})  # proves it is writable
+        if on_start is not None:
+            on_start(len(rows), resumed)
+
+        def finished(j: int, outcome: JudgeOutcome) -> None:
+            i = todo[j]
+            image = caption_rows[i][0]
+            if isinstance(outcome, JudgeFailure) and image not in by_image:
+                outcome = JudgeFailure("bad_input", f"no reference for image {image!r} in {references.name}")
+            rows[i] = row = _row(image, outcome)
+            if row["failure"] is None:  # failures are retried by the next run, so never recorded
+                record.append({"key": keys[i], "row": row})
+            if on_outcome is not None:
+                on_outcome(i, outcome)
+
+        requests = [
+            JudgeRequest(image=caption_rows[i][0], caption=caption_rows[i][1],
+                         reference=by_image.get(caption_rows[i][0], ""), rubric="evaluation")
+            for i in todo
+        ]  # fmt: skip
+        result = asyncio.run(_judge_all(judge, requests, finished))
+    final = [row for row in rows if row is not None]
+    empty = sum(not clean_caption(caption, judge.config.caption_char_cap).text for _, caption in caption_rows)
+    summary = summarise_scores(final, resamples=resamples, seed=seed, n_empty=empty)
     summary["judge"] = {
         "model": judge.config.model,
         "rubric_version": judge.rubric_version("evaluation"),
         "reference_mode": judge.config.reference_mode,
     }
-    summary["accounting"] = result.stats.as_dict(judge.config.price_per_million_tokens)
-    out = Path(out)
-    scores_path, summary_path = out / "scores.jsonl", out / "summary.json"
-    atomic_write_text(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    summary["accounting"] = {
+        **result.stats.as_dict(judge.config.price_per_million_tokens),
+        "resumed_from_record": resumed,
+    }
+    atomic_write_text(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in final))
     atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    return ScoreRun(rows, summary, scores_path, summary_path)
+    return ScoreRun(final, summary, scores_path, summary_path, resumed=resumed)
 
 
 async def _judge_all(judge: OpenAICompatibleJudge, requests: list[JudgeRequest], on_outcome):

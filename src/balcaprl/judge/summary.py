@@ -1,6 +1,9 @@
 """Dataset-level figures for `balcaprl score`: means with 95% percentile-bootstrap intervals.
 
 Means are over the captions the judge scored; failures are left out (and counted), never scored 0.
+Empty captions are scored 0 without a call (a caption that says nothing asserts nothing and covers
+nothing) and are in the means; ``n_empty_captions`` says how many there were, so a mean pulled down
+by a captioner that returned nothing is visible as such.
 b-CapScore is reported x100, as the paper does; the per-caption values stay in [0, 1].
 """
 
@@ -30,8 +33,11 @@ def bootstrap_mean_ci(
     return float(x.mean()), float(low), float(high)
 
 
-def summarise_scores(rows: Sequence[dict[str, Any]], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Summary of score rows (``precision``, ``recall``, ``linguistic``, ``b_capscore``, ``failure``)."""
+def summarise_scores(
+    rows: Sequence[dict[str, Any]], resamples: int = 1000, seed: int = 0, n_empty: int = 0
+) -> dict[str, Any]:
+    """Summary of score rows (``precision``, ``recall``, ``linguistic``, ``b_capscore``, ``failure``);
+    ``n_empty``: how many of the captions were empty (scored 0, included in the means)."""
     scored = [r for r in rows if r["failure"] is None]
     failures: dict[str, int] = {}
     for r in rows:
@@ -50,6 +56,7 @@ def summarise_scores(rows: Sequence[dict[str, Any]], resamples: int = 1000, seed
         "n_captions": len(rows),
         "n_scored": len(scored),
         "n_failed": len(rows) - len(scored),
+        "n_empty_captions": n_empty,
         "failures": dict(sorted(failures.items())),
         "metrics": metrics,
         "b_capscore_scale": "x100 (per-caption values in scores.jsonl are in [0, 1])",

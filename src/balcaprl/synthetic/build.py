@@ -7,6 +7,9 @@ and thumbnail, which is what :meth:`OracleJudge.from_dataset` reads.
 
 ``reference_tokens`` are counted with a policy's tokenizer when one is given, else with the synthetic
 world's own word-level tokenizer (the tokenizer every tiny policy uses, so the counts are the same).
+
+The card's ``synthetic`` section records the settings (:func:`build_settings`), so a folder can say
+whether it already holds the dataset a build would write (``balcaprl synthetic build --resume``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from balcaprl.data.format import DatasetSample, TokenCounter, write_dataset
 from balcaprl.files import atomic_write_text
+from balcaprl.progress import Progress
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.lexicon import PROMPT
 from balcaprl.synthetic.oracle import SCENES_FILE, scene_record
@@ -25,11 +29,40 @@ from balcaprl.synthetic.render import DEFAULT_IMAGE_SIZE, png_bytes, render_scen
 from balcaprl.synthetic.scenes import SceneSpec, generate_scenes
 from balcaprl.synthetic.tokenizer import TOKENIZER_NAME, build_tokenizer
 
-__all__ = ["DATASET_NAME", "SOURCE", "build_dataset"]
+__all__ = ["DATASET_NAME", "SOURCE", "build_dataset", "build_results", "build_settings", "built_settings"]
 
 DATASET_NAME = "balcaprl-synthetic-shapes"
 SOURCE = "synthetic"
 GENERATOR_VERSION = 1
+
+
+def build_settings(
+    n_train: int, n_eval: int, seed: int, image_size: int, spec: SceneSpec, policy_dir: Path | str | None
+) -> dict:
+    """Everything that decides the bytes of a build, as the card records it (JSON types)."""
+    return json.loads(json.dumps({
+        "counts": {"train": n_train, "eval": n_eval}, "seed": seed, "image_size": image_size,
+        "scene_spec": asdict(spec), "generator_version": GENERATOR_VERSION,
+        "tokenizer": str(policy_dir) if policy_dir is not None else TOKENIZER_NAME,
+    }))  # fmt: skip
+
+
+def built_settings(root: Path | str) -> dict | None:
+    """The :func:`build_settings` of the finished synthetic dataset in ``root``, or None."""
+    try:
+        card = json.loads((Path(root) / "dataset.json").read_text(encoding="utf-8"))
+        made = card["synthetic"]
+        return {"counts": card["counts"], "seed": made["seed"], "image_size": made["image_size"],
+                "scene_spec": made["scene_spec"], "generator_version": made["generator_version"],
+                "tokenizer": card["tokenizer"]}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def build_results(root: Path | str) -> list[str]:
+    """What in ``root`` a build would write over (its files, finished or not)."""
+    names = ("dataset.json", "train.parquet", "eval.parquet", SCENES_FILE, "images")
+    return [name for name in names if (Path(root) / name).exists()]
 
 
 def build_dataset(
@@ -41,43 +74,46 @@ def build_dataset(
     image_size: int = DEFAULT_IMAGE_SIZE,
     spec: SceneSpec = SceneSpec(),
     policy_dir: Path | str | None = None,
+    progress: bool = False,
 ) -> Path:
-    """Write a synthetic dataset folder and return it. Same arguments, same bytes."""
+    """Write a synthetic dataset folder and return it. Same arguments, same bytes.
+
+    ``progress``: report the rendering (:class:`balcaprl.progress.Progress`: a bar on a terminal,
+    periodic lines with count, rate and ETA in a log)."""
     if n_train < 1 or n_eval < 1:
         raise ValueError(
             f"need at least one train and one eval scene, got n_train={n_train}, n_eval={n_eval}"
         )
     root = Path(out_dir)
+    if policy_dir is not None:
+        # named by the path as given, so a trainer loading that same path can reuse the counts
+        counter = TokenCounter.load(str(policy_dir))
+    else:
+        counter = TokenCounter.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
     rng = random.Random(seed + 1)  # captions; scenes use `seed` itself
     records = []
     splits: dict[str, list[DatasetSample]] = {}
     scenes = generate_scenes(n_train + n_eval, seed, prefix="shapes", spec=spec)
-    for split, chunk in (("train", scenes[:n_train]), ("eval", scenes[n_train:])):
-        samples = []
-        for scene in chunk:
-            image = render_scene(scene, image_size)
-            encoded = png_bytes(image)
-            name = f"{scene.id}.png"
-            samples.append(
-                DatasetSample(
-                    id=scene.id,
-                    image=encoded,
-                    prompt=PROMPT,
-                    reference=reference_caption(scene, rng),
-                    source=SOURCE,
-                    image_name=name,
+    with Progress("rendering scenes", total=len(scenes), unit="scenes", enabled=progress) as rendering:
+        for split, chunk in (("train", scenes[:n_train]), ("eval", scenes[n_train:])):
+            samples = []
+            for scene in chunk:
+                image = render_scene(scene, image_size)
+                encoded = png_bytes(image)
+                name = f"{scene.id}.png"
+                samples.append(
+                    DatasetSample(
+                        id=scene.id,
+                        image=encoded,
+                        prompt=PROMPT,
+                        reference=reference_caption(scene, rng),
+                        source=SOURCE,
+                        image_name=name,
+                    )
                 )
-            )
-            records.append(scene_record(scene, image, encoded, split=split, image_path=f"images/{name}"))
-        splits[split] = samples
-
-    if policy_dir is not None:
-        from transformers import AutoTokenizer
-
-        # named by the path as given, so a trainer loading that same path can reuse the counts
-        counter = TokenCounter.from_hf(AutoTokenizer.from_pretrained(policy_dir), name=str(policy_dir))
-    else:
-        counter = TokenCounter.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
+                records.append(scene_record(scene, image, encoded, split=split, image_path=f"images/{name}"))
+                rendering.advance()
+            splits[split] = samples
 
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / SCENES_FILE, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))

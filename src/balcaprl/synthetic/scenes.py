@@ -12,6 +12,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from balcaprl.errors import ConfigError
 from balcaprl.synthetic.lexicon import CELL_NAMES, COLORS, KINDS, SIZES, TEXT_WORDS, TEXTURES
 
 __all__ = ["Scene", "SceneObject", "SceneSpec", "generate_scene", "generate_scenes"]
@@ -73,9 +74,9 @@ class SceneSpec:
     kinds: tuple[str, ...] = KINDS
     colors: tuple[str, ...] = COLORS
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # ConfigError: these come from flags and config files
         if not 1 <= self.min_objects <= self.max_objects <= 9:
-            raise ValueError(
+            raise ConfigError(
                 f"need 1 <= min_objects <= max_objects <= 9 (one shape per 3x3 cell), "
                 f"got {self.min_objects}..{self.max_objects}"
             )
@@ -84,11 +85,11 @@ class SceneSpec:
         for name, chosen, known in (("kinds", self.kinds, KINDS), ("colors", self.colors, COLORS)):
             unknown = sorted(set(chosen) - set(known))
             if unknown or len(set(chosen)) != len(chosen) or not chosen:
-                raise ValueError(
+                raise ConfigError(
                     f"{name} must be distinct, non-empty and drawn from {list(known)}; got {list(chosen)}"
                 )
         if len(self.kinds) * len(self.colors) < self.max_objects:
-            raise ValueError(
+            raise ConfigError(
                 f"{len(self.kinds)} kinds x {len(self.colors)} colours cannot give {self.max_objects} "
                 "shapes a unique (kind, colour) each"
             )

@@ -51,6 +51,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from PIL import Image, UnidentifiedImageError
 
+from balcaprl.errors import ConfigError
 from balcaprl.judge.images import decode_data_url
 from balcaprl.judge.prompt import ParsedJudgeMessages, followup_ids, parse_judge_messages
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
@@ -114,9 +115,23 @@ class FaultScript:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
+        example = '{"rules": {"CAPTION TEXT": ["rate_limit", "ok"]}, "always": "ok"}'
+        if not isinstance(self.rules, dict):
+            raise ConfigError(
+                f"fault script: 'rules' must map caption text to a list of faults, e.g. {example}"
+            )
+        for needle, faults in self.rules.items():
+            if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
+                got = f"the string {faults!r}" if isinstance(faults, str) else type(faults).__name__
+                raise ConfigError(
+                    f"fault script: rules[{needle!r}] must be a list of faults (one per matching request), "
+                    f"got {got}; e.g. {example}"
+                )
+        if not isinstance(self.always, str):
+            raise ConfigError(f"fault script: 'always' must be one fault name, got {self.always!r}")
         for fault in [self.always, *itertools.chain.from_iterable(self.rules.values())]:
             if fault.split(":")[0] not in FAULTS:
-                raise ValueError(f"unknown fault '{fault}'; choose from {', '.join(FAULTS)}")
+                raise ConfigError(f"unknown fault '{fault}'; choose from {', '.join(FAULTS)}")
 
     def next_fault(self, text: str) -> str:
         with self._lock:
@@ -126,12 +141,18 @@ class FaultScript:
         return self.always
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FaultScript:
+    def from_json(cls, data: Any) -> FaultScript:
+        """A script from parsed JSON; :class:`~balcaprl.errors.ConfigError` saying what is wrong."""
         allowed = {"rules", "always", "retry_after_s", "slow_s"}
+        if not isinstance(data, dict):
+            raise ConfigError(f"fault script: expected a JSON object with keys {sorted(allowed)}")
         unknown = set(data) - allowed
         if unknown:
-            raise ValueError(f"unknown fault-script keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-        return cls(**{k: (dict(v) if k == "rules" else v) for k, v in data.items()})
+            raise ConfigError(f"unknown fault-script keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        for key in ("retry_after_s", "slow_s"):
+            if key in data and (not isinstance(data[key], int | float) or data[key] < 0):
+                raise ConfigError(f"fault script: {key} must be a number of seconds >= 0, got {data[key]!r}")
+        return cls(**{k: (dict(v) if k == "rules" and isinstance(v, dict) else v) for k, v in data.items()})
 
 
 @dataclass

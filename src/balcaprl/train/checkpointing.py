@@ -7,6 +7,10 @@ A run folder holds
     rollouts.jsonl       optional, every rollout of every Nth step
     final/               the final policy and processor
 
+A folder that already holds a run (a checkpoint, the final policy, or metrics) is refused for a new
+run; ``--resume`` continues it and ``--overwrite`` replaces it (:func:`replace_run`: the old run is
+moved aside in one rename, then deleted, so the folder never mixes two runs' files).
+
 ``--resume`` restarts from the newest checkpoint: the Trainer restores weights, optimizer, scheduler,
 RNG states and the step count, and skips the prompts already used, so the data order goes on exactly
 as in an uninterrupted run (the prompt order is seeded per epoch, see ``EpochSeededRepeatSampler``).
@@ -18,6 +22,8 @@ than how it is logged or observed) is refused unless asked for.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +42,9 @@ __all__ = [
     "checkpoint_step",
     "latest_checkpoint",
     "recipe_changes",
+    "replace_run",
     "resolve_resume",
+    "run_results",
     "truncate_logs",
     "write_recipe_snapshot",
 ]
@@ -78,21 +86,51 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(json.loads(state.read_text())["global_step"])
 
 
+def run_results(output_dir: Path | str) -> list[str]:
+    """What in ``output_dir`` belongs to an earlier run: checkpoints, the final policy, metrics."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = sorted(p.name for p in output_dir.glob("checkpoint-*") if p.is_dir())
+    if (output_dir / "final").is_dir():
+        found.append("final/")
+    found += [
+        name for name in LOG_FILES if (output_dir / name).is_file() and (output_dir / name).stat().st_size
+    ]
+    return found
+
+
+def replace_run(output_dir: Path | str) -> None:
+    """``--overwrite``: take an earlier run out of ``output_dir`` (one atomic rename aside, then
+    deleted; checkpoints are large, so two runs are never kept side by side)."""
+    output_dir = Path(output_dir)
+    if not run_results(output_dir):
+        return
+    aside = output_dir.parent / f".{output_dir.name}.replaced"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(output_dir, aside)
+    shutil.rmtree(aside)
+
+
 def resolve_resume(output_dir: Path | str, resume: bool | str | Path) -> Path | None:
     """The checkpoint to resume from, or None for a fresh run; refuses to clobber an existing run."""
     output_dir = Path(output_dir)
     if resume is False or resume is None:
-        existing = latest_checkpoint(output_dir)
-        if existing is not None:
+        existing = run_results(output_dir)
+        if existing:
+            shown = ", ".join(existing[:3]) + (", ..." if len(existing) > 3 else "")
             raise ConfigError(
-                f"{output_dir} already holds a run ({existing.name}); pass --resume to continue it, or choose "
-                "another run.output_dir"
+                f"run.output_dir {output_dir} already holds a run ({shown}); pass --resume to continue it, "
+                "--overwrite to replace it, or choose another run.output_dir"
             )
         return None
     if resume is True:
         found = latest_checkpoint(output_dir)
         if found is None:
-            raise ConfigError(f"--resume: no checkpoint-* folder in {output_dir} to resume from")
+            raise ConfigError(
+                f"--resume: no checkpoint-* folder in {output_dir} to resume from"
+                + ("; pass --overwrite to start it again" if run_results(output_dir) else "")
+            )
         return found
     checkpoint = Path(resume)
     checkpoint_step(checkpoint)  # validates

@@ -56,13 +56,9 @@ def reference_tokens_source(
 
 
 def _open_image(path: str, max_side: int | None):
-    from PIL import Image
+    from balcaprl.images import open_image  # the pixel limit and reduced decode every reader shares
 
-    with Image.open(path) as img:
-        image = img.convert("RGB")
-    if max_side is not None and max(image.size) > max_side:
-        image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
-    return image
+    return open_image(path, max_side=max_side, mode="RGB")
 
 
 def prepare_train_dataset(

@@ -26,6 +26,7 @@ from balcaprl.data.sharegpt4v.prepare import (
     PrepareOptions,
     PrepareReport,
     default_workers,
+    prepare_results,
     prepare_sharegpt4v,
 )
 from balcaprl.data.sharegpt4v.stream import JsonArrayStream, JsonFileError
@@ -38,5 +39,6 @@ __all__ = [
     "PrepareReport",
     "default_workers",
     "parse_entry",
+    "prepare_results",
     "prepare_sharegpt4v",
 ]

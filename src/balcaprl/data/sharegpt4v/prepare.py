@@ -40,16 +40,24 @@ from balcaprl.data.validation import (
     image_rejection,
     inspect_image,
 )
+from balcaprl.errors import InputError, MissingInputError, OutputError
 from balcaprl.files import atomic_write_text
+from balcaprl.outputs import ensure_writable_dir
 from balcaprl.progress import Progress
 
-__all__ = ["PrepareOptions", "PrepareReport", "default_workers", "prepare_sharegpt4v"]
+__all__ = ["PrepareOptions", "PrepareReport", "default_workers", "prepare_results", "prepare_sharegpt4v"]
 
 CHECKPOINT_DIR = ".prepare"
 CHECKPOINT_FILE = "image-checks.jsonl"
 REJECTIONS_FILE = "rejections.jsonl"
 REJECTION_SUMMARY_FILE = "rejections.json"
 RENAMES_FILE = "renamed_ids.jsonl"
+
+
+def prepare_results(out: Path) -> list[str]:
+    """What in ``out`` is the result of an earlier preparation (finished or not)."""
+    names = ("dataset.json", "train.parquet", "eval.parquet", "images", REJECTIONS_FILE, CHECKPOINT_DIR)
+    return [name for name in names if (Path(out) / name).exists()]
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,9 @@ def prepare_sharegpt4v(
 
     Bad entries never stop the run: each is recorded with its reason. Only a broken JSON file
     (:class:`~balcaprl.data.sharegpt4v.stream.JsonFileError`, before any image is checked, so the
-    resume file of an earlier run is kept as it was) or an unusable ``out_dir`` raises.
+    resume file of an earlier run is kept as it was), a missing image root
+    (:class:`~balcaprl.errors.MissingInputError`) or an unusable ``out_dir``
+    (:class:`~balcaprl.errors.InputError`, :class:`~balcaprl.errors.OutputError`) raises.
     ``progress`` reports each step (:class:`balcaprl.progress.Progress`); ``inspect`` is
     replaceable for tests.
     """
@@ -128,11 +138,11 @@ def prepare_sharegpt4v(
     json_path = Path(json_path)
     root = os.path.realpath(Path(image_root).expanduser())
     if not os.path.isdir(root):
-        raise FileNotFoundError(f"--image-root {image_root} is not a folder")
+        raise MissingInputError(f"--image-root {image_root} is not a folder")
     out = Path(out_dir).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
     if out == Path(root):
-        raise ValueError("--out must not be the image root itself; use a new folder (e.g. next to it)")
+        raise InputError("--out must not be the image root itself; use a new folder (e.g. next to it)")
+    ensure_writable_dir(out, "--out")
     workers = default_workers() if opts.workers is None else opts.workers
     report = PrepareReport(out=out)
     rejections: list[Rejection] = []
@@ -341,7 +351,7 @@ def _place_images(
     if failed:
         # Disk full or permissions on the *output*: a problem with this machine, not with the data.
         image, error = next(iter(failed.items()))
-        raise OSError(
+        raise OutputError(
             f"could not place {len(failed)} image(s) under {images_dir}, e.g. {image}: {error}; "
             "fix the output folder (space, permissions) and run the same command again to resume"
         )

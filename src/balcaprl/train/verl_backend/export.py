@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balcaprl.data.format import SPLITS, read_card, read_split_rows
+from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_text
 
 __all__ = ["EXPORT_FILE", "SPLIT_FILES", "ExportResult", "export_verl", "read_export", "verl_row"]
@@ -90,13 +91,13 @@ class ExportResult:
 def _user_content(prompt: str, row_id: str) -> str:
     for tag in _OTHER_PLACEHOLDERS:
         if tag in prompt:
-            raise ValueError(
+            raise InputError(
                 f"row {row_id!r}: the prompt contains {tag!r}, which verl's RLHFDataset would read as a "
                 "media placeholder; remove it from the dataset"
             )
     text = prompt.replace(IMAGE_PLACEHOLDER, "").strip()
     if not text:
-        raise ValueError(f"row {row_id!r}: empty prompt")
+        raise InputError(f"row {row_id!r}: empty prompt")
     return IMAGE_PLACEHOLDER + text
 
 
@@ -115,9 +116,14 @@ def verl_row(
     row_id = str(row["id"])
     caption = row[reference]
     if caption is None or not str(caption).strip():
-        raise ValueError(f"{split} row {row_id!r} has no {reference!r} caption; the judge needs one")
+        raise InputError(f"{split} row {row_id!r} has no {reference!r} caption; the judge needs one")
     image_path = str(Path(row["image_path"]).resolve())
-    image = {"bytes": Path(image_path).read_bytes()} if embed_images else {"image": image_path}
+    try:
+        image = {"bytes": Path(image_path).read_bytes()} if embed_images else {"image": image_path}
+    except OSError as error:
+        raise InputError(
+            f"{split} row {row_id!r}: image {image_path} cannot be read ({error.strerror})"
+        ) from None
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": _user_content(str(row["prompt"]), row_id)}],
@@ -186,12 +192,12 @@ def export_verl(
     card = read_card(root)
     out = Path(out_dir).expanduser().resolve()
     if out == root:
-        raise ValueError("the export folder must differ from the dataset folder (both have train.parquet)")
+        raise InputError("the export folder must differ from the dataset folder (both have train.parquet)")
     if reference not in ("reference", "reference_original"):
-        raise ValueError(f"reference must be 'reference' or 'reference_original', got {reference!r}")
+        raise InputError(f"reference must be 'reference' or 'reference_original', got {reference!r}")
     unknown = [s for s in splits if s not in SPLIT_FILES]
     if unknown:
-        raise ValueError(f"unknown splits {unknown}; choose from {sorted(SPLIT_FILES)}")
+        raise InputError(f"unknown splits {unknown}; choose from {sorted(SPLIT_FILES)}")
     out.mkdir(parents=True, exist_ok=True)
     (out / EXPORT_FILE).unlink(missing_ok=True)  # an old manifest must not vouch for new files
 
@@ -247,8 +253,8 @@ def read_export(out_dir: Path | str) -> dict[str, Any]:
     """The manifest of a finished export; raises FileNotFoundError with what to run otherwise."""
     path = Path(out_dir) / EXPORT_FILE
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: {out_dir} is not a finished verl export (run `balcaprl export verl --data "
+        raise MissingInputError(
+            f"{path} not found: {out_dir} is not a finished verl export (run `balcaprl verl export --data "
             "DATASET --out DIR`)"
         )
     return json.loads(path.read_text())

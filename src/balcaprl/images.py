@@ -1,0 +1,126 @@
+"""Opening images with bounded memory: one pixel limit and one bounded decode for every reader.
+
+Preparation (``data prepare``), the judge (``score``, ``evaluate``, training rewards), the trainer's
+data loader and ``caption`` all open images through :func:`open_image` (or check sizes with
+:func:`check_pixels`), so an image is either usable everywhere or refused everywhere, with the same
+reason:
+
+* :data:`MAX_PIXELS` is the one pixel limit: Pillow's own decompression-bomb threshold
+  (89,478,485 pixels, ~ 9,459 x 9,459), which preparation always applied. An image above it is
+  refused from its header alone, before any pixel is decoded (:class:`ImageTooLarge`).
+* With ``max_side``, a JPEG is decoded at a reduced scale (``draft``: the decoder's inverse DCT
+  at 1/2, 1/4 or 1/8 size, the largest reduction whose long side is still at least ``max_side``):
+  a 48 MP photo for a 1024-pixel judge is decoded at 2000 x 1500 (9 MB) instead of 8000 x 6000
+  (144 MB); then it is resized to ``max_side``. Other formats (PNG has no reduced decode) are
+  decoded at full size, then resized.
+* :data:`DECODE_SLOTS` bounds how many images the judge's loader reads and decodes at once (its
+  threads share one semaphore), so 128 calls in flight never hold 128 decoded photos.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import IO, Any
+
+from balcaprl.errors import InputError
+
+__all__ = [
+    "DECODE_SLOTS",
+    "MAX_PIXELS",
+    "ImageReadError",
+    "ImageTooLarge",
+    "check_pixels",
+    "open_image",
+    "pillow",
+]
+
+MAX_PIXELS = 89_478_485  # = PIL.Image.MAX_IMAGE_PIXELS by default; fixed here so all readers agree
+# Images read and decoded at once by the judge's loader: with draft decoding a large JPEG costs
+# ~10-40 MB while it is prepared; only formats without a reduced decode (a 90 MP PNG: ~360 MB) are
+# expensive, and then at most this many at a time.
+DECODE_SLOTS = 4
+
+
+class ImageReadError(InputError):
+    """A file that is not an image Pillow can decode (corrupt, truncated, unknown format, empty)."""
+
+
+class ImageTooLarge(ImageReadError):
+    """An image with more pixels than :data:`MAX_PIXELS`."""
+
+
+@functools.cache
+def pillow() -> Any:
+    """``PIL.Image``, imported on first use. Pillow's own bomb *warning* is silenced: every reader
+    refuses such an image outright with :func:`check_pixels` (same threshold), and a warning printed
+    from a worker thread in the middle of a progress bar says nothing the refusal does not."""
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    return Image
+
+
+def check_pixels(width: int, height: int, where: str, max_pixels: int = MAX_PIXELS) -> None:
+    """Raise :class:`ImageTooLarge` when ``width x height`` is above ``max_pixels``."""
+    if width * height > max_pixels:
+        raise ImageTooLarge(
+            f"{where} is {width}x{height} = {width * height / 1e6:.1f} MP, above the limit of "
+            f"{max_pixels / 1e6:.1f} MP that every balcaprl command applies; downscale it first"
+        )
+
+
+def open_image(
+    source: Path | str | bytes | IO[bytes],
+    *,
+    max_side: int | None = None,
+    max_pixels: int = MAX_PIXELS,
+    mode: str | None = None,
+    where: str | None = None,
+) -> Any:  # PIL.Image.Image
+    """A decoded image (module docstring): refused above ``max_pixels`` before decoding, decoded at
+    a reduced scale when ``max_side`` allows it (JPEG), and no longer than ``max_side`` on its long
+    side when given; converted to ``mode`` (e.g. ``"RGB"``) when given. ``where`` names the image in
+    errors (default: the path). Raises :class:`ImageTooLarge` or :class:`ImageReadError`.
+
+    The returned image keeps ``format`` (the file's) and ``info``; its ``size`` is what was decoded.
+    """
+    from PIL import UnidentifiedImageError
+
+    Image = pillow()
+    label = where or (f"image '{source}'" if isinstance(source, str | os.PathLike) else "<image bytes>")
+    stream = io.BytesIO(source) if isinstance(source, bytes | bytearray | memoryview) else source
+    try:
+        image = Image.open(stream)  # reads the header only
+    except FileNotFoundError:
+        raise ImageReadError(f"{label}: no such file") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise ImageReadError(f"{label} is not a readable image ({error})") from None
+    except Image.DecompressionBombError:
+        raise ImageTooLarge(f"{label}: more than twice Pillow's pixel limit; downscale it first") from None
+    try:
+        check_pixels(image.width, image.height, label, max_pixels)
+        if max_side is not None and image.format == "JPEG" and max(image.size) > max_side:
+            scale = max_side / max(image.size)
+            target = (max(1, math.ceil(image.width * scale)), max(1, math.ceil(image.height * scale)))
+            image.draft(image.mode if image.mode in ("L", "RGB", "CMYK") else "RGB", target)
+        image.load()
+    except ImageTooLarge:
+        image.close()
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        image.close()
+        raise ImageReadError(f"{label} is not a readable image ({error})") from None
+    if max_side is not None and max(image.size) > max_side:
+        fmt, info = image.format, image.info
+        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+        image.format, image.info = fmt, info  # thumbnail keeps them; said here because it matters
+    if mode is not None and image.mode != mode:
+        fmt = image.format
+        image = image.convert(mode)
+        image.format = fmt
+    return image

@@ -1,0 +1,272 @@
+"""Where a command's results go: never over earlier results by surprise, never after paying for them.
+
+One policy for every command that writes results (``score``, ``evaluate``, ``caption``,
+``data prepare``, ``data recaption``, ``synthetic build``, ``train``):
+
+* A new or empty output place is simply written.
+* One that already holds results is refused with a message naming what is there, unless
+* ``--resume``: continue in place; what is finished is reused, nothing finished is paid for again;
+* ``--overwrite``: replace it. The new results are built in a temporary sibling folder
+  (``.NAME.overwrite``) while the old ones stay untouched; at the end the two are exchanged in one
+  step (``renameat2(RENAME_EXCHANGE)`` on Linux; two renames where that is not available) and the
+  old folder is deleted, so no stale file of the old results survives. A command names what the new
+  folder starts with (``copy``: a judge cache, which is not a result; results of parts it does not
+  redo) and what of a killed replacement's leftover it keeps (``resumable``: its record of paid
+  work), so even a replacement that crashed never pays twice.
+
+Before any work starts, the place is created and a probe file is written and removed there, so a
+read-only folder, or a file where a folder should be, is found before the first paid call, not
+after the last one (:func:`ensure_writable_dir`).
+
+:func:`shortfall` is the other half of an honest exit status: the reason a run that did its work
+still produced too little (exit status 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from balcaprl.errors import OutputError, UserError
+
+__all__ = [
+    "Mode",
+    "OutputDir",
+    "choose_mode",
+    "claim_in_place",
+    "claim_output_dir",
+    "claim_output_file",
+    "ensure_writable_dir",
+    "present",
+    "remove",
+    "shortfall",
+]
+
+Mode = Literal["new", "resume", "overwrite"]
+REFUSAL_HINT = "pass --resume to continue them, --overwrite to replace them, or choose another place"
+
+
+def choose_mode(resume: bool, overwrite: bool) -> Mode:
+    """The mode the two flags ask for; both at once is a user error."""
+    if resume and overwrite:
+        raise UserError("give --resume or --overwrite, not both")
+    return "resume" if resume else "overwrite" if overwrite else "new"
+
+
+def present(folder: Path, names: Iterable[str]) -> list[str]:
+    """Which of ``names`` (file or folder names, ``*`` patterns allowed) exist in ``folder``."""
+    found: list[str] = []
+    for name in names:
+        hits = sorted(p.name for p in folder.glob(name)) if "*" in name else [name] * (folder / name).exists()
+        found += [hit for hit in hits if hit not in found]
+    return found
+
+
+def remove(folder: Path, names: Iterable[str]) -> None:
+    """Delete the entries ``names`` (files or folders) of ``folder``; absent ones are fine."""
+    for name in names:
+        entry = Path(folder) / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or type(error).__name__
+
+
+def ensure_writable_dir(path: Path | str, what: str = "--out") -> Path:
+    """Create ``path`` (and its parents) if needed and prove a file can be written in it.
+
+    Raises :class:`~balcaprl.errors.OutputError` naming ``what`` (the flag or setting) and the path.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{what} {path} is a file; give a folder (new or empty) for the results")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".balcaprl-write-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise OutputError(
+            f"{what} {path}: cannot write there ({_reason(error)}); choose a writable folder"
+        ) from None
+    return path
+
+
+@dataclass
+class OutputDir:
+    """A claimed output folder: write into :attr:`work`; :meth:`commit` puts the results at :attr:`final`.
+
+    :attr:`work` is :attr:`final` itself, except when replacing (``mode == "overwrite"`` and the
+    folder held results): then it is the temporary sibling the new results are built in.
+    """
+
+    final: Path
+    work: Path
+    mode: Mode
+
+    @property
+    def replacing(self) -> bool:
+        return self.work != self.final
+
+    def commit(self) -> Path:
+        """Swap the new results in (when replacing) and delete the old ones; returns :attr:`final`."""
+        if not self.replacing:
+            return self.final
+        if not self.final.exists():
+            os.rename(self.work, self.final)
+        elif _exchange(self.work, self.final):
+            shutil.rmtree(self.work)  # now the old results
+        else:
+            aside = _sibling(self.final, "replaced")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(self.final, aside)
+            os.rename(self.work, self.final)
+            shutil.rmtree(aside)
+        self.work = self.final
+        return self.final
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[OutputDir]:
+        """``with out.committing():`` commits when the block ends without an exception. After one,
+        the old results stay as they were, and a replacement's folder stays for the next
+        ``--overwrite`` (which keeps its ``resumable`` entries and rebuilds the rest)."""
+        yield self
+        self.commit()
+
+
+def _sibling(path: Path, role: str) -> Path:
+    return path.parent / f".{path.name}.{role}"
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Exchange two paths atomically (Linux ``renameat2``); False where that is not possible."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def claim_output_dir(
+    path: Path | str,
+    *,
+    what: str = "--out",
+    results: Callable[[Path], Sequence[str]],
+    resume: bool = False,
+    overwrite: bool = False,
+    copy: Sequence[str] = (),
+    resumable: Sequence[str] = (),
+) -> OutputDir:
+    """Apply the policy (module docstring) to the output folder ``path`` before any work starts.
+
+    ``results(folder)``: the names of the results ``folder`` holds (empty: nothing to protect).
+    When replacing: ``copy`` names entries (``*`` patterns allowed) copied from the old folder into
+    the new one at the start; ``resumable`` names entries a killed replacement left that are kept
+    (everything else it left is deleted). Raises :class:`~balcaprl.errors.UserError` (refusal) or
+    :class:`~balcaprl.errors.OutputError` (cannot write).
+    """
+    final = Path(path).expanduser()
+    mode = choose_mode(resume, overwrite)
+    if final.exists() and not final.is_dir():
+        raise OutputError(f"{what} {final} is a file; give a folder (new or empty) for the results")
+    found = list(results(final)) if final.is_dir() else []
+    if found and mode == "new":
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise UserError(f"{what} {final} already holds results ({shown}); {REFUSAL_HINT}")
+    if not (found and mode == "overwrite"):
+        return OutputDir(final, ensure_writable_dir(final, what), mode)
+    work = _sibling(final, "overwrite")
+    if work.is_dir():  # a killed replacement: its results were never swapped in
+        kept = set(present(work, resumable))
+        remove(work, [entry.name for entry in work.iterdir() if entry.name not in kept])
+    ensure_writable_dir(work, what)
+    for name in present(final, copy):
+        source, target = final / name, work / name
+        if target.exists():
+            continue
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+    return OutputDir(final, work, mode)
+
+
+def claim_in_place(
+    path: Path | str,
+    *,
+    what: str,
+    results: Callable[[Path], Sequence[str]],
+    resume: bool = False,
+    overwrite: bool = False,
+) -> Mode:
+    """The policy for a command that rewrites a folder in place (``data recaption``): refuse when it
+    holds results of an earlier run unless ``resume``/``overwrite``; check it can be written. The
+    caller discards its own record of the earlier run for ``overwrite``."""
+    folder = Path(path).expanduser()
+    mode = choose_mode(resume, overwrite)
+    found = list(results(folder)) if folder.is_dir() else []
+    if found and mode == "new":
+        raise UserError(f"{what} {folder} already holds results ({', '.join(found)}); {REFUSAL_HINT}")
+    if folder.is_dir():
+        ensure_writable_dir(folder, what)
+    return mode
+
+
+def claim_output_file(
+    path: Path | str,
+    *,
+    what: str = "--out",
+    partial: Sequence[Path] = (),
+    resume: bool = False,
+    overwrite: bool = False,
+) -> Mode:
+    """The same policy for a result that is one file (written atomically at the end, so replacing
+    it needs no temporary folder): ``path`` or any ``partial`` file (an unfinished run's record)
+    existing means results are there. ``--overwrite`` deletes the partial files; the caller's
+    atomic write replaces ``path``. Checks that the folder can be written."""
+    target = Path(path).expanduser()
+    mode = choose_mode(resume, overwrite)
+    if target.is_dir():
+        raise OutputError(f"{what} {target} is a folder; give a file name for the results")
+    found = [p.name for p in (target, *map(Path, partial)) if p.exists()]
+    if found and mode == "new":
+        raise UserError(f"{what} {target} already has results ({', '.join(found)}); {REFUSAL_HINT}")
+    ensure_writable_dir(target.parent, what)
+    if mode == "overwrite":
+        for stale in partial:
+            Path(stale).unlink(missing_ok=True)
+    return mode
+
+
+def shortfall(
+    done: int, total: int, min_share: float, *, unit: str, verb: str, flag: str = "--min-scored"
+) -> str | None:
+    """Why ``done`` of ``total`` is not enough (``min_share`` of them must succeed), or None.
+
+    An empty input is never enough: a run over nothing has no result. E.g.
+    ``shortfall(3, 5, 1.0, unit="captions", verb="scored")`` ->
+    ``"only 3 of 5 captions scored (60.0%; --min-scored 1 asks for 100%)"``.
+    """
+    if total == 0:
+        return f"no {unit} in the input: nothing {verb}"
+    if done == 0:
+        return f"none of the {total} {unit} {verb}"
+    if done < min_share * total:
+        return (
+            f"only {done} of {total} {unit} {verb} ({100 * done / total:.1f}%; "
+            f"{flag} {min_share:g} asks for {100 * min_share:g}%)"
+        )
+    return None
