@@ -59,6 +59,7 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
         "scores.jsonl",
         "summary.json",
+        "verdicts.jsonl",
     ]  # no temp files
     rows = [json.loads(line) for line in (tmp / "out" / "scores.jsonl").read_text().splitlines()]
     assert [r["image"] for r in rows] == ["a.png", "b.png", "c.png", "../outside.png", "e.png", "f.png"]

@@ -135,10 +135,21 @@ def score_captions(
         "reference_mode": judge.config.reference_mode,
     }
     summary["accounting"] = result.stats.as_dict(judge.config.price_per_million_tokens)
+    summary["image_root"] = None if judge.images.root is None else str(judge.images.root)
     out = Path(out)
     scores_path, summary_path = out / "scores.jsonl", out / "summary.json"
     atomic_write_text(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    # Also verdicts.jsonl: each row's caption, reference and verdict (null where the judge failed), in
+    # the same order, so `balcaprl inspect` can show the assertions behind the scores.
+    verdicts = [
+        {"image": image, "caption": caption, "reference": by_image.get(image),
+         "verdict": None if isinstance(outcome, JudgeFailure) else outcome.verdict.model_dump(mode="json")}
+        for (image, caption), outcome in zip(caption_rows, result.outcomes, strict=True)
+    ]  # fmt: skip
+    atomic_write_text(
+        out / "verdicts.jsonl", "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in verdicts)
+    )
     return ScoreRun(rows, summary, scores_path, summary_path)
 
 
