@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from balcaprl import __version__
-from balcaprl.cli import data, demo, evaluate, figure, judge, synthetic, train, verl
+from balcaprl.cli import data, demo, evaluate, figure, inspect, judge, synthetic, train, verl
 from balcaprl.errors import UserError
 
 __all__ = ["app"]
@@ -113,6 +113,7 @@ app.command("score", rich_help_panel="Evaluate")(evaluate.score)
 app.command("evaluate", rich_help_panel="Evaluate")(evaluate.evaluate)
 app.command("report", rich_help_panel="Evaluate")(evaluate.report)
 app.command("evaluate-general", rich_help_panel="Evaluate")(evaluate.evaluate_general)
+app.command("inspect", rich_help_panel="Evaluate")(inspect.inspect)
 
 # Paper: the paper's figures.
 figure_app = _group("Reproduce the paper's figures.")
