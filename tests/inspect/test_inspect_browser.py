@@ -135,3 +135,28 @@ def test_cards_render_lazily_and_linked_images_load(browser, scored, tmp_path):
     assert not src.startswith("data:") and src.endswith(".png")
     browser.wait_for(FIRST_IMAGE_LOADED)
     assert browser.errors == [] and browser.dialogs == []
+
+
+@pytest.mark.slow
+def test_a_training_run_groups_rollouts_by_prompt_sorted_by_advantage(browser, demo_run, tmp_path):
+    found = load_inspection(demo_run / "rl" / "full", steps=[2, 3])
+    page = write_page(found, tmp_path / "run.html")
+    browser.open(page.as_uri(), wait_for=READY)
+    assert browser.evaluate("document.querySelectorAll('.run img').length") == 1  # the curves
+    assert browser.evaluate("document.getElementById('ctl-step').value") == "3"  # the last step first
+    assert (
+        browser.evaluate(CARDS) == 8 and browser.evaluate("document.querySelectorAll('.group').length") == 2
+    )
+    groups = browser.evaluate(
+        "[...document.querySelectorAll('.group')].map(g => { const out = []; let n = g.nextElementSibling;"
+        " while (n && n.classList.contains('card')) { out.push(Number(n.dataset.index)); n = n.nextElementSibling; }"
+        " return out; })"
+    )
+    for members in groups:
+        assert len({found.cards[i]["group"] for i in members}) == 1
+        advantages = [found.cards[i]["advantage"] for i in members]
+        assert advantages == sorted(advantages, reverse=True)
+    set_control(browser, "step", "2")
+    assert browser.evaluate(MATCHING) == 8 and {found.cards[i]["step"] for i in
+        browser.evaluate("[...document.querySelectorAll('.card')].map(c => Number(c.dataset.index))")} == {2}  # fmt: skip
+    assert browser.errors == [] and browser.dialogs == []

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from inspect_testkit import HOSTILE
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
@@ -15,8 +16,6 @@ from balcaprl.inspect import InspectError, load_inspection
 from balcaprl.inspect.cards import verdict_fields
 from balcaprl.rewards import BCAPSCORE_REWARDS, score_rollout
 from balcaprl.synthetic.oracle import OracleJudge
-
-from inspect_testkit import HOSTILE
 
 
 def test_score_writes_verdicts_line_by_line(scored):
@@ -185,3 +184,23 @@ def test_the_command_writes_a_page_and_reports_user_errors_in_one_line(scored, t
     assert bad.exit_code == 2 and "does not exist" in " ".join(bad.output.split())
     mode = CliRunner().invoke(app, ["inspect", str(scored["folder"]), "--image-mode", "inline"])
     assert mode.exit_code == 2 and "--image-mode inline: choose from" in " ".join(mode.output.split())
+
+
+@pytest.mark.slow
+def test_a_demo_run_shows_rollouts_and_held_out_captions_with_the_verdicts_the_trainer_saw(demo_run):
+    found = load_inspection(demo_run)
+    assert found.kind == "demo"
+    assert found.sources == ["rollouts: full", "held-out: full", "held-out: SFT"]
+    per_source = [[c for c in found.cards if c["source"] == i] for i in range(3)]
+    rollouts, after, before = per_source
+    assert len(rollouts) == 2 * 4 and {c["step"] for c in rollouts} == {3}  # the last step's batch
+    assert sorted({c["group"] for c in rollouts}) == [0, 1]
+    assert len(after) == len(before) == 6
+    # every judged caption got the oracle's verdict back, and it gives exactly the logged rewards
+    # (a re-derived verdict that did not would carry a note and no assertions)
+    for card in found.cards:
+        if card["failure"] is None:
+            assert card["verdict_from"] == "oracle" and card["note"] == "", card
+    assert all(c["image"] is not None for c in found.cards)
+    (run,) = found.runs
+    assert run.steps_logged == [1, 2, 3] and run.curves_png.startswith(b"\x89PNG")

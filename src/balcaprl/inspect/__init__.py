@@ -9,7 +9,7 @@ scores), ``images`` (thumbnails or relative links), ``page`` (the HTML and its s
 
 from balcaprl.inspect.images import IMAGE_MODES, ImageMode, ImageTable
 from balcaprl.inspect.page import page_data, render_page, write_page
-from balcaprl.inspect.sources import Inspection, InspectError, RunView, load_inspection
+from balcaprl.inspect.sources import InspectError, Inspection, RunView, load_inspection
 
 __all__ = [
     "IMAGE_MODES",

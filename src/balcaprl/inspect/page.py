@@ -36,6 +36,8 @@ RUN_FACTS = (
     ("length/masked_share", "masked", ".0%"),
     ("judge/failures", "judge failures", ".0f"),
 )
+# A caption assertion's status as the page data writes it (the script maps it back).
+STATUS_CODES = {"verified": "v", "hallucinated": "h", "meta": "m"}
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
@@ -53,15 +55,30 @@ def _csp_hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
 
 
-def _finite(value: Any) -> Any:
-    """NaN/inf become null (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+def _compact(cards: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Cards with references and assertion texts as indices into one string table (a reference and
+    its assertions repeat on every caption of its image), and assertion statuses as one letter."""
+    strings: list[str] = []
+    index: dict[str, int] = {}
+
+    def intern(text: str) -> int:
+        found = index.get(text)
+        if found is None:
+            found = index[text] = len(strings)
+            strings.append(text)
+        return found
+
+    out = []
+    for card in cards:
+        card = dict(card)
+        if card.get("reference") is not None:
+            card["reference"] = intern(card["reference"])
+        if card.get("ca") is not None:
+            card["ca"] = [[intern(text), STATUS_CODES[status]] for text, status in card["ca"]]
+        if card.get("ra") is not None:
+            card["ra"] = [[intern(text), covered] for text, covered in card["ra"]]
+        out.append(card)
+    return out, strings
 
 
 def _run_facts(run: RunView) -> str:
@@ -89,7 +106,9 @@ def page_data(
     embed_limit: int = 2000,
     on_image: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """The page's JSON data (images resolved for a page written to ``page``)."""
+    """The page's JSON data (images resolved for a page written to ``page``). Cards as
+    :mod:`balcaprl.inspect.cards` describes them, except that ``reference`` and assertion texts are
+    indices into ``strings`` and assertion statuses are letters (:data:`STATUS_CODES`)."""
     runs = [
         {
             "label": run.label,
@@ -103,6 +122,7 @@ def page_data(
     images = found.images.sources(
         page, image_mode, max_side=thumbnail_side, embed_limit=embed_limit, on_image=on_image
     )
+    cards, strings = _compact(found.cards)
     return {
         "title": found.title,
         "kind": found.kind,
@@ -111,7 +131,8 @@ def page_data(
         "notes": found.notes,
         "runs": runs,
         "images": images,
-        "cards": _finite(found.cards),
+        "strings": strings,
+        "cards": cards,
     }
 
 

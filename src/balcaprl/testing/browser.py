@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import os
 import shutil
@@ -103,10 +104,8 @@ class Browser:
 
     def close(self) -> None:
         if self._thread.is_alive():
-            try:
+            with contextlib.suppress(Exception):  # closing must not hide the test's own failure
                 self._run(self._disconnect(), timeout=10)
-            except Exception:  # closing must not hide the test's own failure
-                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
         if self._process is not None and self._process.poll() is None:
