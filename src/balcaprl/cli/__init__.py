@@ -96,8 +96,9 @@ data_app.command("info")(data.info)
 app.add_typer(data_app, name="data", rich_help_panel="Data")
 
 # Judge: the OpenAI-compatible judge endpoint.
-judge_app = _group("Serve a local judge behind the OpenAI-compatible API.")
+judge_app = _group("Serve a local judge behind the OpenAI-compatible API, or audit judges.")
 judge_app.command("serve")(judge.serve)
+judge_app.command("audit")(judge.audit)
 app.add_typer(judge_app, name="judge", rich_help_panel="Judge")
 
 # Train: TRL on one node, verl on a cluster.
