@@ -180,8 +180,10 @@ def flipping_server(world):
     process.stdout.close()
 
 
-def test_the_command_audits_a_judge_over_http(world, flipping_server, tmp_path):
+def test_the_command_audits_a_judge_over_http(world, flipping_server, tmp_path, monkeypatch):
     dataset, captions, _ = world
+    monkeypatch.chdir(dataset.parent)  # relative paths, as a user types them
+    dataset = type(dataset)(dataset.name)
     config = tmp_path / "flipped.yaml"
     config.write_text(
         f"base_url: {flipping_server}\nmodel: oracle-flipped\napi_key_env: null\nmax_retries: 0\n"

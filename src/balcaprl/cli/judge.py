@@ -151,6 +151,10 @@ def audit(
     report["settings"] = {"data": str(data), "captions": str(captions), "judges": [str(p) for p in judge],
                           "sample": sample, "seed": seed, "cache": "off"}  # fmt: skip
     audit_path, items_path = write_audit(report, out)
+    for run in report["runs"]:
+        if run["judged"] == 0:
+            reasons = ", ".join(f"{k} {v}" for k, v in run["failures"].items())
+            typer.secho(f"warning: {run['judge']} failed on every caption ({reasons})", fg="yellow", err=True)
     console = Console(width=max(Console().width, 100))
     for table in audit_tables(report):
         console.print(table)

@@ -175,6 +175,7 @@
     });
     ["meta", "halluc", "masked"].forEach((k) => (ctl[k].checked = state[k] === "1"));
     ctl.q.value = state.q;
+    ctl.order.disabled = state.sort === "order"; // file order has no direction
   };
 
   const keep = (c) => {
@@ -378,6 +379,7 @@
     ["source", "step", "sort", "order", "failure"].forEach((k) => (state[k] = ctl[k].value));
     ["meta", "halluc", "masked"].forEach((k) => (state[k] = ctl[k].checked ? "1" : "0"));
     state.q = ctl.q.value;
+    ctl.order.disabled = state.sort === "order";
     writeHash();
     render();
   };

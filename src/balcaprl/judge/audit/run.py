@@ -77,7 +77,10 @@ def read_audit_items(
         if row is None:
             unknown.append(name)
             continue
-        items.append(AuditItem(str(row["id"]), row["image_path"], caption, row[reference_column] or ""))
+        image = str(
+            Path(row["image_path"]).resolve()
+        )  # absolute: judges resolve relative paths their own way
+        items.append(AuditItem(str(row["id"]), image, caption, row[reference_column] or ""))
     if unknown:
         raise InputError(
             f"{captions}: {len(unknown)} caption(s) name no row of {root} (by id or image path), e.g. "
