@@ -233,3 +233,22 @@ def test_the_command_rejects_bad_options_in_one_line(world, tmp_path, extra, mes
 def test_flip_rate_needs_the_oracle():
     result = CliRunner().invoke(app, ["judge", "serve", "--flip-rate", "0.2"])
     assert result.exit_code == 2 and "--flip-rate needs --oracle" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("yaml", "message"),
+    [
+        ("modle: x\n", "modle"),
+        ("api_key_env: BALCAPRL_TEST_UNSET_KEY\n", "BALCAPRL_TEST_UNSET_KEY is not set"),
+    ],
+)
+def test_a_bad_judge_config_fails_before_any_call(world, tmp_path, monkeypatch, yaml, message):
+    dataset, captions, _ = world
+    monkeypatch.delenv("BALCAPRL_TEST_UNSET_KEY", raising=False)
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml)
+    args = ["judge", "audit", "--data", str(dataset), "--captions", str(captions), "--judge", str(config),
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and message in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()

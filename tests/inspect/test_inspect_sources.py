@@ -4,6 +4,7 @@ written by the trainer's own log writer, an evaluation folder; and clear errors 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -76,12 +77,13 @@ def test_image_paths_may_not_leave_the_image_root(scored, tmp_path):
     for name in ("scores.jsonl", "verdicts.jsonl"):
         lines = (folder / name).read_text().split("\n")[:-1]
         first = json.loads(lines[0])
-        first["image"] = "../../secret.png"
+        first["image"] = os.path.relpath(secret, scored["dataset"].resolve())  # a real file, outside the root
         (folder / name).write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     found = load_inspection(folder)
     for mode in ("embed", "link"):
         sources = found.images.sources(tmp_path / "page.html", mode)
         assert sources[found.cards[0]["image"]] is None
+        assert sources[found.cards[1]["image"]] is not None  # its neighbour, inside the root, is shown
 
 
 def test_a_training_run_shows_the_chosen_step_with_oracle_verdicts(dataset, tmp_path):

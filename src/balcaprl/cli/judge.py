@@ -102,7 +102,7 @@ def audit(
     """Re-judge a sample of captions: agreement between judges, test-retest noise, errors, cost."""
     from rich.console import Console
 
-    from balcaprl.judge import build_judge
+    from balcaprl.judge import build_judge, load_judge_config
     from balcaprl.judge.audit import audit_tables, read_audit_items, run_audit, write_audit
     from balcaprl.progress import Progress
 
@@ -116,11 +116,12 @@ def audit(
     names = [path.stem for path in judge]
     if len(set(names)) < len(names):
         names = [f"{name}-{letter}" for name, letter in zip(names, "AB", strict=False)]
-    for path in judge:
-        build_judge(path, image_root=data, no_cache=True)  # a bad config fails here, before any call
+    configs = [load_judge_config(path) for path in judge]  # a bad config fails here, before any call
+    for config in configs:
+        config.resolve_api_key()
     judges = [
-        (name, lambda path=path: build_judge(path, image_root=data, no_cache=True))
-        for name, path in zip(names, judge, strict=True)
+        (name, lambda config=config: build_judge(config, image_root=data.resolve(), no_cache=True))
+        for name, config in zip(names, configs, strict=True)
     ]
     oracle = None
     if reference == "auto" and (data / "scenes.jsonl").is_file():
