@@ -23,7 +23,7 @@ from typing import Any
 
 from balcaprl.files import atomic_write_text
 from balcaprl.inspect.images import ImageMode
-from balcaprl.inspect.sources import Inspection, RunView
+from balcaprl.inspect.inspection import Inspection, RunView
 
 __all__ = ["page_data", "render_page", "script_json", "write_page"]
 
