@@ -24,7 +24,7 @@ TREE = {
     "demo": None,
     "synthetic": {"build": None, "sft": None, "caption": None, "show": None, "init-policy": None},
     "data": {"prepare": {"sharegpt4v": None}, "recaption": None, "info": None},
-    "judge": {"serve": None},
+    "judge": {"serve": None, "audit": None},
     "train": None,
     "verl": {"export": None, "launch": None},
     "caption": None,
@@ -32,6 +32,7 @@ TREE = {
     "evaluate": None,
     "report": None,
     "evaluate-general": None,
+    "inspect": None,
     "figure": {"advantage-collapse": None},
     "version": None,
 }

@@ -21,7 +21,21 @@ from typing import IO, Any
 
 from balcaprl.errors import InputError, MissingInputError
 
-__all__ = ["JsonlLog", "atomic_write_bytes", "atomic_write_text", "decode_utf8", "read_utf8_text"]
+__all__ = [
+    "JsonlLog",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "decode_utf8",
+    "jsonl_lines",
+    "read_utf8_text",
+]
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL text: split at ``\n`` only. ``str.splitlines`` also splits at U+2028, U+0085
+    and other separators that JSON allows unescaped inside a string (``ensure_ascii=False`` writes
+    them), which would cut a caption in two."""
+    return text.split("\n")
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
@@ -101,7 +115,7 @@ class JsonlLog:
             with self.path.open("r+b") as handle:
                 handle.truncate(len(data))
         records = []
-        for line in data.decode("utf-8", errors="replace").splitlines():
+        for line in jsonl_lines(data.decode("utf-8", errors="replace")):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:

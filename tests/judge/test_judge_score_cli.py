@@ -65,6 +65,7 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
         ".score",  # the record of scored captions, for --resume
         "scores.jsonl",
         "summary.json",
+        "verdicts.jsonl",
     ]  # no temp files
     rows = [json.loads(line) for line in (tmp / "out" / "scores.jsonl").read_text().splitlines()]
     assert [r["image"] for r in rows] == ["a.png", "b.png", "c.png", "../outside.png", "e.png", "f.png"]
@@ -149,6 +150,13 @@ def test_caption_files(tmp_path):
     missing_field.write_text('{"image": "a.png", "text": "x"}\n')
     with pytest.raises(CaptionFileError, match="'caption'"):
         read_caption_file(missing_field)
+    # JSON keeps U+2028/U+0085 unescaped with ensure_ascii=False (as `balcaprl caption` writes): they are
+    # inside the string, not line breaks
+    odd = tmp_path / "odd.jsonl"
+    captions = ["a line\u2028separator", "next\u0085line", "form\x0cfeed"]
+    odd.write_text("".join(json.dumps({"image": f"{i}.png", "caption": c}, ensure_ascii=False) + "\n"
+                           for i, c in enumerate(captions)), encoding="utf-8")  # fmt: skip
+    assert read_caption_file(odd) == [(f"{i}.png", c) for i, c in enumerate(captions)]
 
 
 def test_bootstrap_interval():

@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from balcaprl import __version__
-from balcaprl.cli import data, demo, evaluate, figure, judge, synthetic, train, verl
+from balcaprl.cli import data, demo, evaluate, figure, inspect, judge, synthetic, train, verl
 from balcaprl.errors import UserError
 
 __all__ = ["app"]
@@ -96,8 +96,9 @@ data_app.command("info")(data.info)
 app.add_typer(data_app, name="data", rich_help_panel="Data")
 
 # Judge: the OpenAI-compatible judge endpoint.
-judge_app = _group("Serve a local judge behind the OpenAI-compatible API.")
+judge_app = _group("Serve a local judge behind the OpenAI-compatible API, or audit judges.")
 judge_app.command("serve")(judge.serve)
+judge_app.command("audit")(judge.audit)
 app.add_typer(judge_app, name="judge", rich_help_panel="Judge")
 
 # Train: TRL on one node, verl on a cluster.
@@ -113,6 +114,7 @@ app.command("score", rich_help_panel="Evaluate")(evaluate.score)
 app.command("evaluate", rich_help_panel="Evaluate")(evaluate.evaluate)
 app.command("report", rich_help_panel="Evaluate")(evaluate.report)
 app.command("evaluate-general", rich_help_panel="Evaluate")(evaluate.evaluate_general)
+app.command("inspect", rich_help_panel="Evaluate")(inspect.inspect)
 
 # Paper: the paper's figures.
 figure_app = _group("Reproduce the paper's figures.")

@@ -1,4 +1,5 @@
-"""``balcaprl judge serve``: a local judge behind the OpenAI-compatible API (for tests and the demo)."""
+"""``balcaprl judge serve``: a local judge behind the OpenAI-compatible API (for tests and the demo).
+``balcaprl judge audit``: re-judge a sample of captions and measure how far to trust a judge."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import typer
 
 from balcaprl.errors import InputError, UserError
 
-__all__ = ["serve"]
+__all__ = ["audit", "serve"]
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -30,7 +31,12 @@ def serve(
     api_key_env: str | None = typer.Option(
         None, "--api-key-env", help="Require the key in this environment variable (default: no auth)."
     ),
-) -> None:
+    flip_rate: float = typer.Option(
+        0.0, "--flip-rate", min=0.0, max=1.0,
+        help="--oracle: flip each pointable/visible/covered flag with this probability (a judge of known error).",
+    ),
+    flip_seed: int = typer.Option(0, "--flip-seed", help="Seed of the flips (--flip-rate)."),
+) -> None:  # fmt: skip
     """Serve a local judge behind an OpenAI-compatible /v1/chat/completions (for tests and the demo)."""
     import json
     import os
@@ -54,6 +60,12 @@ def serve(
             raise InputError(
                 f"--oracle {oracle}: {detail}; give a folder written by `balcaprl synthetic build`"
             ) from None
+        if flip_rate > 0:
+            from balcaprl.testing.flipping_judge import FlippingJudge
+
+            local_judge = FlippingJudge(local_judge, flip_rate, seed=flip_seed)
+    elif flip_rate > 0:
+        raise UserError("--flip-rate needs --oracle (it flips the oracle judge's flags)")
     else:
         from balcaprl.testing.scripted_judge import ScriptedJudge
 
@@ -96,3 +108,85 @@ def serve(
             f"--host {host} --port {port}: cannot listen there ({error.strerror or error}); choose another "
             "--port, or --port 0 for a free one"
         ) from None
+
+
+def audit(
+    data: Path = typer.Option(..., "--data", help="The dataset folder the captions' images and references come from."),
+    captions: Path = typer.Option(
+        ..., "--captions", help='Caption file: JSONL {"image", "caption"} (image: row id or path) or {image: caption}.'
+    ),
+    judge: list[Path] = typer.Option(
+        ..., "--judge", help="Judge config YAML; give it twice to compare two judges (one judge: test-retest)."
+    ),
+    sample: int = typer.Option(1000, "--sample", min=1, help="Re-judge this many captions (a seeded sample)."),
+    out: Path = typer.Option(..., "--out", help="Folder for audit.json and items.jsonl."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sample."),
+    rubric: str = typer.Option("training", "--rubric", help="training or evaluation (b-CapScore's)."),
+    reference: str = typer.Option(
+        "auto", "--reference", help="auto: the synthetic oracle when DATA is a synthetic dataset; none: no reference."
+    ),
+    retest: bool | None = typer.Option(
+        None, "--retest/--no-retest", help="Judge each judge twice (default: only when there is one judge)."
+    ),
+) -> None:  # fmt: skip
+    """Re-judge a sample of captions: agreement between judges, test-retest noise, errors, cost."""
+    from rich.console import Console
+
+    from balcaprl.judge import build_judge, load_judge_config
+    from balcaprl.judge.audit import audit_tables, read_audit_items, run_audit, write_audit
+    from balcaprl.progress import Progress
+
+    if not 1 <= len(judge) <= 2:
+        raise UserError(f"--judge: give one or two judge configs, got {len(judge)}")
+    if rubric not in ("training", "evaluation"):
+        raise UserError(f"--rubric {rubric}: choose training or evaluation")
+    if reference not in ("auto", "none"):
+        raise UserError(f"--reference {reference}: choose auto or none")
+    items = read_audit_items(data, captions, sample=sample, seed=seed)
+    names = [path.stem for path in judge]
+    if len(set(names)) < len(names):
+        names = [f"{name}-{letter}" for name, letter in zip(names, "AB", strict=False)]
+    configs = [load_judge_config(path) for path in judge]  # a bad config fails here, before any call
+    for config in configs:
+        config.resolve_api_key()
+    judges = [
+        (name, lambda config=config: build_judge(config, image_root=data.resolve(), no_cache=True))
+        for name, config in zip(names, configs, strict=True)
+    ]
+    oracle = None
+    if reference == "auto" and (data / "scenes.jsonl").is_file():
+        from balcaprl.synthetic.oracle import OracleJudge
+
+        scenes = OracleJudge.from_dataset(data)
+        oracle = ("oracle", lambda: scenes)
+    bars: dict[tuple[str, int], Progress] = {}
+
+    def progress(name: str, repeat: int, total: int) -> None:
+        bar = bars.get((name, repeat))
+        if bar is None:
+            for old in bars.values():
+                old.close()
+            bar = bars[(name, repeat)] = Progress(
+                f"judging with {name} (run {repeat})", total=total, unit="captions"
+            )
+            bar.start()
+        bar.advance()
+
+    try:
+        report = run_audit(
+            items, judges, reference=oracle, retest=retest, rubric=rubric, on_progress=progress
+        )  # type: ignore[arg-type]
+    finally:
+        for bar in bars.values():
+            bar.close()
+    report["settings"] = {"data": str(data), "captions": str(captions), "judges": [str(p) for p in judge],
+                          "sample": sample, "seed": seed, "cache": "off"}  # fmt: skip
+    audit_path, items_path = write_audit(report, out)
+    for run in report["runs"]:
+        if run["judged"] == 0:
+            reasons = ", ".join(f"{k} {v}" for k, v in run["failures"].items())
+            typer.secho(f"warning: {run['judge']} failed on every caption ({reasons})", fg="yellow", err=True)
+    console = Console(width=max(Console().width, 100))
+    for table in audit_tables(report):
+        console.print(table)
+    typer.echo(f"wrote {audit_path}\nwrote {items_path}")

@@ -49,7 +49,7 @@ from balcaprl.data.format import (
     write_dataset,
 )
 from balcaprl.errors import OutputError
-from balcaprl.files import atomic_write_text
+from balcaprl.files import atomic_write_text, jsonl_lines
 from balcaprl.progress import Progress
 
 __all__ = [
@@ -214,7 +214,7 @@ class _CallLog:
                 data = data[: data.rfind(b"\n") + 1]
                 with path.open("r+b") as handle:
                     handle.truncate(len(data))
-            for line in data.decode("utf-8").splitlines():
+            for line in jsonl_lines(data.decode("utf-8")):
                 try:
                     record = json.loads(line)
                     self.done[(record["id"], record["key"])] = record

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from balcaprl.errors import InputError
+from balcaprl.files import jsonl_lines
 
 __all__ = [
     "BENCHMARKS",
@@ -75,7 +76,7 @@ def read_json_or_jsonl(path: Path) -> Any:
     except json.JSONDecodeError:
         pass
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -128,7 +129,7 @@ def _rows(path: Path) -> tuple[list[tuple[str, Any]], list[RefusedRow]]:
             return [(f"{path}: row {n}", row) for n, row in enumerate(data, 1)], []
         return [(f"{path}: row 1", data)], []
     rows, refused = [], []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
         try:

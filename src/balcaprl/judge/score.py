@@ -6,9 +6,10 @@ Inputs: an image folder, a caption file and a reference file, each either JSONL
 UTF-8 (other bytes are an error naming the byte offset, never replaced). Image names are paths
 relative to the image folder and may not leave it.
 
-Outputs: ``scores.jsonl`` (one line per caption, in input order) and ``summary.json`` (means with
-95% bootstrap intervals, failure and empty-caption counts, judge accounting), both written
-atomically at the end (temp file, then rename).
+Outputs: ``scores.jsonl`` (one line per caption, in input order), ``summary.json`` (means with
+95% bootstrap intervals, failure and empty-caption counts, judge accounting) and ``verdicts.jsonl``
+(each caption's reference and verdict, for ``balcaprl inspect``), written atomically at the end
+(temp file, then rename).
 
 Nothing paid for is lost: the output folder is checked for writability before the first call,
 and every caption the judge scored is appended at once to ``OUT/.score/record.jsonl``, keyed by
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError, OutputError
-from balcaprl.files import JsonlLog, atomic_write_text, read_utf8_text
+from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.images import ImageError
 from balcaprl.judge.prompt import clean_caption
@@ -43,6 +44,7 @@ __all__ = [
     "RECORD_FILE",
     "SCORES_FILE",
     "SUMMARY_FILE",
+    "VERDICTS_FILE",
     "CaptionFileError",
     "ScoreRun",
     "read_caption_file",
@@ -52,12 +54,14 @@ __all__ = [
 
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
+VERDICTS_FILE = "verdicts.jsonl"
 RECORD_FILE = ".score/record.jsonl"
 
 
 def score_results(folder: Path) -> list[str]:
     """What in ``folder`` is the results of a ``score`` run (finished or not)."""
-    return [name for name in (SCORES_FILE, SUMMARY_FILE, RECORD_FILE) if (Path(folder) / name).exists()]
+    names = (SCORES_FILE, SUMMARY_FILE, VERDICTS_FILE, RECORD_FILE)
+    return [name for name in names if (Path(folder) / name).exists()]
 
 
 class CaptionFileError(InputError):
@@ -79,7 +83,7 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
                 raise CaptionFileError(f"{path}: values must be strings; not for {bad[:3]}")
             return list(whole.items())
     rows: list[tuple[str, str]] = []
-    for number, line in enumerate(raw.splitlines(), 1):
+    for number, line in enumerate(jsonl_lines(raw), 1):
         if not line.strip():
             continue
         try:
@@ -173,9 +177,11 @@ def score_captions(
     keys = [_row_key(judge, image, caption, by_image.get(image, "")) for image, caption in caption_rows]
     rows: list[dict[str, Any] | None] = [None] * len(caption_rows)
     with JsonlLog(out / RECORD_FILE) as record:
-        known = {r["key"]: r["row"] for r in record.read() if isinstance(r.get("row"), dict) and "key" in r}
+        known = {r["key"]: r for r in record.read() if isinstance(r.get("row"), dict) and "key" in r}
+        verdicts: list[dict[str, Any] | None] = [None] * len(caption_rows)
         for i, key in enumerate(keys):
-            rows[i] = known.get(key)
+            if key in known:
+                rows[i], verdicts[i] = known[key]["row"], known[key].get("verdict")
         todo = [i for i, row in enumerate(rows) if row is None]
         resumed = len(rows) - len(todo)
         record.append({"run": "started", "captions": len(rows), "resumed": resumed})  # proves it is writable
@@ -189,7 +195,8 @@ def score_captions(
                 outcome = JudgeFailure("bad_input", f"no reference for image {image!r} in {references.name}")
             rows[i] = row = _row(image, outcome)
             if row["failure"] is None:  # failures are retried by the next run, so never recorded
-                record.append({"key": keys[i], "row": row})
+                verdicts[i] = outcome.verdict.model_dump(mode="json")
+                record.append({"key": keys[i], "row": row, "verdict": verdicts[i]})
             if on_outcome is not None:
                 on_outcome(i, outcome)
 
@@ -211,8 +218,16 @@ def score_captions(
         **result.stats.as_dict(judge.config.price_per_million_tokens),
         "resumed_from_record": resumed,
     }
+    summary["image_root"] = None if judge.images.root is None else str(judge.images.root)
     atomic_write_text(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in final))
     atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    # verdicts.jsonl: each row's caption, reference and verdict (null where the judge failed), in the
+    # same order, so `balcaprl inspect` can show the assertions behind the scores.
+    lines = [
+        {"image": image, "caption": caption, "reference": by_image.get(image), "verdict": verdicts[i]}
+        for i, (image, caption) in enumerate(caption_rows)
+    ]
+    atomic_write_text(out / VERDICTS_FILE, "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in lines))
     return ScoreRun(final, summary, scores_path, summary_path, resumed=resumed)
 
 

@@ -36,6 +36,7 @@ from typing import Any, get_args
 import torch
 from transformers import TrainerCallback
 
+from balcaprl.files import jsonl_lines
 from balcaprl.judge.protocol import FailureReason
 from balcaprl.rewards import LengthMode
 
@@ -114,7 +115,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not Path(path).exists():
         return []
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in jsonl_lines(Path(path).read_text(encoding="utf-8")):
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
