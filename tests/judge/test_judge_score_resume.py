@@ -103,7 +103,8 @@ def test_a_killed_run_resumes_paying_only_for_what_was_unfinished(inputs):
     assert resumed.exit_code == 0, resumed.output
     assert server.counters.total - before == N - done  # exactly the unfinished captions, no cache at all
     assert f"resumed: {done} captions scored by an earlier run" in resumed.output
-    assert (out / "scores.jsonl").read_bytes() == (tmp / "straight" / "scores.jsonl").read_bytes()
+    for name in ("scores.jsonl", "verdicts.jsonl"):  # resumed rows keep their verdicts too
+        assert (out / name).read_bytes() == (tmp / "straight" / name).read_bytes(), name
     assert without_accounting(out / "summary.json") == without_accounting(tmp / "straight" / "summary.json")
     assert json.loads((out / "summary.json").read_text())["accounting"]["resumed_from_record"] == done
 
@@ -113,7 +114,8 @@ def test_a_killed_run_resumes_paying_only_for_what_was_unfinished(inputs):
     replaced = runner.invoke(app, args(tmp, out, "--overwrite"))
     assert replaced.exit_code == 0, replaced.output
     assert server.counters.total - before == 2 * N - done
-    assert (out / "scores.jsonl").read_bytes() == (tmp / "straight" / "scores.jsonl").read_bytes()
+    for name in ("scores.jsonl", "verdicts.jsonl"):  # resumed rows keep their verdicts too
+        assert (out / name).read_bytes() == (tmp / "straight" / name).read_bytes(), name
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith(".killed")) == []
 
 
