@@ -7,7 +7,7 @@
    machine's CPUs, so the CPU seconds each spends per request are printed too: a wave of 128 answers
    arriving together costs 128 x that before the last of them can start its next call, which is
    where the wall time above the bound goes (``--http-backend`` compares the SDK's transports).
-2. Reference modes (``--modes``): joint vs cached-reference on synthetic groups of 8 rollouts; see
+2. Reference modes (skip with ``--skip-modes``; ``--skip-throughput`` skips part 1): joint vs cached-reference on synthetic groups of 8 rollouts; see
    ``balcaprl.testing.compare_modes`` for what these figures can and cannot show.
 
 Run: ``.venv/bin/python benchmarks/bench_judge.py`` (about a minute). Not a timed test.

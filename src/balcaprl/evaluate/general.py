@@ -1,6 +1,6 @@
 """General vision benchmarks (the paper's Table 2) through lmms-eval — run, not re-implemented.
 
-``balcaprl bench-general --model CKPT --out EVAL_DIR`` builds and runs
+``balcaprl evaluate-general --model CKPT --out EVAL_DIR`` builds and runs
 
     [accelerate launch --num_processes N -m] python -m lmms_eval --model qwen2_5_vl \\
         --model_args pretrained=CKPT --tasks blink,chartqa,docvqa_val,... --batch_size 1 \\

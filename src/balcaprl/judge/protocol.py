@@ -82,7 +82,7 @@ class Judge(Protocol):
 
 @runtime_checkable
 class SupportsFixedReference(Protocol):
-    """Optional extension for judges served behind `balcaprl serve-judge` in cached-reference mode.
+    """Optional extension for judges served behind `balcaprl judge serve` in cached-reference mode.
 
     A judge that implements it decomposes a reference once and then marks coverage of that fixed
     list; a judge that does not is served through ``judge_batch`` alone (the server takes the

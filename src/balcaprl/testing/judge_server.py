@@ -1,4 +1,4 @@
-"""`balcaprl serve-judge`: any :class:`Judge` behind an OpenAI-compatible `/v1/chat/completions`.
+"""`balcaprl judge serve`: any :class:`Judge` behind an OpenAI-compatible `/v1/chat/completions`.
 
 What it is for: tests and the offline demo drive the *real* judge client over *real* HTTP against a
 local judge (the scripted judge, or the synthetic oracle judge), so the code path is the one a
@@ -626,7 +626,7 @@ def serve_forever(
     log_level: str = "warning",
     handler: GenericHandler | None = None,
 ) -> None:
-    """Serve in the foreground until interrupted (the `serve-judge` command); ``on_ready(base_url)``
+    """Serve in the foreground until interrupted (the `judge serve` command); ``on_ready(base_url)``
     is called once the socket is bound, so scripts can read the port when 0 was asked for."""
     sock = _bind(host, port)
     base_url = f"http://{host}:{sock.getsockname()[1]}/v1"
