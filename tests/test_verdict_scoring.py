@@ -210,3 +210,20 @@ def test_the_length_band_defaults_are_the_pinned_signatures():
         (parameters["tau_low"].default, parameters["tau_high"].default) == (0.5, 2.0) == (TAU_LOW, TAU_HIGH)
     )
     assert (LengthControlConfig().tau_low, LengthControlConfig().tau_high) == (TAU_LOW, TAU_HIGH)
+
+
+def test_scoring_a_verdict_does_not_import_torch():
+    """The judge, `balcaprl score` and the CLI score verdicts; none of them should pay torch's import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, balcaprl.rewards as r; "
+        "v = {'caption_assertions': [{'text': 'a', 'pointable': True, 'visible': True}], "
+        "'reference_assertions': [{'text': 'b', 'covered': False}], "
+        "'clarity': 10, 'fluency': 10, 'coherency': 1, 'explanation': 'x'}; "
+        "s = r.score_rollout(v, r.RewardConfig(), caption_tokens=3, reference_tokens=2); "
+        "print(s.as_tuple(), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"({1.0}, {0.0}, {2 / 3}) False"

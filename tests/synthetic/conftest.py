@@ -29,11 +29,3 @@ def scene() -> Scene:
             SceneObject(kind="circle", color="orange", size="small", row=0, col=2),
         ),
     )
-
-
-REFERENCE = (
-    "The image shows four shapes on a striped background. A large red circle with the word go written "
-    "on it sits in the top left corner. A small orange circle rests in the top right corner. In the "
-    "center, there is a small blue square. A medium green triangle is located in the bottom right corner. "
-    "The red circle is to the left of the orange circle. Among them are two circles."
-)

@@ -7,7 +7,14 @@ import pytest
 from balcaprl.rewards import b_capscore, parse_verdict, score_verdict
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.parser import parse_caption
-from conftest import REFERENCE
+
+# The reference of the hand-made `scene` fixture (tests/synthetic/conftest.py).
+REFERENCE = (
+    "The image shows four shapes on a striped background. A large red circle with the word go written "
+    "on it sits in the top left corner. A small orange circle rests in the top right corner. In the "
+    "center, there is a small blue square. A medium green triangle is located in the bottom right corner. "
+    "The red circle is to the left of the orange circle. Among them are two circles."
+)
 
 CORRECT = REFERENCE.replace("The image shows", "This picture contains").replace("sits in", "can be seen in")
 

@@ -121,7 +121,7 @@ def show(
     """Print one sample's scene graph, reference, and the oracle's verdict on a caption."""
     from balcaprl.data.format import read_split_rows
     from balcaprl.judge.protocol import Judgement, JudgeRequest
-    from balcaprl.rewards import b_capscore, score_verdict
+    from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
     from balcaprl.synthetic.oracle import OracleJudge
 
     rows = read_split_rows(data, split)
@@ -139,7 +139,7 @@ def show(
     if caption:
         typer.echo(f"caption: {caption}")
     if isinstance(outcome, Judgement):
-        r = score_verdict(outcome.verdict)
+        r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)
         typer.echo(json.dumps(outcome.verdict.model_dump(), indent=2))
         typer.echo(
             f"precision {r.precision:.3f}  recall {r.recall:.3f}  linguistic {r.linguistic:.3f}  "

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 ReferenceMode = Literal["joint", "cached-reference"]
-REFERENCE_MODES: tuple[str, ...] = ("joint", "cached-reference")
+REFERENCE_MODES: tuple[str, ...] = get_args(ReferenceMode)
 # The verdict judge's rubrics (a JudgeRequest names one). Under "training_without_pointability" the
 # judge is not asked about pointability at all, and every verdict carries `pointable: true` for each
 # caption assertion: nothing was judged, so nothing is excluded (the ablation scores `visible` alone).
