@@ -346,8 +346,12 @@ def model_shape(path: str) -> ModelShape:
     folder = Path(path).expanduser()
     if (folder / "config.json").is_file():
         config = _read_json(folder / "config.json")
-        pre_file = folder / "preprocessor_config.json"
-        return shape_from_config(str(path), config, _read_json(pre_file) if pre_file.is_file() else None)
+        preprocessor = None
+        if (folder / "preprocessor_config.json").is_file():  # hub checkpoints
+            preprocessor = _read_json(folder / "preprocessor_config.json")
+        elif (folder / "processor_config.json").is_file():  # saved by transformers 5: one file, nested
+            preprocessor = _read_json(folder / "processor_config.json").get("image_processor")
+        return shape_from_config(str(path), config, preprocessor)
     if path in KNOWN_MODELS:
         config, preprocessor = KNOWN_MODELS[path]
         return shape_from_config(path, config, preprocessor)

@@ -124,15 +124,18 @@ class ImageGrid:
         # The processors' own rule (the PIL module's copy: the torchvision one needs torchvision).
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-        h, w = height, width
-        for _ in range(4):  # one step suffices unless min and max are close; stop at a fixed point
+        first = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        h, w = first
+        # Usually the first step is a fixed point; at extreme aspect ratios (the short side pinned at one
+        # factor) the area can still exceed max_pixels and the rule takes a few more steps to settle.
+        for _ in range(32):
             new_h, new_w = smart_resize(h, w, self.factor, self.min_pixels, self.max_pixels)
             if (new_h, new_w) == (h, w):
                 return w, h
             h, w = new_h, new_w
-        raise ValueError(
-            f"no stable image size for {width}x{height} within [{self.min_pixels}, {self.max_pixels}] pixels"
-        )
+        # No fixed point (min_pixels close to max_pixels): the processor's own first step. Any engine with
+        # the same limits still agrees with the trainer; one with other limits may not.
+        return first[1], first[0]
 
     def tokens(self, width: int, height: int) -> int:
         """Image tokens the language model sees for a ``width x height`` image: one per ``factor``-pixel
