@@ -90,6 +90,8 @@ def test_eps_and_c_are_verls_defaults_not_the_papers():
     ]:
         text = " ".join(path.read_text().split())
         assert not re.search(r"paper'?s?:? (clip|eps|ε|c) ?=? ?(0\.2|3)\b|\(paper: 3\)", text), path
+    loss_doc = " ".join((ROOT / "src/balcaprl/train/loss.py").read_text().split())
+    assert "c = 3 are verl's defaults" in loss_doc and "gives neither eps nor c" in loss_doc
 
 
 def test_docs_recipes_md_is_current():
