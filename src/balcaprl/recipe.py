@@ -477,9 +477,9 @@ PROVENANCE: dict[str, Provenance] = {
         "off in the schema for tiny CPU models"
     ),
     "model.lora": _inference(f"full fine-tuning: the paper mentions no adapters ({_A1})"),
-    "model.lora.r": _choice("LoRA runs only: a common rank"),
+    "model.lora.r": _choice("LoRA runs only: a common rank (peft's default is 8)"),
     "model.lora.alpha": _choice("LoRA runs only: alpha = 2r, a common scaling"),
-    "model.lora.dropout": _choice("LoRA runs only: peft's usual 0.05"),
+    "model.lora.dropout": _choice("LoRA runs only: a common value (peft's default is 0)"),
     "model.lora.target_modules": _choice("LoRA runs only: every linear layer but the LM head"),
     "model.lora.modules_to_save": _library("peft's default (none)"),
     "model.image.max_side": _choice("no downscaling beyond the processor's own limits"),
@@ -516,7 +516,7 @@ PROVENANCE: dict[str, Provenance] = {
     # rollout
     "rollout.rollouts_per_prompt": _paper(f"8 rollouts ({_A1})"),
     "rollout.max_caption_tokens": _choice(
-        "room for the longest captions (about 3x the references' ~200 tokens); the paper gives no cap"
+        "room for captions about 5x the ~200-token ones the paper reports (Tables 3 and 4); the paper gives no cap"
     ),
     "rollout.temperature": _library("verl's and TRL's sampling default (1.0)"),
     "rollout.top_p": _library("verl's and TRL's default (1.0)"),
