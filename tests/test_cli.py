@@ -38,6 +38,8 @@ TREE = {
 }
 
 TRL_FLAGS = {"--resume", "--resume-from", "--overwrite", "--judge", "--allow-recipe-change", "--print-config"}
+# `balcaprl train CONFIG --plan`: the memory plan of a TRL launch (accelerate config) or of a verl layout.
+PLAN_FLAGS = {"--plan", "--launcher", "--verl-layout", "--gpus", "--gpu-memory"}
 VERL_FLAGS = {"--judge", "--nnodes", "--gpus-per-node", "--verl-data", "--verl-override", "--dry-run"}
 HEAVY = ("torch", "transformers", "openai", "pyarrow", "datasets", "trl")
 
@@ -179,7 +181,7 @@ def test_usage_errors_keep_exit_2():
 
 def test_train_has_only_trl_flags_and_verl_launch_only_verl_flags():
     root = get_command(app)
-    assert options_of(root.commands["train"]) == TRL_FLAGS
+    assert options_of(root.commands["train"]) == TRL_FLAGS | PLAN_FLAGS
     assert options_of(root.commands["verl"].commands["launch"]) == VERL_FLAGS
 
 

@@ -52,7 +52,7 @@ def test_every_reader_refuses_the_same_image(tmp_path):
     """prepare, the judge (score, evaluate, training rewards), the trainer's loader and `caption`."""
     from balcaprl.data.validation import inspect_image
     from balcaprl.evaluate.captioning import CaptionError, CaptionItem, _load_pil
-    from balcaprl.train.data import _open_image
+    from balcaprl.train.data import open_image as open_training_image
 
     path = tmp_path / "huge.png"
     path.write_bytes(png_claiming(*OVER))
@@ -63,7 +63,7 @@ def test_every_reader_refuses_the_same_image(tmp_path):
     with pytest.raises(judge_images.ImageError, match="above the limit of 89.5 MP"):
         judge_images.ImageLoader(1024, root=tmp_path).load("huge.png")
     with pytest.raises(ImageTooLarge, match="above the limit of 89.5 MP"):
-        _open_image(str(path), max_side=512)
+        open_training_image(str(path), max_side=512)
     with pytest.raises(CaptionError, match="above the limit of 89.5 MP"):
         _load_pil(CaptionItem("huge", path))
 

@@ -1,4 +1,4 @@
-"""The training recipe: a typed schema (pydantic) with defaults that reproduce the paper.
+"""The training recipe: a typed schema (pydantic), its defaults, and where every default comes from.
 
 YAML in, validated objects out, through the common config machinery (:mod:`balcaprl.config`): a
 recipe file may name one parent with ``base: other.yaml`` and then hold only what it changes (how
@@ -6,11 +6,14 @@ recipe file may name one parent with ``base: other.yaml`` and then hold only wha
 ``key.sub=value`` pairs with YAML values (``rewards.weights.precision=0``, ``model.lora=null``).
 
 Unknown keys and impossible values are errors that name the key (``rewards.length.tau_low``) and say
-what is allowed. Defaults are the paper's (Appendix "Implementation Details"): 8 rollouts, lr 5e-6,
-256 prompts per batch, cosine schedule, 1 epoch, no KL (no reference model loaded), PPO clip 0.2 with
-dual-clip c = 3, token-sum-sequence-mean loss, weights 0.1 / 0.3 / 0.3, length mask tau 0.5 / 2.0 (the
-last two declared once, in :mod:`balcaprl.rewards.config`). Settings the paper does not give (caption
-token cap, sampling temperature, warm-up, ...) are marked "not given by the paper" where declared.
+what is allowed. The paper recipe is ``configs/qwen2_5_vl_3b.yaml`` over these defaults. Where each of
+its values comes from is declared once, in :data:`PROVENANCE`: the paper (with its section), an
+inference (with the reason), a library's default (which one), or balcaprl's own choice (why).
+``docs/recipes.md`` is generated from it (``python scripts/render_recipe_docs.py``; a test keeps it
+current). In short: 8 rollouts, lr 5e-6, 256 prompts per batch, cosine schedule, 1 epoch, no KL,
+dual-clip, token-sum-sequence-mean loss, weights 0.1 / 0.3 / 0.3 and length mask tau 0.5 / 2.0 are the
+paper's (Appendix A.1); PPO clip eps = 0.2 and dual-clip c = 3 are verl's defaults (the paper names
+dual-clip but gives no values); 4 optimizer updates per generation batch are an inference.
 
 The ``judge`` section is a :class:`balcaprl.judge.JudgeConfig`, written inline or as the path of a judge
 YAML (relative to the recipe file that names it); either way it is validated when the recipe loads, so
@@ -19,7 +22,8 @@ a typo there fails before a model is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,11 +36,13 @@ from balcaprl.rewards.config import RewardConfig
 from balcaprl.train.advantages import Estimator
 
 __all__ = [
+    "PROVENANCE",
     "AdvantageConfig",
     "DataConfig",
     "ImageConfig",
     "LoraSettings",
     "ModelConfig",
+    "Provenance",
     "Recipe",
     "RecipeRewards",
     "RolloutConfig",
@@ -45,6 +51,8 @@ __all__ = [
     "VLLMConfig",
     "load_recipe",
     "load_recipe_dict",
+    "provenance_table",
+    "recipe_defaults",
     "recipe_from_dict",
 ]
 
@@ -176,13 +184,35 @@ class AdvantageConfig(Section):
 # ------------------------------------------------------------------------------------------- rollout
 
 
-class VLLMConfig(Section):
-    """Rollouts with vLLM through TRL (``pip install balcaprl[vllm]``); off = transformers generate."""
+# The GPU share the rollout engine takes when the recipe leaves rollout.vllm.gpu_memory_utilization null.
+# An engine that stays resident next to the training state: TRL's default, 0.3. An engine that sleeps
+# during the update (verl always: free_cache_engine; TRL with enable_sleep_mode): 0.6, verl's Qwen2.5-VL
+# GRPO example's value; the KV cache can then take what the update needs at another time
+# (balcaprl train --plan shows both phases).
+RESIDENT_ENGINE_SHARE = 0.3
+SLEEPING_ENGINE_SHARE = 0.6
 
-    mode: Literal["off", "colocate", "server"] = Field("off")
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocate: GPU share vLLM may take.")
+
+class VLLMConfig(Section):
+    """Rollouts with vLLM (``pip install balcaprl[vllm]``): TRL's colocated engine or server, and verl's
+    engines; off = transformers generate (TRL only)."""
+
+    mode: Literal["off", "colocate", "server"] = Field(
+        "off",
+        description="off: transformers generate; colocate: vLLM on the training GPUs; server: trl vllm-serve.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory the vLLM engine takes (weights + KV cache). null: 0.6 when the "
+        "engine sleeps during the update (verl; TRL with enable_sleep_mode), else TRL's 0.3.",
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="colocate: tensor parallel size.")
-    enable_sleep_mode: bool = Field(False, description="colocate: offload vLLM weights during the update.")
+    enable_sleep_mode: bool = Field(
+        False,
+        description="colocate: free the engine's weights and KV cache during the update (as verl does).",
+    )
     max_model_length: int | None = Field(None, ge=1, description="vLLM context length (prompt + caption).")
     server_base_url: str | None = Field(
         None, description="server: e.g. http://10.0.0.5:8000 (trl vllm-serve)."
@@ -198,6 +228,17 @@ class VLLMConfig(Section):
     @classmethod
     def _yaml_off(cls, value: Any) -> Any:
         return "off" if value is False else value  # YAML reads a bare `off` as false
+
+    def sleeps(self, backend: Literal["trl", "verl"]) -> bool:
+        """Whether the engine frees its memory during the update (verl always; TRL with sleep mode)."""
+        return backend == "verl" or self.enable_sleep_mode
+
+    def memory_share(self, backend: Literal["trl", "verl"]) -> float:
+        """The engine's GPU memory share on ``backend``: the recipe's, else 0.6 for an engine that sleeps
+        during the update and 0.3 for one that stays resident."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return SLEEPING_ENGINE_SHARE if self.sleeps(backend) else RESIDENT_ENGINE_SHARE
 
 
 class RolloutConfig(Section):
@@ -226,7 +267,8 @@ class TrainConfig(Section):
     updates_per_batch: int = Field(
         1,
         ge=1,
-        description="Optimizer steps each RL batch is split into (1 = one on-policy update per batch).",
+        description="Optimizer steps each RL batch is split into (mini-batches). 1 = one on-policy update, where "
+        "the importance ratio is 1 and neither clip binds; the GPU recipes use 4 (docs/recipes.md).",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each RL batch (TRL num_iterations, mu).")
     per_device_batch_size: int = Field(
@@ -242,13 +284,14 @@ class TrainConfig(Section):
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="Cap on optimizer steps (overrides epochs).")
     clip_epsilon: float = Field(
-        0.2, gt=0, lt=1, description="PPO clip epsilon (low side, and high side by default)."
+        0.2, gt=0, lt=1, description="PPO clip epsilon (low side, and high side by default); verl's default."
     )
     clip_epsilon_high: float | None = Field(
         None, gt=0, description="Upper clip epsilon; null = clip_epsilon."
     )
     dual_clip_c: float | None = Field(
-        3.0, description="Dual-clip constant c for negative advantages (Ye et al. 2020); null disables it."
+        3.0,
+        description="Dual-clip constant c for negative advantages (Ye et al. 2020; verl's default); null disables it.",
     )
     kl_beta: float = Field(0.0, ge=0, description="KL coefficient; 0 loads no reference model (the paper).")
     loss_aggregation: Literal["token_sum_sequence_mean", "token_mean", "sequence_mean_token_mean"] = Field(
@@ -279,7 +322,7 @@ class TrainConfig(Section):
         if self.dual_clip_c is not None and self.dual_clip_c <= 1 + high:
             raise ValueError(
                 f"dual_clip_c ({self.dual_clip_c}) must exceed 1 + clip epsilon ({1 + high}); "
-                "dual-clip bounds the ratio of negative-advantage tokens from above (paper: 3)"
+                "dual-clip bounds the ratio of negative-advantage tokens from above (verl's default: 3)"
             )
         return self
 
@@ -329,11 +372,17 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
-        if self.run.save_steps % (self.train.updates_per_batch * self.train.ppo_epochs):
+        per_batch = self.train.updates_per_batch * self.train.ppo_epochs
+        if self.run.save_steps % per_batch:
             raise ValueError(
                 f"run.save_steps ({self.run.save_steps}) must be a multiple of train.updates_per_batch x "
-                f"train.ppo_epochs ({self.train.updates_per_batch * self.train.ppo_epochs}) so every checkpoint "
+                f"train.ppo_epochs ({per_batch}) so every checkpoint "
                 "falls between two RL batches and --resume continues exactly"
+            )
+        if self.train.stop_after_step is not None and self.train.stop_after_step % per_batch:
+            raise ValueError(
+                f"train.stop_after_step ({self.train.stop_after_step}) must be a multiple of train.updates_per_batch "
+                f"x train.ppo_epochs ({per_batch}): its checkpoint must fall between two RL batches"
             )
         if self.rollout.vllm.mode != "off" and self.train.use_cpu:
             raise ValueError("rollout.vllm.mode needs a GPU; it cannot be combined with train.use_cpu=true")
@@ -372,3 +421,251 @@ def recipe_from_dict(
 def load_recipe(path: str | Path, overrides: Iterable[Override] = ()) -> Recipe:
     """Read, merge (``base:``), override and validate a recipe file."""
     return load_config(Recipe, path, overrides, what="recipe", resolve_paths=_resolve_judge_path)
+
+
+# ---------------------------------------------------------------------------------------- provenance
+
+# Sections of the paper (BalCapRL: A Balanced Framework for RL-Based MLLM Image Captioning) cited below.
+_A1 = "Appendix A.1 (Implementation Details)"
+_REWARDS = "Sec. 2.1 (Reward design)"
+_DATA = "Sec. 2.2 (Data)"
+_OPTIMIZATION = "Sec. 2.3 (Policy Optimization)"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a recipe value comes from.
+
+    ``source``: ``paper`` (``why`` names the section), ``inference`` (the paper implies it but does not
+    state it; ``why`` gives the reasoning), ``library`` (a library's default; ``why`` names which), or
+    ``choice`` (balcaprl's own setting where nothing points at a value; ``why`` says why this one).
+    """
+
+    source: Literal["paper", "inference", "library", "choice"]
+    why: str
+
+
+def _paper(why: str) -> Provenance:
+    return Provenance("paper", why)
+
+
+def _inference(why: str) -> Provenance:
+    return Provenance("inference", why)
+
+
+def _library(why: str) -> Provenance:
+    return Provenance("library", why)
+
+
+def _choice(why: str) -> Provenance:
+    return Provenance("choice", why)
+
+
+# Every recipe setting with a default, by key; its value in the paper recipe (configs/qwen2_5_vl_3b.yaml
+# over the schema's defaults) is what the entry explains. A test keeps this table and the schema in step.
+PROVENANCE: dict[str, Provenance] = {
+    # model
+    "model.dtype": _library(
+        "verl's FSDP default (actor.fsdp_config.model_dtype fp32, bf16 mixed precision), the framework the paper used"
+    ),
+    "model.attn_implementation": _choice(
+        "sdpa needs no extra package (flash-attn is a source build); verl itself uses flash-attention 2"
+    ),
+    "model.trust_remote_code": _choice("off: no code from a checkpoint runs unless asked"),
+    "model.gradient_checkpointing": _choice(
+        "memory only, not the method: 3B and 7B updates fit 80 GB with it (balcaprl train --plan); "
+        "off in the schema for tiny CPU models"
+    ),
+    "model.lora": _inference(f"full fine-tuning: the paper mentions no adapters ({_A1})"),
+    "model.lora.r": _choice("LoRA runs only: a common rank (peft's default is 8)"),
+    "model.lora.alpha": _choice("LoRA runs only: alpha = 2r, a common scaling"),
+    "model.lora.dropout": _choice("LoRA runs only: a common value (peft's default is 0)"),
+    "model.lora.target_modules": _choice("LoRA runs only: every linear layer but the LM head"),
+    "model.lora.modules_to_save": _library("peft's default (none)"),
+    "model.image.max_side": _choice("no downscaling beyond the processor's own limits"),
+    "model.image.min_pixels": _library("the checkpoint's processor (Qwen2.5-VL: 3,136 pixels)"),
+    "model.image.max_pixels": _library(
+        "transformers' Qwen2VLImageProcessor default (28 x 28 x 1280: at most 1,280 image tokens); the "
+        "Qwen2.5-VL checkpoints allow 12,845,056 pixels (16,384 tokens); the paper gives no limit"
+    ),
+    "model.processor_kwargs": _choice("none"),
+    # data
+    "data.reference": _paper(f"references re-captioned with GPT-5-mini for the main results ({_DATA})"),
+    "data.reference_tokens": _choice(
+        "the length mask needs lengths in the policy's tokenizer; recount when unsure"
+    ),
+    "data.max_samples": _paper(f"all of ShareGPT4V, about 90K images ({_DATA})"),
+    "data.shuffle": _library("verl's data.shuffle default (true)"),
+    # rewards
+    "rewards.weights.precision": _paper(f"w_pre = 0.1 for the main results ({_A1})"),
+    "rewards.weights.recall": _paper(f"w_rec = 0.3 ({_A1})"),
+    "rewards.weights.linguistic": _paper(f"w_ling = 0.3 ({_A1})"),
+    "rewards.pointability": _paper(f"pointability-aware precision ({_REWARDS})"),
+    "rewards.length.mode": _paper(f"length-conditional reward masking ({_OPTIMIZATION})"),
+    "rewards.length.tau_low": _paper(f"tau_l = 0.5 ({_A1})"),
+    "rewards.length.tau_high": _paper(f"tau_u = 2 ({_A1})"),
+    "rewards.length.linear_strength": _choice(
+        "lambda_len of the linear-penalty ablation (Appendix, Linear length penalty): the paper gives no value"
+    ),
+    "rewards.max_failed_batches_in_a_row": _choice(
+        "a dead judge endpoint stops the run after 3 wasted batches"
+    ),
+    # advantage
+    "advantage.estimator": _paper(f"c-GDPO ({_OPTIMIZATION})"),
+    "advantage.eps": _choice("numerical guard on every std; the paper's equations divide by sigma alone"),
+    # rollout
+    "rollout.rollouts_per_prompt": _paper(f"8 rollouts ({_A1})"),
+    "rollout.max_caption_tokens": _choice(
+        "room for captions about 5x the ~200-token ones the paper reports (Tables 3 and 4); the paper gives no cap"
+    ),
+    "rollout.temperature": _library("verl's and TRL's sampling default (1.0)"),
+    "rollout.top_p": _library("verl's and TRL's default (1.0)"),
+    "rollout.top_k": _library("TRL's default (0, off; verl's -1)"),
+    "rollout.repetition_penalty": _library("TRL's default (1.0, off)"),
+    "rollout.vllm.mode": _inference(
+        "colocate: the paper trained with verl, whose rollouts come from vLLM; transformers' generate of a "
+        "GPU's 256 captions at once does not fit 80 GB (balcaprl train --plan); off in the schema for CPU runs"
+    ),
+    "rollout.vllm.gpu_memory_utilization": _inference(
+        "null: 0.6, verl's Qwen2.5-VL GRPO example's value, for an engine that sleeps during the update (verl "
+        "always, TRL with sleep mode); TRL's own default 0.3 for a resident one"
+    ),
+    "rollout.vllm.tensor_parallel_size": _library(
+        "TRL's default (1): a 3B or 7B model and its KV cache fit one GPU; the LLaVA-1.5-7B recipe uses 2 "
+        "(full multi-head attention: 512 KiB of KV cache per token, 9x Qwen2.5-VL-7B's)"
+    ),
+    "rollout.vllm.enable_sleep_mode": _inference(
+        "on: verl frees its engine during the update (free_cache_engine), so the paper's runs did; the engine "
+        "can then take 0.6 of the GPU (balcaprl train --plan); off in the schema, TRL's default"
+    ),
+    "rollout.vllm.max_model_length": _library("vLLM's (the model's context length)"),
+    "rollout.vllm.server_base_url": _library("TRL's default (none: host and port)"),
+    "rollout.vllm.server_host": _library("TRL's default"),
+    "rollout.vllm.server_port": _library("TRL's default"),
+    "rollout.vllm.server_timeout": _library("TRL's default"),
+    "rollout.vllm.importance_sampling_correction": _library("TRL's default (on)"),
+    # train
+    "train.prompts_per_batch": _paper(f"batch size 256 ({_A1})"),
+    "train.updates_per_batch": _inference(
+        "4: the paper credits dual-clip with stability, which binds only when the ratio moves from 1, i.e. "
+        "from the second update of a batch on; 4 is verl's default ratio (train_batch_size 1024 / "
+        "ppo_mini_batch_size 256) and its Qwen2.5-VL GRPO example's (512 / 128). The schema's 1 keeps tiny CPU "
+        "runs on-policy"
+    ),
+    "train.ppo_epochs": _library("verl's ppo_epochs and TRL's num_iterations default (1)"),
+    "train.per_device_batch_size": _choice(
+        "memory only, not the method: what fits 80 GB (balcaprl train --plan)"
+    ),
+    "train.learning_rate": _paper(f"5e-6 ({_A1})"),
+    "train.lr_scheduler": _paper(f"cosine ({_A1})"),
+    "train.warmup": _library("verl's lr_warmup_steps_ratio default (0)"),
+    "train.epochs": _paper(f"1 epoch ({_A1})"),
+    "train.max_steps": _paper(f"none: the epoch decides ({_A1})"),
+    "train.clip_epsilon": _library(
+        f"verl's actor.clip_ratio default (0.2; TRL's epsilon too): the paper applies PPO clipping ({_OPTIMIZATION}) "
+        "without a value"
+    ),
+    "train.clip_epsilon_high": _library("verl's clip_ratio_high default (= clip_ratio)"),
+    "train.dual_clip_c": _library(
+        f"verl's actor.clip_ratio_c default (3): the paper applies dual-clip ({_A1}) without a value"
+    ),
+    "train.kl_beta": _paper(f"no KL loss ({_A1})"),
+    "train.loss_aggregation": _paper(f"token-sum-sequence-mean ({_A1})"),
+    "train.mask_truncated_completions": _library("TRL's default (off)"),
+    "train.optimizer": _library("AdamW: verl's FSDP optimizer; adamw_torch is transformers' implementation"),
+    "train.weight_decay": _library("transformers' default (0; verl's AdamW uses 0.01): the paper gives none"),
+    "train.max_grad_norm": _library("verl's clip_grad and transformers' max_grad_norm default (1.0)"),
+    "train.precision": _library("verl's FSDP mixed precision (bf16)"),
+    "train.use_cpu": _choice("GPU training; true only for tests and the offline demo"),
+    "train.seed": _choice("any fixed seed (verl's examples use 42)"),
+    "train.dataloader_num_workers": _choice("images are opened lazily on the main process"),
+    "train.stop_after_step": _choice("none: run to the end"),
+    # run
+    "run.save_steps": _choice(
+        "a checkpoint every 25 generation batches (100 optimizer steps of 4 per batch)"
+    ),
+    "run.save_total_limit": _choice("keep every checkpoint"),
+    "run.save_final_model": _choice("the trained policy is the run's product"),
+    "run.report_to": _choice("TensorBoard next to metrics.jsonl in the paper recipe; none in the schema"),
+    "run.run_name": _choice("the recipe's name"),
+    "run.progress": _choice("a progress bar and one line per step"),
+    "run.log_rollouts_every": _choice("every rollout of one optimizer step in 100 (0 in the schema: none)"),
+    # judge
+    "judge": _paper(f"GPT-4o-mini judges the main results ({_A1}); null in the schema: pass a Judge in code"),
+}
+
+# Keys without a setting to explain: labels.
+_LABELS = {"name", "description"}
+
+
+def _section_of(annotation: Any) -> type[Section] | None:
+    """The Section class a field holds (also inside ``X | None``), else None."""
+    import typing
+
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, Section):
+            return candidate
+    return None
+
+
+def _walk(model: type[Section], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        if key in _LABELS:
+            continue
+        section = _section_of(field.annotation) if key != "judge" else None
+        if not field.is_required() and (section is None or field.default is None):
+            yield key, field.get_default(call_default_factory=True)  # a leaf, or an optional section (lora)
+        if section is not None:
+            yield from _walk(section, f"{key}.")
+
+
+def recipe_defaults() -> dict[str, Any]:
+    """Every recipe setting that has a default, by key, with the schema's default."""
+    return dict(_walk(Recipe))
+
+
+_UNSET = object()  # a key under an optional section that is off (model.lora.r without LoRA)
+
+
+def _lookup(values: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(values, Mapping):
+            return _UNSET
+        values = values.get(part)
+    return values
+
+
+def _shown(value: Any, key: str = "") -> str:
+    if value is _UNSET:
+        return "-"
+    if key == "judge" and isinstance(value, Mapping):  # a judge config: its model names it
+        return f"{value.get('model', '...')} (judge config)"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return "{}" if value == {} else str(value)
+
+
+def provenance_table(paper_recipe: Recipe, source_name: str) -> str:
+    """The Markdown table of every default: its value in ``paper_recipe``, the schema's when it differs,
+    and its provenance (what ``docs/recipes.md`` holds)."""
+    values = paper_recipe.model_dump(mode="json")
+    lines = [
+        f"| key | {source_name} | schema default | source | why |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, default in recipe_defaults().items():
+        entry = PROVENANCE[key]
+        value = _lookup(values, key)
+        default_json = yaml.safe_load(yaml.safe_dump(_jsonable(default)))
+        different = "" if default_json == value else _shown(default_json)
+        lines.append(f"| `{key}` | {_shown(value, key)} | {different} | {entry.source} | {entry.why} |")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, Section) else value

@@ -19,16 +19,19 @@ RECIPE_3B = CONFIGS / "qwen2_5_vl_3b.yaml"
 
 
 def tiny_overrides(tiny_policy, tiny_dataset, out) -> list[str]:
-    """Only what a CPU and a tiny checkpoint force: paths, CPU, a 2-prompt batch, short captions, one step."""
+    """Only what a CPU and a tiny checkpoint force: paths, CPU (so transformers generate, no vLLM), a 2-prompt
+    batch (16 captions, so micro-batches of 4 for its 4 updates), short captions, one batch."""
     return [
         f"model.path={tiny_policy}",
         f"data.path={tiny_dataset}",
         f"run.output_dir={out}",
         "run.report_to=[]",
         "train.use_cpu=true",
+        "rollout.vllm.mode=off",
         "train.prompts_per_batch=2",
+        "train.per_device_batch_size=4",
         "rollout.max_caption_tokens=8",
-        "train.stop_after_step=1",
+        "train.stop_after_step=4",
     ]
 
 
@@ -104,23 +107,24 @@ def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
     overrides = tiny_overrides(tiny_policy, tiny_dataset, out)
     recipe = load_recipe(RECIPE_3B, overrides)
     assert recipe.model.gradient_checkpointing and recipe.train.precision == "bf16"
-    assert recipe.rollout.rollouts_per_prompt == 8 and recipe.train.per_device_batch_size == 16
+    assert recipe.rollout.rollouts_per_prompt == 8 and recipe.train.updates_per_batch == 4
 
     result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["train", str(RECIPE_3B), *overrides])
     assert result.exit_code == 0, result.output
-    assert "done: 1 steps" in result.output
+    assert "done: 4 steps" in result.output
 
     judge = judges[0]
     assert judge.calls == 1 and len(judge.requests) == 16  # 2 prompts x 8 rollouts, one judge call
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == [1] and steps[0]["judge/requests"] == 16
-    assert (out / "checkpoint-1").is_dir() and (out / "recipe.yaml").is_file()
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[0]["judge/requests"] == 16
+    assert all("policy/clipped_share" in r for r in steps)  # every update logs its clipping
+    assert (out / "checkpoint-4").is_dir() and (out / "recipe.yaml").is_file()
     assert not (out / "final").exists()  # stopped early: no final model
 
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     before = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_policy).state_dict()
-    after = Qwen2_5_VLForConditionalGeneration.from_pretrained(out / "checkpoint-1").state_dict()
+    after = Qwen2_5_VLForConditionalGeneration.from_pretrained(out / "checkpoint-4").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the optimizer step changed nothing"
 
 
@@ -132,6 +136,6 @@ def test_llava_recipe_runs_to_its_first_optimizer_step(tiny_llava, tiny_dataset,
     recipe = load_recipe(CONFIGS / "llava_1_5_7b.yaml", tiny_overrides(tiny_llava, tiny_dataset, out))
     judge = ScriptedJudge(fail_every=4)
     result = train(recipe, judge)
-    assert result.global_step == 1 and judge.calls == 1 and len(judge.requests) == 16
+    assert result.global_step == 4 and judge.calls == 1 and len(judge.requests) == 16
     rollouts = read_jsonl(out / "metrics.jsonl")
     assert rollouts[0]["judge/requests"] == 16

@@ -43,7 +43,12 @@ PAPER = {
     "actor_rollout_ref.rollout.n": "8",
     "actor_rollout_ref.actor.optim.lr": "5e-06",
     "data.train_batch_size": "256",
-    "actor_rollout_ref.actor.ppo_mini_batch_size": "256",  # one update per batch, on-policy
+    # 4 optimizer updates per batch of 256 prompts (an inference, docs/recipes.md): mini-batches of 64 prompts
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "64",
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "balcaprl_dual_clip",  # verl's vanilla + ratio metrics
+    # the rollout engine sleeps during the update, so it takes verl's share, not TRL's resident 0.3
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "0.6",
+    "actor_rollout_ref.rollout.free_cache_engine": "true",
     "actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
     "trainer.total_epochs": "1",
     "actor_rollout_ref.actor.clip_ratio_low": "0.2",
@@ -191,9 +196,12 @@ def base_dict():
         ("train.optimizer=sgd", "train.optimizer"),
         ("rollout.repetition_penalty=1.1", "rollout.repetition_penalty"),
         ("train.mask_truncated_completions=true", "train.mask_truncated_completions"),
-        ("train.stop_after_step=5", "train.stop_after_step"),
+        ("train.stop_after_step=8", "train.stop_after_step"),
         ("train.epochs=1.5", "train.epochs"),
-        ("train.prompts_per_batch=3 rollout.rollouts_per_prompt=3", "do not split over 8 GPUs"),
+        (
+            "train.prompts_per_batch=3 rollout.rollouts_per_prompt=3 train.updates_per_batch=1",
+            "do not split over 8 GPUs",
+        ),
         ("train.per_device_batch_size=7", "train.per_device_batch_size"),
         ("train.updates_per_batch=3 run.save_steps=24", "train.updates_per_batch"),
         ("model.lora.r=8", "model.lora.dropout"),
@@ -208,6 +216,35 @@ def test_impossible_combinations_are_rejected(override, message):
     recipe = recipe_from_dict(data, override.split(" "))
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         render_verl(recipe)
+
+
+def test_llava_renders_for_verl(tmp_path):
+    """LLaVA-1.5-7B: verl's generic vision-language path, unpacked, no pixel limits, a 2-GPU rollout engine;
+    verl's own Hydra config accepts it, and the note says what is untested upstream."""
+    recipe = load_recipe(
+        ROOT / "configs" / "llava_1_5_7b.yaml",
+        [f"data.path={tmp_path / 'data'}", f"run.output_dir={tmp_path / 'run'}"],
+    )
+    launch = render_verl(recipe, recipe_dir=ROOT / "configs")
+    values = launch.as_dict()
+    assert values["actor_rollout_ref.model.path"] == "llava-hf/llava-1.5-7b-hf"
+    assert values["actor_rollout_ref.model.use_remove_padding"] == "false"
+    assert values["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "2"
+    assert not any(key.startswith("data.mm_processor_kwargs") for key in values)  # fixed 336 x 336 images
+    for key, expected in PAPER.items():
+        assert values[key] == expected, key
+    assert any("LLaVA" in note and "untested upstream" in note for note in launch.notes)
+    cfg = verl_config(launch.overrides)
+    assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
+    # Qwen stays packed (verl patches its forward for it).
+    qwen = render_verl(load_recipe(RECIPE_3B)).as_dict()
+    assert qwen["actor_rollout_ref.model.use_remove_padding"] == "true"
+
+
+def test_a_recipes_own_engine_share_wins():
+    recipe = load_recipe(RECIPE_3B, ["rollout.vllm.gpu_memory_utilization=0.45"])
+    assert render_verl(recipe).as_dict()["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.45"
 
 
 def test_bad_cluster_shapes_are_rejected():

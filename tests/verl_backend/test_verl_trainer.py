@@ -115,7 +115,7 @@ class Probe:
         import sys
 
         import verl  # noqa: F401  (VERL_USE_EXTERNAL_MODULES is read here)
-        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
         return {
@@ -123,6 +123,7 @@ class Probe:
             "plugin_imported": PLUGIN_MODULE in sys.modules,
             "estimators": sorted(n for n in ADV_ESTIMATOR_REGISTRY if n.startswith("balcaprl")),
             "trainer": TRAINER_MODE in TRAINER_REGISTRY,
+            "policy_losses": sorted(n for n in POLICY_LOSS_REGISTRY if n.startswith("balcaprl")),
         }
 
 
@@ -133,6 +134,7 @@ def test_the_plugin_reaches_ray_workers(ray_cluster):
         "plugin_imported": True,
         "estimators": ["balcaprl_c_gdpo", "balcaprl_grpo"],
         "trainer": True,
+        "policy_losses": ["balcaprl_dual_clip"],
     }
 
 

@@ -1,6 +1,7 @@
 """``balcaprl train CONFIG [key.sub=value ...]``: c-GDPO on TRL's GRPOTrainer, one machine.
 
-(verl on a Ray cluster is ``balcaprl verl launch``, in ``cli/verl.py``, with verl's own flags.)
+``--plan`` prints the per-GPU memory estimate instead (``train/memory_plan.py``), for an accelerate
+launch config or a verl layout. (verl on a Ray cluster is ``balcaprl verl launch``, in ``cli/verl.py``.)
 """
 
 from __future__ import annotations
@@ -33,6 +34,23 @@ def train(
         False, "--allow-recipe-change", help="Resume even if the recipe differs from the run's recipe.yaml."
     ),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved recipe and exit."),
+    plan: bool = typer.Option(
+        False, "--plan", help="Print the estimated memory per GPU (no GPU, no download) and exit."
+    ),
+    launcher: Path | None = typer.Option(
+        None,
+        "--launcher",
+        exists=True,
+        dir_okay=False,
+        help="--plan: the accelerate config of the launch (configs/accelerate/*.yaml); default one GPU.",
+    ),
+    verl_layout: str | None = typer.Option(
+        None, "--verl-layout", help="--plan: a verl launch on NODESxGPUS, e.g. 1x8 or 4x8."
+    ),
+    gpus: int | None = typer.Option(
+        None, "--gpus", min=1, help="--plan: processes (GPUs) instead of the launcher's num_processes."
+    ),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
 ) -> None:
     """Train a captioner with c-GDPO on TRL's GRPOTrainer, on one machine.
 
@@ -44,10 +62,16 @@ def train(
     if print_config:
         typer.echo(recipe.to_yaml(), nl=False)
         return
+    if plan:
+        _print_plan(recipe, launcher, verl_layout, gpus, gpu_memory)
+        return
     from balcaprl.data.format import read_card
     from balcaprl.errors import ConfigError, UserError
     from balcaprl.outputs import ensure_writable_dir
     from balcaprl.train.checkpointing import replace_run, resolve_resume
+
+    if launcher is not None or verl_layout is not None or gpus is not None:
+        raise UserError("--launcher, --verl-layout and --gpus describe a launch for --plan; add --plan")
 
     if overwrite and (resume or resume_from is not None):
         raise UserError("give --resume (or --resume-from) or --overwrite, not both")
@@ -85,3 +109,32 @@ def train(
     typer.echo(f"done: {result.global_step} steps; metrics in {result.metrics_path}")
     if result.final_model_dir is not None:
         typer.echo(f"final policy: {result.final_model_dir}")
+
+
+def _print_plan(
+    recipe, launcher: Path | None, verl_layout: str | None, gpus: int | None, gpu_memory: float
+) -> None:
+    from balcaprl.errors import UserError
+    from balcaprl.train.memory_plan import (
+        Launcher,
+        launcher_from_accelerate,
+        launcher_from_verl_layout,
+        plan_memory,
+    )
+
+    if launcher is not None and verl_layout is not None:
+        raise UserError(
+            "--launcher (accelerate, TRL) and --verl-layout (verl) describe different launches; pick one"
+        )
+    if verl_layout is not None:
+        if gpus is not None:
+            raise UserError("--gpus: a verl layout already says how many GPUs (NODESxGPUS)")
+        chosen = launcher_from_verl_layout(verl_layout)
+    elif launcher is not None:
+        chosen = launcher_from_accelerate(launcher, gpus)
+    elif gpus is not None and gpus > 1:
+        raise UserError("--gpus > 1 needs --launcher (how the GPUs share the model: DDP, FSDP, ZeRO-3)")
+    else:
+        chosen = Launcher("single", 1, description="one process on one GPU")
+    result = plan_memory(recipe, chosen, gpu_memory)
+    typer.echo(result.to_text())

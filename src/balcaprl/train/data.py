@@ -3,7 +3,9 @@
 Each row becomes:
     id                the dataset row id (groups the G rollouts of one prompt)
     prompt            [{"role": "user", "content": <prompt>}]; TRL puts the image before the text
-    image             a PIL image, opened lazily when TRL fetches the row (RGB, optionally downscaled)
+    image             a PIL image, opened lazily when TRL fetches the row (RGB, optionally downscaled, and
+                      resized to the policy processor's image grid so the rollout engine counts the same
+                      image tokens as the trainer: ``train/modeling.py``)
     image_path        absolute path, what the judge is sent
     reference         the reference caption the judge compares against (recipe: data.reference)
     reference_tokens  its length in the *policy's* tokenizer, for the length mask (Sec. 2.3)
@@ -18,13 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from balcaprl.data.format import COLUMNS, read_card
 from balcaprl.errors import ConfigError
 from balcaprl.recipe import DataConfig, ImageConfig
 
-__all__ = ["count_tokens", "prepare_train_dataset", "reference_tokens_source"]
+if TYPE_CHECKING:
+    from balcaprl.train.modeling import ImageGrid
+
+__all__ = ["count_tokens", "open_image", "prepare_train_dataset", "reference_tokens_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +60,24 @@ def reference_tokens_source(
     return "dataset" if same_tokenizer and column_complete else "recount"
 
 
-def _open_image(path: str, max_side: int | None):
-    from balcaprl.images import open_image  # the pixel limit and reduced decode every reader shares
+def open_image(path: str, max_side: int | None, grid: ImageGrid | None = None):
+    """A training image as every consumer sees it: RGB, at most ``max_side`` pixels a side (decoded
+    within the one pixel limit, at a reduced scale where the format allows), then on ``grid``."""
+    from balcaprl.images import open_image as open_bounded
 
-    return open_image(path, max_side=max_side, mode="RGB")
+    image = open_bounded(path, max_side=max_side, mode="RGB")
+    return grid.resize(image) if grid is not None else image
 
 
 def prepare_train_dataset(
-    cfg: DataConfig, image_cfg: ImageConfig, tokenizer: Any, policy_names: Sequence[str]
+    cfg: DataConfig,
+    image_cfg: ImageConfig,
+    tokenizer: Any,
+    policy_names: Sequence[str],
+    grid: ImageGrid | None = None,
 ):
-    """Load ``cfg.path``'s train split as a ``datasets.Dataset`` in the shape above."""
+    """Load ``cfg.path``'s train split as a ``datasets.Dataset`` in the shape above (images on ``grid``,
+    the policy processor's :class:`~balcaprl.train.modeling.ImageGrid`, when it has one)."""
     from balcaprl.data.format import load_split
 
     root = Path(cfg.path).expanduser().resolve()
@@ -115,6 +128,6 @@ def prepare_train_dataset(
     max_side = image_cfg.max_side
 
     def load_images(batch: dict[str, list]) -> dict[str, list]:
-        return {**batch, "image": [_open_image(p, max_side) for p in batch["image_path"]]}
+        return {**batch, "image": [open_image(p, max_side, grid) for p in batch["image_path"]]}
 
     return ds.with_transform(load_images)

@@ -5,8 +5,15 @@ s_it = pi_theta / pi_old,
 
     L = (1/B) sum_i sum_t  -max( min(s_it A_i, clip(s_it, 1-eps, 1+eps_h) A_i),  c A_i  [A_i < 0 only] )
 
-that is PPO-clip with dual-clip (c = 3, Ye et al. 2020), no KL term, and "token-sum-sequence-mean"
-aggregation (sum over a sequence's tokens, then mean over sequences; verl's ``seq-mean-token-sum``).
+that is PPO-clip with dual-clip (Ye et al. 2020), no KL term, and "token-sum-sequence-mean" aggregation
+(sum over a sequence's tokens, then mean over sequences; verl's ``seq-mean-token-sum``). The paper names
+dual-clip and the aggregation (Appendix A.1) but gives neither eps nor c; the recipe's eps = 0.2 and
+c = 3 are verl's defaults (``actor.clip_ratio``, ``actor.clip_ratio_c``), the framework the paper used.
+
+The clip and the dual-clip bind only when the ratio moves away from 1, that is from the second
+optimizer update of a generation batch on (``train.updates_per_batch`` > 1). :func:`ratio_statistics`
+measures how often they do; both backends log it under the same names (``policy/ratio_mean``,
+``policy/ratio_max``, ``policy/clipped_share``, ``policy/dual_clipped_share``).
 
 Why TRL's ``loss_type="luspo"`` with ``importance_sampling_level="token"`` and ``delta=c`` is exactly
 this (TRL 1.16, ``GRPOTrainer._compute_loss``):
@@ -37,7 +44,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LOSS_TYPES", "reference_policy_loss", "trl_loss_settings"]
+__all__ = [
+    "LOSS_TYPES",
+    "POLICY_METRICS",
+    "RatioStatistics",
+    "ratio_statistics",
+    "reference_policy_loss",
+    "trl_loss_settings",
+]
 
 # Recipe name -> TRL 1.16 loss_type.
 LOSS_TYPES = {
@@ -91,3 +105,80 @@ def reference_policy_loss(
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip_c * adv), surrogate)
     per_token_loss = -surrogate * mask
     return per_token_loss.sum(dim=1).mean()
+
+
+# The per-step metrics of the importance ratio and of the clips, in both backends.
+POLICY_METRICS = (
+    "policy/ratio_mean",
+    "policy/ratio_max",
+    "policy/clipped_share",
+    "policy/dual_clipped_share",
+)
+
+
+def ratio_statistics(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_epsilon: float,
+    clip_epsilon_high: float | None,
+    dual_clip_c: float | None,
+) -> torch.Tensor:
+    """Sums over the masked tokens of one micro-batch: ``[tokens, sum of ratios, max ratio, clipped,
+    dual-clipped]`` (float64; max is -inf without tokens). ``old_logps`` None means on-policy (ratio 1).
+
+    A token is *clipped* when the PPO clip takes it out of the gradient: ratio < 1 - eps with A < 0, or
+    ratio > 1 + eps_high with A > 0 (TRL's ``clip_ratio/region_mean``, verl's ``pg_clipfrac``). It is
+    *dual-clipped* when A < 0 and ratio > c, where dual-clip caps the loss at -c A (verl's
+    ``pg_clipfrac_lower``). ``advantages``: (B,) or (B, T).
+    """
+    logps = logps.detach()
+    ratio = torch.ones_like(logps) if old_logps is None else torch.exp(logps - old_logps.detach())
+    adv = advantages.detach()
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    keep = mask.bool()
+    high = clip_epsilon if clip_epsilon_high is None else clip_epsilon_high
+    clipped = ((ratio < 1 - clip_epsilon) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+    dual = (ratio > dual_clip_c) & (adv < 0) if dual_clip_c is not None else torch.zeros_like(keep)
+    kept = ratio[keep].double()
+    return torch.stack(
+        [
+            keep.sum().double(),
+            kept.sum(),
+            kept.max()
+            if kept.numel()
+            else torch.tensor(float("-inf"), dtype=torch.float64, device=kept.device),
+            (clipped & keep).sum().double(),
+            (dual & keep).sum().double(),
+        ]
+    )
+
+
+class RatioStatistics:
+    """Accumulates :func:`ratio_statistics` over the micro-batches of one optimizer step (already summed,
+    or maxed, over processes) and turns them into :data:`POLICY_METRICS`."""
+
+    def __init__(self) -> None:
+        self.totals: torch.Tensor | None = None
+
+    def add(self, sums: torch.Tensor) -> None:
+        sums = sums.detach().double().cpu()
+        if self.totals is None:
+            self.totals = sums.clone()
+        else:
+            self.totals[[0, 1, 3, 4]] += sums[[0, 1, 3, 4]]
+            self.totals[2] = torch.maximum(self.totals[2], sums[2])
+
+    def pop(self) -> dict[str, float]:
+        """The metrics since the last call (empty when no token was seen), and a fresh start."""
+        totals, self.totals = self.totals, None
+        if totals is None or totals[0] <= 0:
+            return {}
+        tokens = float(totals[0])
+        return {
+            "policy/ratio_mean": float(totals[1]) / tokens,
+            "policy/ratio_max": float(totals[2]),
+            "policy/clipped_share": float(totals[3]) / tokens,
+            "policy/dual_clipped_share": float(totals[4]) / tokens,
+        }

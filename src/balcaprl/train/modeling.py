@@ -1,4 +1,5 @@
-"""Loading the policy's processor and building the model/LoRA arguments TRL takes.
+"""Loading the policy's processor, the image grid the rollout engine must share with it, and the
+model/LoRA arguments TRL takes.
 
 The model itself is loaded by TRL from ``model.path`` (``create_model_from_path``: the architecture
 named in the checkpoint's config, e.g. ``Qwen2_5_VLForConditionalGeneration``), the same path for a
@@ -11,16 +12,38 @@ torchvision, :func:`load_processor` loads the same checkpoint through an image-o
 processor class (the image processor falls back to its PIL implementation). Captioning never uses
 video inputs, so nothing changes for training; saved checkpoints keep the original processor class
 name and load normally wherever torchvision is installed.
+
+Rollouts see the trainer's images. A Qwen2/2.5-VL processor resizes each image to a grid of
+``patch x merge`` pixel squares within [min_pixels, max_pixels] (``smart_resize``), and the number of
+image tokens follows from the grid. vLLM processes the raw image again with its *own* processor, built
+from the checkpoint's ``preprocessor_config.json`` (Qwen2.5-VL-3B/7B-Instruct: up to 12,845,056 pixels),
+not with the recipe's ``model.image.max_pixels``: for a large image the rollout engine and the trainer
+would disagree on the image-token count. Two measures, both from :class:`ImageGrid`:
+
+* every training image is resized once to the trainer processor's grid before anyone sees it
+  (``train/data.py``); an image already on the grid and within the limits is left alone by any such
+  processor, so vLLM (colocate or server), verl and the trainer all count the same tokens;
+* the colocated vLLM engine also gets the same limits as ``mm_processor_kwargs``
+  (``trl_backend.vllm_engine_kwargs``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from balcaprl.recipe import ModelConfig
+from balcaprl.recipe import ImageConfig, ModelConfig
 
-__all__ = ["image_only_processor_class", "load_processor", "model_init_kwargs", "peft_config"]
+__all__ = [
+    "ImageGrid",
+    "image_grid",
+    "image_limits",
+    "image_only_processor_class",
+    "load_processor",
+    "model_init_kwargs",
+    "peft_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +83,8 @@ def load_processor(cfg: ModelConfig):
         "padding_side": "left",
         "truncation_side": "left",
         "trust_remote_code": cfg.trust_remote_code,
+        **image_limits(cfg.image),
     }
-    if cfg.image.min_pixels is not None:
-        kwargs["min_pixels"] = cfg.image.min_pixels
-    if cfg.image.max_pixels is not None:
-        kwargs["max_pixels"] = cfg.image.max_pixels
     kwargs.update(cfg.processor_kwargs)
     try:
         return AutoProcessor.from_pretrained(cfg.path, **kwargs)
@@ -82,6 +102,75 @@ def load_processor(cfg: ModelConfig):
             "torchvision is not installed" if "torchvision" in message else "the checkpoint has none",
         )
         return image_only_processor_class(processor_class).from_pretrained(cfg.path, **kwargs)
+
+
+def image_limits(cfg: ImageConfig) -> dict[str, int]:
+    """The recipe's Qwen2/2.5-VL pixel limits as processor keyword arguments (absent ones left out)."""
+    limits = {"min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels}
+    return {key: value for key, value in limits.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class ImageGrid:
+    """A Qwen2/2.5-VL image processor's resize rule: sides in multiples of ``factor`` (patch x merge
+    pixels), area within [min_pixels, max_pixels], aspect ratio kept (transformers' ``smart_resize``)."""
+
+    factor: int
+    min_pixels: int
+    max_pixels: int
+
+    def size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) the processor turns a ``width x height`` image into; a fixed point of the rule."""
+        # The processors' own rule (the PIL module's copy: the torchvision one needs torchvision).
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        first = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        h, w = first
+        # Usually the first step is a fixed point; at extreme aspect ratios (the short side pinned at one
+        # factor) the area can still exceed max_pixels and the rule takes a few more steps to settle.
+        for _ in range(32):
+            new_h, new_w = smart_resize(h, w, self.factor, self.min_pixels, self.max_pixels)
+            if (new_h, new_w) == (h, w):
+                return w, h
+            h, w = new_h, new_w
+        # No fixed point (min_pixels close to max_pixels): the processor's own first step. Any engine with
+        # the same limits still agrees with the trainer; one with other limits may not.
+        return first[1], first[0]
+
+    def tokens(self, width: int, height: int) -> int:
+        """Image tokens the language model sees for a ``width x height`` image: one per ``factor``-pixel
+        square of the grid (patches of ``patch`` pixels, merged ``merge x merge``)."""
+        w, h = self.size(width, height)
+        return (w // self.factor) * (h // self.factor)
+
+    def resize(self, image):
+        """``image`` resized (bicubic, the processors' filter) to its grid size; returned as is when on it."""
+        from PIL import Image
+
+        size = self.size(*image.size)
+        return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
+
+    def processor_kwargs(self) -> dict[str, int]:
+        """The same limits as processor / vLLM ``mm_processor_kwargs`` keyword arguments."""
+        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+
+
+def image_grid(processor: Any) -> ImageGrid | None:
+    """The resize rule of ``processor``'s image processor, or None when it has none of this kind (LLaVA:
+    a fixed crop, so every processor of the checkpoint gives the same number of image tokens)."""
+    image_processor = getattr(processor, "image_processor", None)
+    patch, merge = getattr(image_processor, "patch_size", None), getattr(image_processor, "merge_size", None)
+    size = getattr(image_processor, "size", None)
+    if not (isinstance(patch, int) and isinstance(merge, int) and size is not None):
+        return None
+    low, high = _size_entry(size, "shortest_edge"), _size_entry(size, "longest_edge")
+    if low is None or high is None:
+        return None
+    return ImageGrid(factor=patch * merge, min_pixels=int(low), max_pixels=int(high))
+
+
+def _size_entry(size: Any, key: str) -> Any:
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
 def model_init_kwargs(cfg: ModelConfig) -> dict[str, Any]:

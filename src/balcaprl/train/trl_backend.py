@@ -3,7 +3,10 @@
 One training step, in the order it happens (TRL does everything not listed):
 
 1. TRL samples ``rollout.rollouts_per_prompt`` captions for each of ``train.prompts_per_batch`` images
-   (transformers generate, or vLLM in colocate/server mode).
+   (transformers generate, or vLLM in colocate/server mode). The images are already on the policy
+   processor's grid, and a colocated vLLM engine gets the same pixel limits, so rollout and trainer
+   count the same image tokens; a vLLM server that counts differently is stopped with a clear error
+   (``train/modeling.py``).
 2. Rewards (``_calculate_rewards``): TRL calls the three reward functions precision, recall and
    linguistic; they share one judge verdict per rollout (``train/rewards.py``), the length mask gates
    the linguistic reward (Sec. 2.3), a failed judge is NaN. TRL gathers the (N, 3) tensor over
@@ -13,6 +16,8 @@ One training step, in the order it happens (TRL does everything not listed):
    minus the linear length penalty (eq. A.5) when chosen (``train/advantages.py``). Metrics are logged.
 4. Loss and update: TRL's ``luspo`` loss with token-level ratios and ``delta = c`` is exactly the
    paper's dual-clip PPO with token-sum-sequence-mean aggregation, no KL (``train/loss.py`` proves it).
+   Each generation batch feeds ``train.updates_per_batch`` optimizer steps; every step logs the
+   importance ratio's mean and max and the shares of clipped and dual-clipped tokens.
 
 Entry points: :func:`train` (a run folder with checkpoints, ``--resume``, metrics) and
 :func:`build_trainer` (the configured ``BalancedGRPOTrainer``, for tests and embedding).
@@ -20,8 +25,11 @@ Entry points: :func:`train` (a run folder with checkpoints, ``--resume``, metric
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
+from trl.generation import vllm_generation
 from trl.trainer.utils import RepeatSampler
 
 from balcaprl.errors import ConfigError
@@ -47,9 +56,9 @@ from balcaprl.train.checkpointing import (
     write_recipe_snapshot,
 )
 from balcaprl.train.data import prepare_train_dataset
-from balcaprl.train.loss import trl_loss_settings
+from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
-from balcaprl.train.modeling import load_processor, model_init_kwargs, peft_config
+from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
 from balcaprl.train.rewards import SharedVerdictScorer
 
 __all__ = [
@@ -59,7 +68,9 @@ __all__ = [
     "batch_layout",
     "build_trainer",
     "grpo_config",
+    "image_token_runs",
     "train",
+    "vllm_engine_kwargs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,6 +112,43 @@ class EpochSeededRepeatSampler(RepeatSampler):
             self.generator.manual_seed(self.seed + epoch)
 
 
+# ------------------------------------------------------------------------------ the rollout engine
+
+
+@contextmanager
+def vllm_engine_kwargs(**kwargs: Any) -> Iterator[None]:
+    """While the trainer is built, TRL's colocated vLLM engine also gets ``kwargs``.
+
+    TRL 1.16 builds it as ``LLM(model=..., ...)`` with a fixed argument list and no hook
+    (``trl/generation/vllm_generation.py``, ``VLLMGeneration._init_vllm``); it looks ``LLM`` up in its
+    module when it builds the engine, so the name is bound to ``LLM`` with these keyword arguments
+    for that moment. A no-op without vLLM (TRL then refuses ``use_vllm`` itself) or without kwargs.
+    """
+    original = getattr(vllm_generation, "LLM", None)
+    if original is None or not kwargs:
+        yield
+        return
+    vllm_generation.LLM = functools.partial(original, **kwargs)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
+
+
+def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]:
+    """Lengths of the runs of ``image_token_id`` in a prompt: one run per image, its image-token count."""
+    runs, length = [], 0
+    for token in token_ids:
+        if token == image_token_id:
+            length += 1
+        elif length:
+            runs.append(length)
+            length = 0
+    if length:
+        runs.append(length)
+    return runs
+
+
 # ------------------------------------------------------------------------------------- the trainer
 
 
@@ -111,6 +159,8 @@ class BalancedGRPOTrainer(GRPOTrainer):
         scorer: the shared-verdict scorer whose three reward functions are passed to TRL.
         advantage_step: the recipe's advantage estimator.
         rollout_log: optional per-rollout log.
+        image_grid: the policy processor's image grid (None for processors without one, e.g. LLaVA);
+            a colocated vLLM engine gets its limits, a vLLM server is checked against it.
         Everything else: as ``GRPOTrainer`` (``reward_funcs`` comes from ``scorer``).
     """
 
@@ -120,6 +170,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         scorer: SharedVerdictScorer,
         advantage_step: AdvantageStep,
         rollout_log: RolloutLog | None = None,
+        image_grid: ImageGrid | None = None,
         **kwargs: Any,
     ):
         if "reward_funcs" in kwargs:
@@ -129,9 +180,40 @@ class BalancedGRPOTrainer(GRPOTrainer):
         self.scorer = scorer
         self.advantage_step = advantage_step
         self.rollout_log = rollout_log
+        self.image_grid = image_grid
         self._gathered_rewards: torch.Tensor | None = None
         self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
-        super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
+        self._ratio_statistics = RatioStatistics()
+        engine = {"mm_processor_kwargs": image_grid.processor_kwargs()} if image_grid is not None else {}
+        with vllm_engine_kwargs(**engine):
+            super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
+        if self.use_vllm and self.vllm_mode == "server":
+            self._check_served_image_tokens()
+
+    # 1. Rollouts: TRL samples the captions; a vLLM server must count image tokens as the trainer does.
+    def _check_served_image_tokens(self) -> None:
+        """Compare each image's token count from the vLLM server with the trainer's prompt, before TRL
+        pairs them (TRL re-places the server's image features at the trainer's image-token runs without
+        comparing their lengths)."""
+        generation = self.vllm_generation
+        place = generation._place_features
+        image_token_id = self.processing_class.image_token_id
+        limits = json.dumps(self.image_grid.processor_kwargs()) if self.image_grid is not None else None
+
+        def checked(features, prompt_ids):
+            if features is not None:
+                served = [int(p["length"]) for p in features["mm_placeholders"]["image"]]
+                ours = image_token_runs(prompt_ids, image_token_id)
+                if served != ours:
+                    hint = f" --mm-processor-kwargs '{limits}'" if limits else ""
+                    raise ConfigError(
+                        f"the vLLM server made {served} image tokens where the trainer's processor made {ours}: "
+                        f"its image processor has other pixel limits. Restart it with the trainer's: "
+                        f"trl vllm-serve --model {self.model.name_or_path}{hint}"
+                    )
+            return place(features, prompt_ids)
+
+        generation._place_features = checked
 
     # 0. Which prompts a batch holds: TRL's sampler, resumable across epochs.
     def _get_train_sampler(self, dataset=None):
@@ -143,8 +225,6 @@ class BalancedGRPOTrainer(GRPOTrainer):
             shuffle=self.shuffle_dataset,
             seed=self.args.seed,
         )
-
-    # 1. Rollouts: TRL samples the captions (unchanged).
 
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -213,7 +293,51 @@ class BalancedGRPOTrainer(GRPOTrainer):
             self.rollout_log.write(step, records, advantages, group_index)
         return output
 
-    # 4. Loss and update: TRL's, configured by train/loss.py (unchanged).
+    # 4. Loss and update: TRL's, configured by train/loss.py; the ratio statistics are recorded on the way.
+    def _compute_loss(self, model, inputs):
+        """TRL's loss, unchanged; the current log-probs it computes are kept for :func:`ratio_statistics`."""
+        captured: list[torch.Tensor] = []
+        own = self.__dict__.get("_get_per_token_logps_and_entropies")  # an instance override stays in place
+        inner = self._get_per_token_logps_and_entropies
+
+        def capture(*args, **kwargs):
+            result = inner(*args, **kwargs)
+            captured.append(result[0])
+            return result
+
+        self._get_per_token_logps_and_entropies = capture
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            if own is not None:
+                self._get_per_token_logps_and_entropies = own
+            else:
+                del self._get_per_token_logps_and_entropies
+        if captured and self.model.training:
+            self._record_ratios(captured[0], inputs)
+        return loss
+
+    def _record_ratios(self, logps: torch.Tensor, inputs: dict[str, Any]) -> None:
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        sums = ratio_statistics(
+            logps,
+            inputs.get("old_per_token_logps"),  # None: TRL skipped it, the batch is on-policy (ratio 1)
+            inputs["advantages"],
+            mask,
+            self.epsilon_low,
+            self.epsilon_high,
+            self.args.delta,
+        )
+        totals = self.accelerator.reduce(sums[[0, 1, 3, 4]], reduction="sum")
+        largest = self.accelerator.gather(sums[2:3]).max()
+        self._ratio_statistics.add(torch.stack([totals[0], totals[1], largest, totals[2], totals[3]]))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "train_runtime" not in logs:  # a step's log, not the run's summary
+            logs.update(self._ratio_statistics.pop())
+        super().log(logs, start_time)
 
     # Resuming: load the checkpoint's weights through from_pretrained.
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
@@ -294,9 +418,10 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
         # Model loading.
         model_init_kwargs=model_init_kwargs(recipe.model),
         trust_remote_code=recipe.model.trust_remote_code,
-        activation_checkpointing=recipe.model.gradient_checkpointing,
+        # transformers 5.23 renamed these activation_checkpointing(_kwargs) and keeps the old names as
+        # aliases; 5.17 (the one-node GPU set, vLLM < 0.33) knows only the old ones.
         gradient_checkpointing=recipe.model.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False}
+        gradient_checkpointing_kwargs={"use_reentrant": False}
         if recipe.model.gradient_checkpointing
         else None,
         # Batch: prompts_per_batch x G captions per RL batch.
@@ -354,7 +479,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
     if vllm.mode != "off":
         kwargs.update(
             vllm_mode=vllm.mode,
-            vllm_gpu_memory_utilization=vllm.gpu_memory_utilization,
+            vllm_gpu_memory_utilization=vllm.memory_share("trl"),
             vllm_tensor_parallel_size=vllm.tensor_parallel_size,
             vllm_enable_sleep_mode=vllm.enable_sleep_mode,
             vllm_max_model_length=vllm.max_model_length,
@@ -379,11 +504,17 @@ def build_trainer(
 
     ``train_dataset`` / ``processor`` default to the recipe's dataset folder and the policy's processor.
     """
+    if recipe.rollout.vllm.mode != "off" and not vllm_generation.is_vllm_available():
+        raise ConfigError(
+            f"rollout.vllm.mode={recipe.rollout.vllm.mode} needs vLLM: pip install -e '.[trl,vllm]' -c "
+            "constraints/gpu-one-node.txt (see docs/gpu.md), or set rollout.vllm.mode=off"
+        )
     processor = processor if processor is not None else load_processor(recipe.model)
     tokenizer = getattr(processor, "tokenizer", processor)
+    grid = image_grid(processor)
     if train_dataset is None:
         names = [recipe.model.path, str(getattr(tokenizer, "name_or_path", ""))]
-        train_dataset = prepare_train_dataset(recipe.data, recipe.model.image, tokenizer, names)
+        train_dataset = prepare_train_dataset(recipe.data, recipe.model.image, tokenizer, names, grid)
     if len(train_dataset) < recipe.train.prompts_per_batch:
         raise ConfigError(
             f"the dataset has {len(train_dataset)} training rows, fewer than train.prompts_per_batch "
@@ -412,6 +543,7 @@ def build_trainer(
         scorer=scorer,
         advantage_step=advantage_step,
         rollout_log=rollout_log if recipe.run.log_rollouts_every else None,
+        image_grid=grid,
     )
     # Logging: metrics.jsonl always; rich progress instead of tqdm and printed dicts.
     trainer.remove_callback(PrinterCallback)

@@ -8,6 +8,8 @@ every worker of the job on every node, so nothing depends on how ``ray start`` w
 
 Registered here:
 - advantage estimators ``balcaprl_c_gdpo`` and ``balcaprl_grpo`` (``core_algos.register_adv_est``);
+- the policy loss ``balcaprl_dual_clip`` (``core_algos.register_policy_loss``): verl's dual-clip PPO loss
+  with the importance-ratio metrics (``policy_loss.py``);
 - the V1 trainer mode ``balcaprl_sync`` (``trainer.ppo.v1.register_trainer``), when TransferQueue (which
   verl's V1 trainer needs) is installed.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
+import balcaprl.train.verl_backend.policy_loss  # noqa: F401  (registers loss mode balcaprl_dual_clip)
 from balcaprl.train.verl_backend.estimator import register_estimators
 
 __all__ = ["MODULE", "registered"]
@@ -40,7 +43,9 @@ else:  # verl's V1 trainer cannot run here either; say why the mode will be miss
 
 def registered() -> dict[str, bool]:
     """Which balcaprl names this process's verl knows (for checks on Ray workers)."""
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+
+    from balcaprl.train.verl_backend.policy_loss import LOSS_MODE
 
     trainers: set[str] = set()
     if importlib.util.find_spec("transfer_queue") is not None:
@@ -50,5 +55,6 @@ def registered() -> dict[str, bool]:
     return {
         "balcaprl_c_gdpo": "balcaprl_c_gdpo" in ADV_ESTIMATOR_REGISTRY,
         "balcaprl_grpo": "balcaprl_grpo" in ADV_ESTIMATOR_REGISTRY,
+        LOSS_MODE: LOSS_MODE in POLICY_LOSS_REGISTRY,
         "balcaprl_sync": "balcaprl_sync" in trainers,
     }

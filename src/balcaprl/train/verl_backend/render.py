@@ -7,17 +7,23 @@ by what they set. The paper's settings come from the recipe, never from verl's d
     recipe                                  verl
     rollout.rollouts_per_prompt 8           actor_rollout_ref.rollout.n=8
     train.prompts_per_batch 256             data.train_batch_size=256 (prompts; x n captions)
-    train.updates_per_batch 1               actor_rollout_ref.actor.ppo_mini_batch_size=256
+    train.updates_per_batch 4               actor_rollout_ref.actor.ppo_mini_batch_size=64 (prompts)
     train.learning_rate 5e-6                actor_rollout_ref.actor.optim.lr=5e-06
     train.lr_scheduler cosine               actor_rollout_ref.actor.optim.lr_scheduler_type=cosine
     train.epochs 1                          trainer.total_epochs=1
     train.clip_epsilon 0.2                  actor_rollout_ref.actor.clip_ratio(_low,_high)=0.2
     train.dual_clip_c 3                     actor_rollout_ref.actor.clip_ratio_c=3.0
+                                            actor_rollout_ref.actor.policy_loss.loss_mode=balcaprl_dual_clip
+                                            (verl's dual-clip loss + ratio metrics, policy_loss.py)
     train.kl_beta 0                         actor_rollout_ref.actor.use_kl_loss=false (no reference model)
     train.loss_aggregation token_sum_...    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum
     rewards (weights, pointability, length) reward_kwargs.rewards='<RewardConfig JSON>' (the one copy;
                                             algorithm.balcaprl.rewards interpolates it for the estimator)
     advantage.estimator c_gdpo              algorithm.adv_estimator=balcaprl_c_gdpo
+    rollout.vllm.gpu_memory_utilization     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 when
+      (null)                                null, with free_cache_engine=true: verl's engine sleeps during
+                                            the update, so its share is verl's own, not TRL's resident 0.3
+    rollout.vllm.tensor_parallel_size       actor_rollout_ref.rollout.tensor_model_parallel_size
 
 Settings verl cannot honour are rejected with a :class:`ConfigError` naming the key (never silently
 dropped): CPU training, TRL's vLLM server mode, fp16, an optimizer other than AdamW, lr schedules other
@@ -25,7 +31,16 @@ than cosine/constant, no dual-clip (verl always applies it), repetition penalty,
 captions, ``stop_after_step``, fractional epochs without ``max_steps``, LoRA dropout or
 ``modules_to_save``, and batch shapes the GPUs cannot split evenly. Recipe knobs that only tune TRL's
 memory use map to their verl counterparts (``per_device_batch_size`` -> micro-batch sizes per GPU); the
-attention implementation is left to verl (flash-attention with padding removal).
+attention implementation is left to verl (flash-attention 2).
+
+Models. Qwen2/2.5-VL run packed (``use_remove_padding=true``): verl 0.9.1 patches their forward for it.
+LLaVA-1.5 (``configs/llava_1_5_7b.yaml``) renders too: verl 0.9.1 has no LLaVA-specific code, example or
+test, but its generic vision-language path covers it (``AutoModelForImageTextToText``; 1-D positions,
+since LLaVA's processor has no ``get_rope_index``; FSDP wrapping from the CLIP and Llama layers). It runs
+unpacked (``use_remove_padding=false``: the plain transformers forward, which verl does not patch for
+LLaVA), with no pixel limits (a fixed 336 x 336 image, 576 tokens) and a rollout engine over 2 GPUs (512
+KiB of KV cache per token). Not verified here, for want of GPUs: the weight sync from transformers 5's
+LLaVA parameter names into vLLM's LLaVA loader.
 """
 
 from __future__ import annotations
@@ -53,6 +68,7 @@ __all__ = [
 ]
 
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
+POLICY_LOSS = "balcaprl_dual_clip"  # registered by policy_loss.py (imported by the plugin)
 REWARD_FUNCTION = "pkg://balcaprl.train.verl_backend.reward"
 REWARD_KWARGS = "reward.custom_reward_function.reward_kwargs"
 ESTIMATOR_NAMES = {"c_gdpo": "balcaprl_c_gdpo", "grpo": "balcaprl_grpo"}
@@ -180,7 +196,7 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
         )
     if t.dual_clip_c is None:
         problems.append(
-            "train.dual_clip_c: verl always applies dual-clip (clip_ratio_c > 1); set a value (paper: 3)"
+            "train.dual_clip_c: verl always applies dual-clip (clip_ratio_c > 1); set a value (verl's default: 3)"
         )
     if r.repetition_penalty != 1.0:
         problems.append(
@@ -226,6 +242,23 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
             f"rollout.vllm.tensor_parallel_size: {r.vllm.tensor_parallel_size} must divide the "
             f"{cluster.gpus_per_node} GPUs of a node"
         )
+
+
+def _packs_sequences(model_path: str) -> tuple[bool, str | None]:
+    """Whether verl runs the model packed (remove-padding), and a note when it does not or cannot tell."""
+    from balcaprl.errors import UserError
+    from balcaprl.train.memory_plan import model_shape
+
+    try:
+        kind = model_shape(model_path).kind
+    except UserError:
+        return True, f"model.path {model_path}: not a known architecture; verl's packed forward is assumed"
+    if kind == "qwen2_vl":
+        return True, None
+    return False, (
+        f"{model_path}: verl 0.9.1 has no code of its own for this architecture (LLaVA); it runs through verl's "
+        "generic vision-language path, unpacked (use_remove_padding=false), untested upstream"
+    )
 
 
 def _judge_config_path(
@@ -309,11 +342,12 @@ def render_verl(
     if m.image.max_pixels is not None:
         data.append(_add("data.mm_processor_kwargs.max_pixels", m.image.max_pixels))
 
+    packed, model_note = _packs_sequences(m.path)
     model = [
         _set("actor_rollout_ref.model.path", m.path),
         _set("actor_rollout_ref.model.trust_remote_code", m.trust_remote_code),
         _set("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing),
-        _set("actor_rollout_ref.model.use_remove_padding", True),
+        _set("actor_rollout_ref.model.use_remove_padding", packed),
         _set("actor_rollout_ref.model.lora_rank", m.lora.r if m.lora is not None else 0),
     ]
     if m.lora is not None:
@@ -336,7 +370,7 @@ def render_verl(
         _set("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", t.per_device_batch_size),
         _set("actor_rollout_ref.actor.use_dynamic_bsz", False),
         _set("actor_rollout_ref.actor.ppo_epochs", t.ppo_epochs),
-        _set("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"),
+        _set("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS),
         _set("actor_rollout_ref.actor.clip_ratio", t.clip_epsilon),
         _set("actor_rollout_ref.actor.clip_ratio_low", t.clip_epsilon),
         _set("actor_rollout_ref.actor.clip_ratio_high", high),
@@ -361,7 +395,10 @@ def render_verl(
         _set("actor_rollout_ref.rollout.top_k", r.top_k if r.top_k > 0 else -1),
         _set("actor_rollout_ref.rollout.do_sample", True),
         _set("actor_rollout_ref.rollout.seed", t.seed),
-        _set("actor_rollout_ref.rollout.gpu_memory_utilization", r.vllm.gpu_memory_utilization),
+        # verl's engine sleeps during the update (free_cache_engine: weights and KV cache freed), so it may
+        # take more of the GPU than TRL's resident one (balcaprl.recipe: SLEEPING_ENGINE_SHARE).
+        _set("actor_rollout_ref.rollout.gpu_memory_utilization", r.vllm.memory_share("verl")),
+        _set("actor_rollout_ref.rollout.free_cache_engine", True),
         _set("actor_rollout_ref.rollout.tensor_model_parallel_size", r.vllm.tensor_parallel_size),
         _set("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", t.per_device_batch_size),
     ]
@@ -410,7 +447,7 @@ def render_verl(
         _set("trainer.experiment_name", run.run_name or recipe.name or out_dir.name),
         _set("trainer.logger", loggers),
     ]
-    notes = []
+    notes = [model_note] if model_note else []
     if run.log_rollouts_every:
         trainer.append(_set("trainer.rollout_data_dir", _path(out_dir / "rollouts", absolute_paths)))
         notes.append("run.log_rollouts_every: verl writes every step's rollouts (it has no 'every N')")
@@ -439,6 +476,7 @@ REFERENCE_RENDERINGS = {
     "qwen2_5_vl_3b.4x8.overrides": ("configs/qwen2_5_vl_3b.yaml", 4, 8),
     "qwen2_5_vl_7b.1x8.overrides": ("configs/qwen2_5_vl_7b.yaml", 1, 8),
     "qwen2_5_vl_7b.4x8.overrides": ("configs/qwen2_5_vl_7b.yaml", 4, 8),
+    "llava_1_5_7b.1x8.overrides": ("configs/llava_1_5_7b.yaml", 1, 8),
 }
 
 

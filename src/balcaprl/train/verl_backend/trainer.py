@@ -5,12 +5,14 @@ advantage step (``PPOTrainer._compute_advantage``) reads only ``uid``, ``respons
 and log-probs from it: the per-reward values that ``compute_score`` returned (stored with each rollout
 under ``extra_fields["reward_extra_info"]``) never reach an estimator, not even verl's own ``gdpo``.
 
-``BalancedPPOTrainerSync`` (``trainer.v1.trainer_mode=balcaprl_sync``) changes only that step: it reads
+``BalancedPPOTrainerSync`` (``trainer.v1.trainer_mode=balcaprl_sync``) changes that step: it reads
 each rollout's reward columns from TransferQueue, in the batch's order, marks verl's synthetic padding
 rows as failed (they copy a real row's rewards and must not enter the batch statistics), logs reward
 and judge metrics, stops the run when the judge failed on every rollout of too many batches in a row,
 and then runs verl's own advantage step with the columns provided to the balcaprl estimator
-(``estimator.provide_rollout_rewards``). Everything else is verl's ``PPOTrainerSync``.
+(``estimator.provide_rollout_rewards``). After each actor update it also reports the clipping and ratio
+metrics under the names the TRL backend uses (``policy/...``, see ``policy_loss.py``). Everything else is
+verl's ``PPOTrainerSync``.
 
 verl branches on the literal trainer mode ``"sync"`` in several places (replay buffer, refills), so
 the trainer sets ``trainer.v1.trainer_mode`` back to ``"sync"`` once verl has picked this class.
@@ -37,8 +39,15 @@ from balcaprl.train.verl_backend.estimator import (
     provide_rollout_rewards,
     register_estimators,
 )
+from balcaprl.train.verl_backend.policy_loss import VERL_POLICY_METRICS
 
-__all__ = ["TRAINER_MODE", "BalancedAdvantageStep", "BalancedPPOTrainerSync", "reward_columns"]
+__all__ = [
+    "TRAINER_MODE",
+    "BalancedAdvantageStep",
+    "BalancedPPOTrainerSync",
+    "policy_metrics",
+    "reward_columns",
+]
 
 TRAINER_MODE = "balcaprl_sync"
 _NAN = float("nan")
@@ -113,6 +122,11 @@ def batch_metrics(columns: RolloutRewards, infos: Sequence[Mapping[str, Any] | N
     return metrics
 
 
+def policy_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """verl's clipping and ratio metrics under the names the TRL backend logs them (those present)."""
+    return {name: float(metrics[key]) for key, name in VERL_POLICY_METRICS.items() if key in metrics}
+
+
 class BalancedAdvantageStep:
     """Mixin for a verl V1 ``PPOTrainer``: the contract's advantages (see the module docstring)."""
 
@@ -146,6 +160,11 @@ class BalancedAdvantageStep:
         self._balcaprl_check_judge(columns, infos)
         with provide_rollout_rewards(columns):
             return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+
+    def _update_actor(self, batch: Any, metrics: dict) -> Any:
+        batch = super()._update_actor(batch, metrics)  # type: ignore[misc]
+        metrics.update(policy_metrics(metrics))
+        return batch
 
 
 @register_trainer(TRAINER_MODE)

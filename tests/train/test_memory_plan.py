@@ -1,0 +1,212 @@
+"""The memory plan: its arithmetic against hand-computed numbers, its parameter counts against
+transformers and peft (a second implementation), the shipped accelerate configs' claims, and
+`balcaprl train --plan`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from balcaprl.cli import app
+from balcaprl.recipe import load_recipe
+from balcaprl.train.memory_plan import (
+    KNOWN_MODELS,
+    GiB,
+    Launcher,
+    launcher_from_accelerate,
+    launcher_from_verl_layout,
+    model_shape,
+    plan_memory,
+    shape_from_config,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+QWEN_3B, QWEN_7B, LLAVA = KNOWN_MODELS
+
+
+def test_per_token_bytes_by_hand():
+    q3, q7, llava = (model_shape(name) for name in (QWEN_3B, QWEN_7B, LLAVA))
+    # a_layer = 2 (6h + 2kv + 4I): 3B h 2048, kv 2 x 128, I 11008.
+    assert q3.text.layer_activation_bytes() == 2 * (6 * 2048 + 2 * 256 + 4 * 11008) == 113_664
+    assert q7.text.layer_activation_bytes() == 2 * (6 * 3584 + 2 * 512 + 4 * 18944) == 196_608
+    assert llava.text.layer_activation_bytes() == 2 * (6 * 4096 + 2 * 4096 + 4 * 11008) == 153_600
+    # CLIP: GELU MLP, full attention: 2 (6 x 1024 + 2 x 1024 + 2 x 4096).
+    assert llava.vision.layer_activation_bytes() == 32_768
+    # KV cache per token: layers x 2 x kv x 2 bytes.
+    assert q3.text.kv_bytes_per_token() == 36 * 2 * 256 * 2 == 36 * 1024
+    assert q7.text.kv_bytes_per_token() == 56 * 1024 and llava.text.kv_bytes_per_token() == 512 * 1024
+    # Image tokens: one per 28 x 28 pixels up to max_pixels (1280 at 1,003,520), 4 patches each in the ViT.
+    assert (q3.image_tokens(1003520), q3.vision_tokens(1003520)) == (1280, 5120)
+    assert q3.image_tokens(None) == 12845056 // 784  # the checkpoint's own limit: 16,384 tokens
+    assert (llava.image_tokens(None), llava.vision_tokens(None)) == (576, 577)
+
+
+@pytest.mark.parametrize("name", list(KNOWN_MODELS))
+def test_parameter_counts_equal_transformers(name):
+    """The formula's count against the model transformers builds from the same config (meta device)."""
+    import torch
+    from transformers import AutoModelForImageTextToText, LlavaConfig, Qwen2_5_VLConfig
+
+    config, preprocessor = KNOWN_MODELS[name]
+    if config["model_type"] == "qwen2_5_vl":
+        text = {k: v for k, v in config.items() if k not in ("model_type", "vision_config")}
+        hf = Qwen2_5_VLConfig(
+            text_config=text,
+            vision_config=config["vision_config"],
+            tie_word_embeddings=config["tie_word_embeddings"],
+        )
+    else:
+        hf = LlavaConfig(
+            text_config=config["text_config"],
+            vision_config=config["vision_config"],
+            image_seq_length=576,
+            vision_feature_layer=-2,
+        )
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(hf)
+    assert shape_from_config(name, config, preprocessor).params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("fixture", ["tiny_policy", "tiny_llava"])
+def test_local_checkpoints_parameters_and_lora_equal_peft(fixture, request):
+    """A checkpoint folder's config.json: its parameters, and LoRA's trainable ones against peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    folder = request.getfixturevalue(fixture)
+    shape = model_shape(str(folder))
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert shape.lora_params(4) == trainable
+
+
+def test_static_state_and_activations_by_hand():
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
+    params = 3_754_622_976
+    ddp = plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/multi_gpu.yaml"))
+    # fp32 weights 4, gradients 4, AdamW m and v 8, DDP buckets 4: 20 bytes per parameter.
+    static = sum(
+        ddp.update[k] for k in ("weights", "gradients", "optimizer states (AdamW)", "DDP gradient buckets")
+    )
+    assert static == 20 * params and round(static / GiB) == 70
+    fsdp = plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml"))
+    assert fsdp.update["weights"] + fsdp.update["gradients"] + fsdp.update["optimizer states (AdamW)"] == (
+        16 * params / 8
+    )
+    # Checkpointed activations of 16 captions of 1280 + 64 + 1024 tokens: each layer's input (2h bytes)
+    # plus one recomputed layer; the ViT on 16 x 5120 patches likewise (h 1280, 32 blocks).
+    tokens, patches = 16 * 2368, 16 * 5120
+    lm = tokens * (36 * 2 * 2048 + 113_664)
+    vit = patches * (32 * 2 * 1280 + 2 * (6 * 1280 + 2 * 1280 + 4 * 3420))
+    assert fsdp.update["activations (checkpointed)"] == lm + vit == 9_893_314_560 + 10_629_939_200
+    assert (
+        fsdp.activations["without checkpointing (16 x 2368 tokens)"]
+        == tokens * 36 * 113_664 + patches * 32 * 47_840
+    )
+
+
+def test_the_engine_sleeps_or_stays():
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
+    fsdp = launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml")
+    asleep = plan_memory(recipe, fsdp)
+    assert "vLLM engine (0.6 of the GPU, TP 1)" in asleep.rollout
+    assert not any(k.startswith("vLLM engine, resident") for k in asleep.update)
+    resident = plan_memory(
+        load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml", ["rollout.vllm.enable_sleep_mode=false"]), fsdp
+    )
+    assert resident.update["vLLM engine, resident (0.3 of the GPU)"] == 0.3 * 80 * GiB  # TRL's own default
+    # KV cache left: 0.6 x 80 GiB - bf16 weights - 2 GiB engine overhead; per caption 2368 x 36 KiB.
+    capacity = 0.6 * 80 * GiB - 2 * 3_754_622_976 - 2 * GiB
+    assert f"holds about {int(capacity // (2368 * 36 * 1024))} captions" in " ".join(asleep.notes)
+
+
+def test_generate_without_vllm_does_not_fit_and_says_why():
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml", ["rollout.vllm.mode=off"])
+    plan = plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml"))
+    assert not plan.fits
+    # TRL generates a GPU's whole share (2048 / 8 = 256 captions) at once, in the fp32 model's dtype.
+    assert plan.rollout["KV cache of 256 captions at once (generate)"] == 256 * 2368 * 36 * 2 * 256 * 4
+    assert plan.rollout["whole model gathered for generate"] == 4 * 3_754_622_976
+    assert any("rollout phase" in w for w in plan.warnings)
+
+
+def test_launchers():
+    assert launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml") == Launcher(
+        "fsdp", 8, description="fsdp.yaml: FSDP over 8 GPUs"
+    )
+    assert launcher_from_accelerate(CONFIGS / "accelerate/deepspeed_zero3.yaml").strategy == "zero3"
+    assert launcher_from_accelerate(CONFIGS / "accelerate/multi_gpu.yaml", gpus=4).gpus == 4
+    verl = launcher_from_verl_layout("4x8")
+    assert (verl.strategy, verl.gpus, verl.backend, verl.shards) == ("fsdp", 32, "verl", 32)
+    with pytest.raises(ValueError, match="NODESxGPUS"):
+        launcher_from_verl_layout("four")
+
+
+CLAIM = re.compile(
+    r"^# plan: (?P<recipe>\S+)(?P<overrides>(?: \S+=\S+)*) (?P<verdict>fits|does not fit) (?P<gib>\d+) GiB GPUs$"
+)
+
+
+def claims():
+    found = []
+    for path in sorted((CONFIGS / "accelerate").glob("*.yaml")):
+        lines = [m for line in path.read_text().splitlines() if (m := CLAIM.match(line))]
+        assert lines, f"{path.name} states no memory claim (# plan: ... fits|does not fit N GiB GPUs)"
+        found += [(path, m) for m in lines]
+    return found
+
+
+@pytest.mark.parametrize(
+    "path, claim", claims(), ids=lambda x: x.name if isinstance(x, Path) else x.group(0)[8:]
+)
+def test_the_accelerate_configs_claims_agree_with_the_plan(path, claim):
+    recipe = load_recipe(CONFIGS.parent / claim["recipe"], claim["overrides"].split())
+    plan = plan_memory(recipe, launcher_from_accelerate(path), float(claim["gib"]))
+    assert plan.fits == (claim["verdict"] == "fits"), plan.to_text()
+
+
+def test_plan_on_the_command_line():
+    runner = CliRunner(env={"COLUMNS": "200"})
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            str(CONFIGS / "qwen2_5_vl_3b.yaml"),
+            "--plan",
+            "--launcher",
+            str(CONFIGS / "accelerate/multi_gpu.yaml"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "DOES NOT FIT" in result.output and "warning: the update phase needs" in result.output
+    result = runner.invoke(
+        app, ["train", str(CONFIGS / "llava_1_5_7b.yaml"), "--plan", "--verl-layout", "1x8"]
+    )
+    assert result.exit_code == 0 and "fits" in result.output and "TP 2" in result.output
+    both = runner.invoke(
+        app,
+        [
+            "train",
+            str(CONFIGS / "qwen2_5_vl_3b.yaml"),
+            "--plan",
+            "--verl-layout",
+            "1x8",
+            "--launcher",
+            __file__,
+        ],
+    )
+    assert both.exit_code == 2 and "pick one" in both.output
+    without = runner.invoke(app, ["train", str(CONFIGS / "qwen2_5_vl_3b.yaml"), "--gpus", "8"])
+    assert without.exit_code == 2 and "add --plan" in without.output
+
+
+def test_an_unknown_model_is_named(tmp_path):
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml", [f"model.path={tmp_path / 'nothing'}"])
+    with pytest.raises(ValueError, match="no config.json"):
+        plan_memory(recipe, Launcher("single", 1))
