@@ -1,6 +1,6 @@
 """Recipe -> verl overrides: every paper setting with the right value, verl's own Hydra config accepts
 and validates them, impossible combinations are rejected, the checked-in renderings are current, and
-`balcaprl train --backend verl --dry-run` prints them."""
+`balcaprl verl launch --dry-run` prints them."""
 
 from __future__ import annotations
 

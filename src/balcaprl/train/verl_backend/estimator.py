@@ -163,7 +163,7 @@ def _columns_for(index: Any, config: Any, non_tensor_batch: Mapping[str, Any] | 
             raise RuntimeError(
                 "the balcaprl advantage estimator got no reward columns: verl 0.9.1 passes per-reward values "
                 "only to its own 'gdpo' estimator. Run the balcaprl trainer (trainer.v1.trainer_mode="
-                "balcaprl_sync, as `balcaprl train --backend verl` renders it) or call verl's compute_advantage "
+                "balcaprl_sync, as `balcaprl verl launch` renders it) or call verl's compute_advantage "
                 "inside balcaprl.train.verl_backend.estimator.provide_rollout_rewards(...)"
             )
         if columns.keys != keys:
@@ -204,7 +204,7 @@ def reward_config(config: Any) -> RewardConfig:
     text = algorithm_setting(config, "rewards", None)
     if text is None:
         raise ValueError(
-            "algorithm.balcaprl.rewards (the recipe's reward config as JSON, as `balcaprl train --backend verl` "
+            "algorithm.balcaprl.rewards (the recipe's reward config as JSON, as `balcaprl verl launch` "
             "renders it) is required by the balcaprl estimators: it holds the weights w_prec, w_rec, w_ling"
         )
     return RewardConfig.from_json(str(text), "algorithm.balcaprl.rewards")

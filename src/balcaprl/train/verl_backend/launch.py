@@ -49,7 +49,7 @@ def preflight(recipe: Recipe, launch: VerlLaunch, *, require_gpu: bool = True) -
         for split in ("train", "eval"):
             if not (train_file.parent / SPLIT_FILES[split]).is_file():
                 problems.append(
-                    f"{train_file.parent / SPLIT_FILES[split]} is missing; re-run balcaprl export verl"
+                    f"{train_file.parent / SPLIT_FILES[split]} is missing; re-run balcaprl verl export"
                 )
     judge = values.get("reward.custom_reward_function.reward_kwargs.judge_config")
     to_write = {Path(p).expanduser().resolve() for p in launch.files}
@@ -76,7 +76,7 @@ def write_run_files(recipe: Recipe, launch: VerlLaunch, python: str = "python3")
     atomic_write_text(out / "recipe.yaml", recipe.to_yaml())
     overrides = out / "verl" / "overrides.txt"
     atomic_write_text(
-        overrides, launch.to_text(["verl overrides rendered by `balcaprl train --backend verl`"])
+        overrides, launch.to_text(["verl overrides rendered by `balcaprl verl launch`"])
     )
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
     command = " ".join(shlex.quote(part) for part in launch.command(python))

@@ -2,7 +2,7 @@
 
 The same entry point as ``python -m verl.trainer.main_ppo`` (same Hydra config, same overrides), after
 registering the balcaprl estimators and trainer in this driver process. Ray workers get them through
-``VERL_USE_EXTERNAL_MODULES`` (see ``plugin.py``); ``balcaprl train --backend verl`` renders both.
+``VERL_USE_EXTERNAL_MODULES`` (see ``plugin.py``); ``balcaprl verl launch`` renders both.
 """
 
 from __future__ import annotations

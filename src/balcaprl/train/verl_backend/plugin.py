@@ -2,7 +2,7 @@
 
 verl imports the modules listed in ``VERL_USE_EXTERNAL_MODULES`` (comma-separated) at the end of
 ``import verl``, in every process that imports it: the driver, the TaskRunner and every Ray worker.
-``balcaprl train --backend verl`` puts this module there through the job's Ray runtime environment
+``balcaprl verl launch`` puts this module there through the job's Ray runtime environment
 (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=...``), which Ray applies to
 every worker of the job on every node, so nothing depends on how ``ray start`` was run.
 

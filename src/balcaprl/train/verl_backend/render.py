@@ -299,7 +299,7 @@ def render_verl(
 ) -> VerlLaunch:
     """verl overrides that realise ``recipe`` on ``nnodes`` x ``gpus_per_node`` GPUs.
 
-    ``verl_data``: the ``balcaprl export verl`` folder (default ``<data.path>/verl``). ``judge``: a judge
+    ``verl_data``: the ``balcaprl verl export`` folder (default ``<data.path>/verl``). ``judge``: a judge
     YAML replacing the recipe's ``judge:``. ``extra``: raw Hydra overrides appended last (they win).
     ``absolute_paths=False`` keeps paths as written (reference renderings checked into configs/verl).
     """
@@ -454,7 +454,7 @@ def render_verl(
     ray = [_add("ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES", PLUGIN_MODULE)]
 
     sections = [
-        ("data (balcaprl export verl)", data),
+        ("data (balcaprl verl export)", data),
         ("policy", model),
         ("actor: PPO-clip, dual-clip, token-sum-sequence-mean, no KL", actor),
         ("rollouts: vLLM, colocated", rollout),
@@ -497,7 +497,7 @@ def reference_rendering(repo_root: str | Path, name: str) -> str:
     header = [
         f"verl overrides for {recipe_path} on {nnodes} node(s) x {gpus} GPUs (verl 0.9.1).",
         "Generated: python scripts/verl/render_reference_configs.py (a test checks this file is current).",
-        "Paths are relative, as the recipe writes them; `balcaprl train --backend verl` renders absolute ones.",
+        "Paths are relative, as the recipe writes them; `balcaprl verl launch` renders absolute ones.",
         "Use: VERL_USE_EXTERNAL_MODULES=balcaprl.train.verl_backend.plugin \\",
         "     python -m balcaprl.train.verl_backend.main $(grep -v '^#' THIS_FILE)",
         "",

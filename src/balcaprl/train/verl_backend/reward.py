@@ -37,7 +37,7 @@ downstream (its docstring), i.e. the failure disappears from the statistics inst
 ``rate_limited`` manager turns timeouts and exceptions into reward 0.0 (plus extra keys the others lack),
 exactly the fake reward the contract forbids: do not use it (the judge has its own rate limits).
 
-reward_kwargs (what ``balcaprl train --backend verl`` renders), validated as :class:`RewardSettings`:
+reward_kwargs (what ``balcaprl verl launch`` renders), validated as :class:`RewardSettings`:
     rewards              the recipe's RewardConfig as JSON (``RewardConfig.to_json``), validated by the same
                          model here; the estimator reads its weights from the same string (the rendering
                          points ``algorithm.balcaprl.rewards`` at it), so the weights reach verl once
@@ -239,7 +239,7 @@ def _image(settings: RewardSettings, extra_info: Mapping[str, Any]) -> str:
     path = extra_info.get("image_path")
     if not path:
         raise KeyError(
-            "extra_info has no image path; export the dataset with `balcaprl export verl` (it writes "
+            "extra_info has no image path; export the dataset with `balcaprl verl export` (it writes "
             "extra_info.image and extra_info.image_path)"
         )
     return str(path)
