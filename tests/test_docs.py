@@ -417,3 +417,32 @@ def test_no_file_points_outside_the_repository():
             if OUTSIDE_POINTERS.search(line):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+SOURCE_COMMAND = re.compile(r"`{1,2}(balcaprl [^`\n]+?)`{1,2}")
+
+
+def source_files() -> list[Path]:
+    patterns = ("src/**/*.py", "scripts/**/*", "configs/**/*.yaml", "configs/**/*.overrides", "Makefile")
+    return sorted({p for pattern in patterns for p in REPO.glob(pattern) if p.is_file()})
+
+
+def test_source_command_check_finds_a_planted_name(cli_root):
+    text = "raise UserError('re-run `balcaprl export verl` first')"
+    problems = [
+        p for m in SOURCE_COMMAND.finditer(text) for p in _walk(cli_root, m.group(1).split()[1:], set())
+    ]
+    assert problems and "'export' is not a command of `balcaprl`" in problems[0]
+
+
+def test_commands_named_in_code_and_configs_exist(cli_root):
+    """Messages, docstrings and config comments name commands too (`re-run balcaprl verl export`)."""
+    problems = []
+    for path in source_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for match in SOURCE_COMMAND.finditer(text):
+            words = [w.strip("'\",.;:") for w in match.group(1).split()[1:]]
+            words = [w for w in words if w and w not in ("...", "…")]  # `balcaprl data ...`: the group
+            where = f"{path.relative_to(REPO)}:{line_of(text, match.start())}"
+            problems += [f"{where}: `{match.group(1)}`: {p}" for p in _walk(cli_root, words, set())]
+    assert problems == []
