@@ -10,8 +10,9 @@ What it does, in order (nothing is downloaded; the GPU machine needs no internet
    rollout image grid is exercised) with references made of the tokenizer's words;
 3. starts the loopback judge (``balcaprl.testing``: the scripted judge behind an OpenAI-compatible
    server, its own process) answering every call after 1 s; the judge client runs with concurrency 128;
-4. picks the largest batch the memory plan (``balcaprl train --plan``) fits on this GPU, with the
-   paper recipe's 8 rollouts and 1,024-token caption cap, transformers generation (vLLM is not on the
+4. takes ``--prompts N`` prompts per batch, or else the largest batch the memory plan
+   (``balcaprl train --plan``) fits on this GPU, and records the plan's predicted peak; the paper
+   recipe's 8 rollouts and 1,024-token caption cap, transformers generation (vLLM is not on the
    machine), one optimizer update per generation batch so every step holds all three phases;
 5. runs ``balcaprl train RECIPE --judge JUDGE`` in this process (the command's own code path) for 3
    optimizer steps, timing each step's generation, judge and update; records peak GPU memory, generated
@@ -19,12 +20,14 @@ What it does, in order (nothing is downloaded; the GPU machine needs no internet
    rewards the judge returned;
 6. writes the figures, the recipe and the exact command to ``benchmarks/results/`` (``--out``).
 
-    python benchmarks/gpu_step.py                 # one GPU (about 10 minutes on an H100)
+    python benchmarks/gpu_step.py --prompts 4     # one GPU: 32 captions a step, 7 minutes on an H100
     python benchmarks/gpu_step.py --tiny --out /tmp/gpu-step   # a 2-layer model on CPU: does it run?
 
 The update time is the step's wall time less generation and scoring (judge, old log-probs,
 advantages); with a random model every caption runs to the 1,024-token cap (the worst case for
-generation). Not a timed test: figures, and the plan's predicted peak next to the measured one.
+generation). Without vLLM a step grows with the batch (on an H100, 32 captions: about 100 s; 128
+captions: 312 s), so the plan's largest batch (hundreds of captions) does not fit one 10-minute run.
+Not a timed test: figures, and the plan's predicted peak next to the measured one.
 """
 
 from __future__ import annotations
@@ -352,21 +355,25 @@ class StepClock:
 # -------------------------------------------------------------------------------------- the run
 
 
-def choose_batch(recipe_overrides: list[str], base: Path, gpu_gib: float, cap: int) -> tuple[int, int, float]:
-    """The largest prompts_per_batch (a power of two, at most ``cap``) whose plan fits 90% of the GPU."""
+def predicted_peak_gib(recipe_overrides: list[str], base: Path, gpu_gib: float, prompts: int, micro: int) -> float:
+    """The memory plan's (``balcaprl train --plan``) peak for one GPU at this batch."""
     from balcaprl.recipe import load_recipe
     from balcaprl.train.memory_plan import Launcher, plan_memory
 
+    recipe = load_recipe(
+        base, [*recipe_overrides, f"train.prompts_per_batch={prompts}", f"train.per_device_batch_size={micro}"]
+    )
+    return plan_memory(recipe, Launcher("single", 1, description="one GPU"), gpu_gib).peak / 2**30
+
+
+def choose_batch(recipe_overrides: list[str], base: Path, gpu_gib: float, cap: int) -> tuple[int, int, float]:
+    """The largest prompts_per_batch (a power of two, at most ``cap``) whose plan fits 90% of the GPU."""
     prompts = cap
     while prompts >= 1:
         micro = min(8, prompts * 8)
-        recipe = load_recipe(
-            base,
-            [*recipe_overrides, f"train.prompts_per_batch={prompts}", f"train.per_device_batch_size={micro}"],
-        )
-        plan = plan_memory(recipe, Launcher("single", 1, description="one GPU"), gpu_gib)
-        if plan.peak <= 0.9 * gpu_gib * 2**30:
-            return prompts, micro, plan.peak / 2**30
+        peak = predicted_peak_gib(recipe_overrides, base, gpu_gib, prompts, micro)
+        if peak <= 0.9 * gpu_gib:
+            return prompts, micro, peak
         prompts //= 2
     raise SystemExit(f"not even one prompt fits {gpu_gib:g} GiB by the memory plan")
 
@@ -426,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         model_info = build_policy(work / "policy", args.tiny, device)
         build_s = time.perf_counter() - t0
         if args.prompts:
-            prompts, micro, predicted = args.prompts, min(8, args.prompts * 8), None
+            prompts, micro = args.prompts, min(8, args.prompts * 8)
+            predicted = predicted_peak_gib(overrides, PAPER_RECIPE, gpu_gib, prompts, micro) if cuda else None
         elif args.tiny:
             prompts, micro, predicted = 1, 8, None
         else:
