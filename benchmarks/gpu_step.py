@@ -355,13 +355,16 @@ class StepClock:
 # -------------------------------------------------------------------------------------- the run
 
 
-def predicted_peak_gib(recipe_overrides: list[str], base: Path, gpu_gib: float, prompts: int, micro: int) -> float:
+def predicted_peak_gib(
+    recipe_overrides: list[str], base: Path, gpu_gib: float, prompts: int, micro: int
+) -> float:
     """The memory plan's (``balcaprl train --plan``) peak for one GPU at this batch."""
     from balcaprl.recipe import load_recipe
     from balcaprl.train.memory_plan import Launcher, plan_memory
 
     recipe = load_recipe(
-        base, [*recipe_overrides, f"train.prompts_per_batch={prompts}", f"train.per_device_batch_size={micro}"]
+        base,
+        [*recipe_overrides, f"train.prompts_per_batch={prompts}", f"train.per_device_batch_size={micro}"],
     )
     return plan_memory(recipe, Launcher("single", 1, description="one GPU"), gpu_gib).peak / 2**30
 
