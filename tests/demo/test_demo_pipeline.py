@@ -83,6 +83,7 @@ def test_demo_writes_its_run_folder(demo_run):
         full["after"]["b_capscore"] - summary["before"]["b_capscore"], abs=1e-6
     )
     assert set(summary["timings_s"]) >= {"dataset", "sft", "eval_before", "rl/full", "eval/full"}
+    assert set(summary["cpu_timings_s"]) == set(summary["timings_s"])
 
     samples = (out / "samples.md").read_text()
     assert samples.count("**SFT (before RL)**") == 2 and samples.count("**full (after RL)**") == 2
@@ -92,6 +93,13 @@ def test_demo_writes_its_run_folder(demo_run):
         assert label in output
     assert "before (SFT)" in output and "after RL (full)" in output and "paired bootstrap 95% CI" in output
     assert "judge server at http://127.0.0.1:" in output
+    # Off a terminal (as here) the long stages report in plain lines: started, (every 30 s), done.
+    lines = output.splitlines()
+    assert "sft: started, 6 steps" in lines
+    assert any(line.startswith("sft: done, 6/6 steps in ") and "; loss " in line for line in lines)
+    for label in ("SFT", "full"):
+        assert f"eval ({label}): started, 6 captions" in lines
+        assert any(line.startswith(f"eval ({label}): done, 6/6 captions in ") for line in lines)
 
 
 def test_a_second_run_reuses_every_stage(demo_run, toy_config):
@@ -152,7 +160,7 @@ def test_the_shipped_config_adds_nothing_and_its_examples_are_valid_settings():
     # the RL defaults are the demo recipe's, declared once (demo_recipe), over the paper's recipe
     assert DemoConfig().recipe == demo_recipe()
     recipe = DemoConfig().training_recipe("p", "d", "o")
-    assert recipe.rewards.weights.as_list() == [0.3, 0.3, 0.3] and recipe.train.max_steps == 350
+    assert recipe.rewards.weights.as_list() == [0.3, 0.3, 0.3] and recipe.train.max_steps == 250
     assert (recipe.rewards.length.mode, recipe.rewards.length.tau_low, recipe.rewards.length.tau_high) == (
         "mask",
         0.5,

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
 import torch
 from PIL import Image
 
 from balcaprl.data.format import read_split_rows
+from balcaprl.progress import Progress
 from balcaprl.synthetic.evaluation import evaluate_policy
 from balcaprl.synthetic.policy import (
     PolicySpec,
+    build_policy,
     caption_token_counts,
     create_policy,
     generate_captions,
     load_policy,
     prompt_messages,
 )
-from balcaprl.synthetic.sft import SFTConfig, run_sft
+from balcaprl.synthetic.sft import SFTConfig, _Batches, _load_scenes, run_sft
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +77,77 @@ def test_a_tiny_sft_run_lowers_the_loss(tiny_dataset, tmp_path):
     assert summary["steps"] == 30 and summary["config"]["batch_size"] == 4
     scores = evaluate_policy(model, processor, tiny_dataset, limit=2, max_new_tokens=12)
     assert scores.n == 2 and scores.failures == 0 and 0.0 <= scores.b_capscore <= 100.0
+
+
+def test_micro_batches_give_the_whole_padded_batch_its_loss_and_gradient(tiny_dataset):
+    # Same draws (same seed), split into parts of similar length, each padded to its own longest: the
+    # parts' losses (each over the whole batch's target tokens) sum to the padded batch's mean loss,
+    # and their gradients to its gradient.
+    model, processor = build_policy(seed=2)
+    rows, scenes = read_split_rows(tiny_dataset, "train"), _load_scenes(tiny_dataset)
+
+    def loss_and_grads(micro_batches):
+        config = SFTConfig(batch_size=8, flawed_fraction=0.5, micro_batches=micro_batches, seed=5)
+        parts, targets = _Batches(processor, rows, scenes, config).next()
+        model.zero_grad()
+        for part in parts:  # labels: the caption and its end token, under the mask; -100 elsewhere
+            ids, labels, mask = part["input_ids"], part["labels"], part["attention_mask"].bool()
+            assert (
+                torch.equal(labels[labels != -100], ids[labels != -100]) and not (labels[~mask] != -100).any()
+            )
+            ends = mask.sum(dim=1) - 1
+            assert (ids[torch.arange(len(ids)), ends] == processor.tokenizer.eos_token_id).all()
+            assert ((labels != -100).sum(dim=1) < mask.sum(dim=1)).all()  # the prompt carries no loss
+        if micro_batches == 1:  # the reference: the model's own mean over one padded batch
+            assert targets == int((parts[0]["labels"] != -100).sum())
+            loss = model(**parts[0]).loss
+            loss.backward()
+            total = loss.item()
+        else:
+            total = 0.0
+            for part in parts:
+                part_loss = model(**part, num_items_in_batch=targets).loss
+                part_loss.backward()
+                total += part_loss.item()
+        return (
+            len(parts),
+            [p["input_ids"].shape[1] for p in parts],
+            total,
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
+
+    _, (full_width,), whole, whole_grads = loss_and_grads(1)
+    n_parts, widths, split, split_grads = loss_and_grads(3)
+    assert n_parts == 3 and sorted(widths) == widths and widths[0] < full_width == widths[-1]
+    assert split == pytest.approx(whole, rel=1e-5)
+    scale = max(g.abs().max() for g in whole_grads.values())
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+def test_sft_reports_steps_and_loss_in_a_log(tiny_dataset, tmp_path):
+    # Off a terminal: a start line, a line every interval with count, rate, ETA and the running loss,
+    # and a closing line. The clock is the step count (10 s a step): nothing depends on real time.
+    out = io.StringIO()
+    reporter = Progress("sft", unit="steps", stream=out, terminal=False, interval_s=20, heartbeat=False,
+                        clock=lambda: 10.0 * reporter.completed)  # fmt: skip
+    config = SFTConfig(steps=6, batch_size=2, warmup_steps=1, eval_limit=0, log_every=3)
+    with reporter:
+        result = run_sft(tiny_dataset, tmp_path / "sft", config=config, progress=reporter)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "sft: started"  # the total is set by run_sft, from its config
+    loss = r"; loss \d+\.\d{3}"
+    expected = [
+        rf"sft: 2/6 steps \(33%\), 0\.1 steps/s, elapsed 0:00:20, ETA 0:00:40{loss}",
+        rf"sft: 4/6 steps \(67%\), 0\.1 steps/s, elapsed 0:00:40, ETA 0:00:20{loss}",
+        rf"sft: 6/6 steps \(100%\), 0\.1 steps/s, elapsed 0:01:00, ETA 0:00:00{loss}",
+        rf"sft: done, 6/6 steps in 0:01:00 \(0\.1 steps/s\){loss}",
+    ]
+    assert len(lines) == 5 and all(
+        re.fullmatch(p, line) for p, line in zip(expected, lines[1:], strict=True)
+    ), lines
+    # the loss shown is the running mean of the current logging window: at step 6, of steps 4-6
+    assert lines[-1].endswith(f"loss {result.losses[-1]:.3f}")
 
 
 def test_build_counts_reference_tokens_with_a_given_policy(policy_dir, tmp_path):

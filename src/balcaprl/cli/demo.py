@@ -45,12 +45,16 @@ def demo(
     Builds a synthetic world, warm-starts a tiny captioner, trains it with c-GDPO against the oracle
     judge, and compares held-out oracle scores before and after RL.
     """
+    import functools
+    import sys
+
     from rich.console import Console
 
     from balcaprl.demo.config import load_demo_config
     from balcaprl.demo.pipeline import run_demo
     from balcaprl.demo.report import comparison_rows, rich_before_after_table, rich_comparison_table
     from balcaprl.demo.variants import parse_variants
+    from balcaprl.progress import Progress
 
     if variant is not None and variants is not None:
         raise UserError("give --variant or --variants, not both")
@@ -67,10 +71,15 @@ def demo(
     start = time.perf_counter()
 
     def log(message: str) -> None:
-        console.print(f"[dim]{time.perf_counter() - start:6.0f}s[/dim]  {message}", highlight=False)
+        # soft_wrap: a log file gets whole lines, not lines cut at 80 columns
+        console.print(
+            f"[dim]{time.perf_counter() - start:6.0f}s[/dim]  {message}", highlight=False, soft_wrap=True
+        )
 
-    with _SFTProgress(console, settings.sft.steps) as sft_progress:
-        result = run_demo(settings, chosen, steps=steps, log=log, sft_progress=sft_progress.update)
+    # The long stages report on stdout with the demo's log lines: a bar on a terminal, a line every
+    # 30 s (steps, rate, ETA) in a log file.
+    progress = functools.partial(Progress, stream=sys.stdout)
+    result = run_demo(settings, chosen, steps=steps, log=log, progress=progress)
     wall = time.perf_counter() - start
 
     if len(result.variants) == 1:
@@ -92,11 +101,19 @@ def demo(
             f"{r.variant.name}: b-CapScore {verdict} "
             f"({r.ci.delta:+.1f}, {r.ci.level:.0%} CI [{r.ci.low:+.1f}, {r.ci.high:+.1f}]; "
             + ", ".join(f"{k} {ci.delta:+.3f}" for k, ci in r.reward_cis.items())
-            + ")"
+            + ")",
+            soft_wrap=True,
         )
-    console.print(f"run folder: {result.root}  (summary.json, samples.md, training_curves.png, rl/)")
     console.print(
-        f"wall time: {wall / 60:.1f} min ({', '.join(f'{k} {v:.0f}s' for k, v in result.timings.items())})"
+        f"run folder: {result.root}  (summary.json, samples.md, training_curves.png, rl/)", soft_wrap=True
+    )
+    stages = ", ".join(
+        f"{k} {v:.0f}/{result.cpu_timings.get(k, 0.0):.0f}s" for k, v in result.timings.items()
+    )
+    console.print(
+        f"wall time: {wall / 60:.1f} min, CPU time: {time.process_time() / 60:.1f} min "
+        f"(per stage, wall/CPU: {stages})",
+        soft_wrap=True,
     )
 
 
@@ -107,11 +124,14 @@ def _print_samples(console, result, n: int) -> None:
     rows = read_split_rows(result.root / "data", "eval")[:n]
     after = result.variants[0].after.records
     for i, row in enumerate(rows):
-        console.print(f"[bold]{row['id']}[/bold]  reference: {row['reference']}", highlight=False)
+        console.print(
+            f"[bold]{row['id']}[/bold]  reference: {row['reference']}", highlight=False, soft_wrap=True
+        )
         for label, record in (("before", result.before.records[i]), ("after ", after[i])):
             console.print(
                 f"  {label} (b-CapScore {100 * record['b_capscore']:4.1f}): {record['caption']}",
                 highlight=False,
+                soft_wrap=True,
             )
 
 
@@ -128,38 +148,3 @@ def _quiet_library_progress_bars() -> None:
     warnings.filterwarnings(
         "ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning
     )
-
-
-class _SFTProgress:
-    """A rich progress bar for the SFT stage, shown only while SFT runs."""
-
-    def __init__(self, console, total: int):
-        self.console, self.total = console, total
-        self.progress = None
-        self.task = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._stop()
-
-    def _stop(self):
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
-
-    def update(self, step: int, loss: float) -> None:
-        if self.progress is None and step < self.total:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(
-                TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-                TimeElapsedColumn(), console=self.console,
-            )  # fmt: skip
-            self.progress.start()
-            self.task = self.progress.add_task("sft", total=self.total, loss=loss)
-        if self.progress is not None:
-            self.progress.update(self.task, completed=step, loss=loss)
-            if step >= self.total:
-                self._stop()

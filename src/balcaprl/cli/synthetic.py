@@ -72,10 +72,14 @@ def sft(
     seed: int = typer.Option(0, "--seed"),
     eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
     evaluate_before: bool = typer.Option(False, "--evaluate-before", help="Also score the starting policy."),
+    progress: bool = typer.Option(
+        True,
+        "--progress/--no-progress",
+        help="Report progress on stderr (a bar, or periodic lines in a log).",
+    ),
 ) -> None:
     """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
+    from balcaprl.progress import Progress
     from balcaprl.synthetic.sft import SFTConfig, run_sft
 
     config = SFTConfig(
@@ -86,17 +90,9 @@ def sft(
         seed=seed,
         eval_limit=eval_limit,
     )
-    columns = (TextColumn("sft"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]:.3f}"),
-               TimeElapsedColumn(), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns) as progress:
-        task = progress.add_task("sft", total=steps, loss=float("nan"))
-        result = run_sft(
-            data,
-            out,
-            policy=policy,
-            config=config,
-            on_step=lambda s, loss: progress.update(task, completed=s, loss=loss),
-        )
+    # A bar on a terminal; a line every 30 s with steps, rate and ETA in a log.
+    with Progress("sft", total=steps, unit="steps", enabled=progress) as reporter:
+        result = run_sft(data, out, policy=policy, config=config, progress=reporter)
     typer.echo(
         f"saved policy to {result.policy_dir} ({result.steps} steps, {result.wall_s:.0f} s of training)"
     )

@@ -119,6 +119,12 @@ class SFTSettings(_Frozen):
         5.0, gt=0, description="The vision tower and projector train at lr x this (faster to see)."
     )
     warmup_steps: int = Field(20, ge=0)
+    micro_batches: int = Field(
+        2,
+        ge=1,
+        description="Each batch runs as this many parts of similar caption length, each padded to its own "
+        "longest: the same gradient as the whole padded batch, ~20% less compute.",
+    )
     flawed_fraction: float = Field(
         0.5, ge=0, le=1, description="Share of flawed SFT targets: the mistakes RL is there to remove."
     )
@@ -232,12 +238,12 @@ def demo_recipe() -> DemoRecipe:
             per_device_batch_size=32,
             learning_rate=5e-5,  # ~10x below SFT's; 1e-4 and 2e-4 moved further along the precision/recall trade-off
             warmup=10,
-            max_steps=350,  # ~6 minutes
+            max_steps=250,  # ~5 minutes; 350 gained no more (+3.8 held-out b-CapScore after either)
             precision="fp32",
             use_cpu=True,
             seed=0,
         ),
-        run=DemoRunConfig(save_steps=100, save_total_limit=2, log_rollouts_every=50),
+        run=DemoRunConfig(save_steps=50, save_total_limit=2, log_rollouts_every=50),
     )
 
 

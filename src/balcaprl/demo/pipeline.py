@@ -43,8 +43,9 @@ from balcaprl.demo.report import (
 )
 from balcaprl.demo.variants import Variant
 from balcaprl.errors import UserError
+from balcaprl.progress import Progress
 
-__all__ = ["DemoError", "DemoResult", "VariantResult", "run_demo"]
+__all__ = ["DemoError", "DemoResult", "ProgressFactory", "VariantResult", "run_demo"]
 
 STAGE_FILE = "demo_stage.json"
 SUMMARY_FILE = "summary.json"
@@ -55,6 +56,9 @@ class DemoError(UserError, RuntimeError):
 
 
 Log = Callable[[str], None]
+# Makes the reporter of one long stage: ``factory(description, total=n, unit="steps")`` (``Progress``
+# itself, or a partial of it with the demo's stream or a test's clock).
+ProgressFactory = Callable[..., Progress]
 
 
 # ------------------------------------------------------------------------------------- stage cache
@@ -118,7 +122,7 @@ def ensure_dataset(config: DemoConfig, root: Path, log: Log) -> Path:
 
 
 def ensure_sft(
-    config: DemoConfig, data_dir: Path, root: Path, log: Log, progress: Callable | None = None
+    config: DemoConfig, data_dir: Path, root: Path, log: Log, progress: ProgressFactory = Progress
 ) -> Path:
     from balcaprl.synthetic.policy import PolicySpec
     from balcaprl.synthetic.sft import SFTConfig, run_sft
@@ -143,18 +147,13 @@ def ensure_sft(
         lr=s.lr,
         vision_lr_scale=s.vision_lr_scale,
         warmup_steps=s.warmup_steps,
+        micro_batches=s.micro_batches,
         flawed_fraction=s.flawed_fraction,
         seed=s.seed,
         eval_limit=0,  # the demo evaluates the SFT policy itself, on more scenes
     )
-    run_sft(
-        data_dir,
-        folder,
-        spec=PolicySpec(**policy),
-        config=sft_config,
-        on_step=progress,
-        evaluate_before=False,
-    )
+    with progress("sft", total=s.steps, unit="steps") as reporter:
+        run_sft(data_dir, folder, spec=PolicySpec(**policy), config=sft_config, progress=reporter)
     _mark_stage(folder, settings)
     return folder
 
@@ -171,7 +170,12 @@ class Evaluation:
 
 
 def evaluate_heldout(
-    policy_dir: Path, data_dir: Path, config: DemoConfig, label: str, oracle: Any = None
+    policy_dir: Path,
+    data_dir: Path,
+    config: DemoConfig,
+    label: str,
+    oracle: Any = None,
+    progress: ProgressFactory = Progress,
 ) -> Evaluation:
     """Caption the first ``evaluation.scenes`` held-out images (sampled at the evaluation temperature
     with a fixed seed, or greedily at 0) and judge each caption once with the oracle (the b-CapScore
@@ -192,10 +196,11 @@ def evaluate_heldout(
     images = [Image.open(r["image_path"]).convert("RGB") for r in rows]
     temperature = config.evaluation_temperature()
     torch.manual_seed(e.seed)  # the same draws for every policy evaluated with these settings
-    captions = generate_captions(
-        model, processor, images, max_new_tokens=e.max_new_tokens,
-        do_sample=temperature > 0, temperature=temperature or 1.0,
-    )  # fmt: skip
+    with progress(f"eval ({label})", total=len(images), unit="captions") as reporter:
+        captions = generate_captions(
+            model, processor, images, max_new_tokens=e.max_new_tokens,
+            do_sample=temperature > 0, temperature=temperature or 1.0, on_batch=reporter.advance,
+        )  # fmt: skip
     scores = score_captions(oracle, rows, captions)  # the headline numbers, as `synthetic sft` prints them
     tokens = caption_token_counts(processor, captions)
     records = []
@@ -246,6 +251,7 @@ def ensure_evaluation(
     root: Path,
     log: Log,
     oracle: Any,
+    progress: ProgressFactory = Progress,
 ) -> Evaluation:
     path = root / "eval" / f"{name}.json"
     settings = {
@@ -260,7 +266,7 @@ def ensure_evaluation(
             log(f"eval: reusing {path}")
             return Evaluation(HeldOut(**stored["held_out"]), stored["records"])
     start = time.perf_counter()
-    evaluation = evaluate_heldout(policy_dir, data_dir, config, label, oracle)
+    evaluation = evaluate_heldout(policy_dir, data_dir, config, label, oracle, progress)
     h = evaluation.held_out
     log(
         f"eval ({label}): b-CapScore {h.b_capscore:.1f}  P {h.precision:.3f}  R {h.recall:.3f}  "
@@ -382,7 +388,8 @@ class DemoResult:
     root: Path
     before: Evaluation
     variants: list[VariantResult] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
+    cpu_timings: dict[str, float] = field(default_factory=dict)  # CPU seconds per stage
     summary_path: Path | None = None
     comparison_path: Path | None = None
 
@@ -436,10 +443,11 @@ def run_demo(
     *,
     steps: int | None = None,
     log: Log = print,
-    sft_progress: Callable | None = None,
+    progress: ProgressFactory = Progress,
 ) -> DemoResult:
     """Run the pipeline for ``variants`` (all sharing one dataset, SFT policy and "before" evaluation).
-    ``steps`` overrides the recipe's ``train.max_steps`` (quick sweeps)."""
+    ``steps`` overrides the recipe's ``train.max_steps`` (quick sweeps). ``log`` gets one line per
+    stage; ``progress`` makes the reporters of the long stages (SFT steps, held-out captions)."""
     from balcaprl.synthetic.oracle import OracleJudge
 
     if not variants:
@@ -451,23 +459,27 @@ def run_demo(
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo_config.yaml").write_text(config.to_yaml(), encoding="utf-8")
     timings: dict[str, float] = {}
-    clock = time.perf_counter()
+    cpu_timings: dict[str, float] = {}
+    clock, cpu_clock = time.perf_counter(), time.process_time()
 
     def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
+        # Wall and CPU seconds (this process's threads, the judge server's included) per stage: on a
+        # busy machine wall time grows with the load, CPU time much less.
+        nonlocal clock, cpu_clock
+        now, cpu_now = time.perf_counter(), time.process_time()
         timings[name] = round(timings.get(name, 0.0) + now - clock, 1)
-        clock = now
+        cpu_timings[name] = round(cpu_timings.get(name, 0.0) + cpu_now - cpu_clock, 1)
+        clock, cpu_clock = now, cpu_now
 
     data_dir = ensure_dataset(config, root, log)
     lap("dataset")
-    sft_dir = ensure_sft(config, data_dir, root, log, sft_progress)
+    sft_dir = ensure_sft(config, data_dir, root, log, progress)
     lap("sft")
     oracle = OracleJudge.from_dataset(data_dir)
-    before = ensure_evaluation(sft_dir, data_dir, config, "sft", "SFT", root, log, oracle)
+    before = ensure_evaluation(sft_dir, data_dir, config, "sft", "SFT", root, log, oracle, progress)
     lap("eval_before")
 
-    result = DemoResult(root=root, before=before, timings=timings)
+    result = DemoResult(root=root, before=before, timings=timings, cpu_timings=cpu_timings)
     e = config.evaluation
     for variant in variants:
         overrides = list(variant.overrides) + ([f"train.max_steps={steps}"] if steps is not None else [])
@@ -475,7 +487,9 @@ def run_demo(
         recipe = config.training_recipe(sft_dir.resolve(), data_dir.resolve(), run_dir, overrides)
         final, train_s = ensure_rl(recipe, lambda: oracle_judge(config, data_dir, oracle, log), log)
         lap(f"rl/{variant.name}")
-        after = ensure_evaluation(final, data_dir, config, run_dir.name, variant.name, root, log, oracle)
+        after = ensure_evaluation(
+            final, data_dir, config, run_dir.name, variant.name, root, log, oracle, progress
+        )
         lap(f"eval/{variant.name}")
         boot = dict(samples=e.bootstrap_samples, level=e.level, seed=e.seed)
         ci = paired_bootstrap(
@@ -535,6 +549,7 @@ def write_summary(result: DemoResult, config: DemoConfig) -> Path:
             for r in result.variants
         },
         "timings_s": result.timings,
+        "cpu_timings_s": result.cpu_timings,
         "config": config.model_dump(mode="json"),
     }
     path = result.root / SUMMARY_FILE

@@ -17,7 +17,7 @@ image processor and chat template) and everything else loads it back with ``from
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -213,8 +213,10 @@ def generate_captions(
     batch_size: int = 64,
     do_sample: bool = False,
     temperature: float = 1.0,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[str]:
-    """Captions for ``images`` (greedy by default), decoded without special tokens."""
+    """Captions for ``images`` (greedy by default), decoded without special tokens; ``on_batch`` is
+    told how many captions each finished batch added (a progress reporter's ``advance``)."""
     model.eval()
     text = processor.apply_chat_template(prompt_messages(prompt), add_generation_prompt=True, tokenize=False)
     captions: list[str] = []
@@ -231,4 +233,6 @@ def generate_captions(
         )
         new = out[:, batch["input_ids"].shape[1] :]
         captions += processor.batch_decode(new, skip_special_tokens=True)
+        if on_batch is not None:
+            on_batch(len(chunk))
     return [c.strip() for c in captions]
