@@ -279,3 +279,11 @@ def test_library_modules_do_not_import_typer():
 def test_version_prints_the_package_version():
     result = invoke("version")
     assert result.exit_code == 0 and result.output.strip() == balcaprl.__version__
+
+
+def test_python_dash_m_balcaprl_is_the_same_command_line():
+    environment = {k: v for k, v in os.environ.items() if k != DEBUG_ENV} | {"PYTHONPATH": str(SRC)}
+    result = subprocess.run(
+        [sys.executable, "-m", "balcaprl", "version"], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == balcaprl.__version__, result.stderr

@@ -16,21 +16,10 @@ from balcaprl.demo.config import DemoConfig, demo_recipe, load_demo_config
 from balcaprl.demo.variants import VARIANTS, parse_variants
 from balcaprl.errors import ConfigError
 from balcaprl.synthetic.oracle import OracleJudge
+from balcaprl.testing.toy_demo import write_toy_demo_config
 from balcaprl.train.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
-
-TOY = {
-    "dataset": {"n_train": 16, "n_eval": 6, "seed": 3, "min_objects": 2, "max_objects": 2, "image_size": 84},
-    "sft": {"steps": 6, "batch_size": 4, "warmup_steps": 2},
-    "evaluation": {"scenes": 6, "max_new_tokens": 12, "bootstrap_samples": 200, "show": 2},
-    "recipe": {
-        "rollout": {"rollouts_per_prompt": 4, "max_caption_tokens": 12},
-        "train": {"prompts_per_batch": 2, "per_device_batch_size": 8, "max_steps": 3, "warmup": 1},
-        "run": {"save_steps": 2, "log_rollouts_every": 1, "progress": False},
-    },
-}
-
 
 def run_cli(*args: str):
     result = CliRunner().invoke(app, ["demo", *args], env={"COLUMNS": "160"})
@@ -40,9 +29,7 @@ def run_cli(*args: str):
 
 @pytest.fixture(scope="module")
 def toy_config(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("demo-config") / "toy.yaml"
-    path.write_text(yaml.safe_dump(TOY))
-    return path
+    return write_toy_demo_config(tmp_path_factory.mktemp("demo-config") / "toy.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -59,25 +59,12 @@ def scored(dataset, tmp_path_factory) -> dict:
 
 
 # A toy `balcaprl demo` (about 30 s on 2 cores): dataset, SFT, 3 RL steps through the HTTP oracle judge.
-TOY_DEMO = {
-    "dataset": {"n_train": 16, "n_eval": 6, "seed": 3, "min_objects": 2, "max_objects": 2, "image_size": 84},
-    "sft": {"steps": 6, "batch_size": 4, "warmup_steps": 2},
-    "evaluation": {"scenes": 6, "max_new_tokens": 12, "bootstrap_samples": 200, "show": 2},
-    "recipe": {
-        "rollout": {"rollouts_per_prompt": 4, "max_caption_tokens": 12},
-        "train": {"prompts_per_batch": 2, "per_device_batch_size": 8, "max_steps": 3, "warmup": 1},
-        "run": {"save_steps": 2, "log_rollouts_every": 1, "progress": False},
-    },
-}
-
-
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> Path:
-    import yaml
+    from balcaprl.testing.toy_demo import write_toy_demo_config
 
     tmp = tmp_path_factory.mktemp("inspect-demo")
-    config = tmp / "toy.yaml"
-    config.write_text(yaml.safe_dump(TOY_DEMO))
+    config = write_toy_demo_config(tmp / "toy.yaml")
     result = CliRunner().invoke(app, ["demo", "--config", str(config), "--out", str(tmp / "run")])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return tmp / "run"

@@ -33,6 +33,24 @@ def test_rows_are_conversational_prompts_with_lazy_images(tiny_dataset, tokenize
     assert row["reference_tokens"] == 7  # words (the policy's tokenizer), not the card's 26 characters
 
 
+def test_a_batch_of_repeated_prompts_opens_each_image_once(tiny_dataset, tokenizer, monkeypatch):
+    # GRPO's sampler repeats each prompt once per rollout: 3 rows x 4 rollouts open 3 images, not 12.
+    import balcaprl.train.data as train_data
+
+    opened = []
+    real_open = train_data.open_image
+    monkeypatch.setattr(train_data, "open_image", lambda path, *a: opened.append(path) or real_open(path, *a))
+    ds = prepare_train_dataset(DataConfig(path=str(tiny_dataset)), ImageConfig(), tokenizer, ["policy"])
+    rows = [i for i in (0, 1, 2) for _ in range(4)]
+    batch = ds[rows]
+    assert sorted(opened) == sorted(set(batch["image_path"])) and len(opened) == 3
+    images = batch["image"]
+    for k, i in enumerate(rows):
+        assert images[k] is images[4 * (k // 4)]  # the rollouts of one prompt share its image
+        single = ds[i]["image"]
+        assert single.size == images[k].size and single.tobytes() == images[k].tobytes()
+
+
 def test_the_datasets_lengths_are_reused_only_for_the_policys_tokenizer(tmp_path, tokenizer):
     folder = build_tiny_dataset(tmp_path / "same", tokenizer_name="my/policy")
     reused = prepare_train_dataset(DataConfig(path=str(folder)), ImageConfig(), tokenizer, ["my/policy"])

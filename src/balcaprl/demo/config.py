@@ -149,7 +149,7 @@ class EvaluationSettings(_Frozen):
 class JudgeSettings(_Frozen):
     transport: Literal["http", "in-process"] = Field(
         "http",
-        description="http: the real OpenAI-compatible judge client against `serve-judge --oracle` on "
+        description="http: the real OpenAI-compatible judge client against `judge serve --oracle` on "
         "127.0.0.1 (started in this process); in-process: call the oracle directly (faster, no HTTP).",
     )
     concurrency: int = Field(64, ge=1, description="Judge calls in flight (http).")
@@ -227,7 +227,7 @@ def demo_recipe() -> DemoRecipe:
     """The demo's RL recipe: the paper's recipe with the changes a tiny policy on 2 CPU cores needs."""
     return DemoRecipe(
         # Table 3's "Full" row (equal weights), which the demo's variants ablate. The main-results
-        # weights (0.1 / 0.3 / 0.3) let captions grow here: recall up, precision down (see README).
+        # weights (0.1 / 0.3 / 0.3) let captions grow here: recall up, precision down (docs/demo.md).
         rewards=RecipeRewards(weights=RewardWeights(precision=0.3, recall=0.3, linguistic=0.3)),
         rollout=RolloutConfig(
             max_caption_tokens=96,  # references are <= ~90 tokens

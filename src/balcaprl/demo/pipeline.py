@@ -284,7 +284,7 @@ def ensure_evaluation(
 
 @contextlib.contextmanager
 def oracle_judge(config: DemoConfig, data_dir: Path, oracle: Any, log: Log) -> Iterator[Any]:
-    """The training judge: the real HTTP client against an in-process ``serve-judge --oracle`` on
+    """The training judge: the real HTTP client against an in-process ``judge serve --oracle`` on
     127.0.0.1 (default), or the oracle itself (``judge.transport: in-process``)."""
     if config.judge.transport == "in-process":
         log("judge: the oracle, in process")

@@ -8,6 +8,7 @@
   computed by hand.
 - :mod:`balcaprl.testing.compare_modes`: the joint vs cached-reference comparison on the scripted judge.
 - :mod:`balcaprl.testing.sharegpt4v_fixture`: a generated stand-in for ShareGPT4V in its exact layout.
+- :mod:`balcaprl.testing.toy_demo`: the smallest demo config that runs every stage.
 - :mod:`balcaprl.testing.rubrics`: which packaged rubric a system message is (for the server: the
   prompts themselves carry nothing that names their rubric).
 

@@ -128,6 +128,12 @@ def prepare_train_dataset(
     max_side = image_cfg.max_side
 
     def load_images(batch: dict[str, list]) -> dict[str, list]:
-        return {**batch, "image": [open_image(p, max_side, grid) for p in batch["image_path"]]}
+        # A generation batch repeats each prompt once per rollout: each image is opened once and
+        # shared by its rows (read-only from here on: processors copy before they resize).
+        opened: dict[str, Any] = {}
+        for path in batch["image_path"]:
+            if path not in opened:
+                opened[path] = open_image(path, max_side, grid)
+        return {**batch, "image": [opened[path] for path in batch["image_path"]]}
 
     return ds.with_transform(load_images)
