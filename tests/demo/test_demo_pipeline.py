@@ -147,7 +147,7 @@ def test_the_shipped_config_adds_nothing_and_its_examples_are_valid_settings():
     # the RL defaults are the demo recipe's, declared once (demo_recipe), over the paper's recipe
     assert DemoConfig().recipe == demo_recipe()
     recipe = DemoConfig().training_recipe("p", "d", "o")
-    assert recipe.rewards.weights.as_list() == [0.3, 0.3, 0.3] and recipe.train.max_steps == 250
+    assert recipe.rewards.weights.as_list() == [0.3, 0.3, 0.3] and recipe.train.max_steps == 200
     assert (recipe.rewards.length.mode, recipe.rewards.length.tau_low, recipe.rewards.length.tau_high) == (
         "mask",
         0.5,
