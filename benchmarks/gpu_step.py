@@ -157,6 +157,8 @@ def build_policy(folder: Path, tiny: bool, device: str) -> dict:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=text["tie_word_embeddings"],
     )
+    # on the top-level config too, where trainers compare them with the tokenizer's
+    config.eos_token_id, config.pad_token_id = ids["<|im_end|>"], ids["<|endoftext|>"]
     torch.manual_seed(0)
     with torch.device(device):  # random init where the model runs: a 3B init on CPU takes minutes
         model = Qwen2_5_VLForConditionalGeneration._from_config(

@@ -44,6 +44,11 @@ def test_policy_loads_through_auto_classes(policy_dir, tiny_dataset):
     assert batch["pixel_values"].shape[-1] == PolicySpec().image_size  # resized from 224 px
     assert int((batch["input_ids"] == model.config.image_token_id).sum()) == PolicySpec().image_tokens
     assert processor.tokenizer.unk_token_id not in batch["input_ids"][0].tolist()
+    # The saved config names the tokenizer's special tokens where trainers look for them (no
+    # "new PAD/BOS/EOS tokens" realignment and warning when training starts).
+    tok = processor.tokenizer
+    assert (model.config.eos_token_id, model.config.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    assert getattr(model.config, "bos_token_id", None) == tok.bos_token_id
 
 
 def test_save_load_round_trip_keeps_the_outputs(policy_dir, tiny_dataset, tmp_path):

@@ -153,6 +153,8 @@ def build_policy(
         for module in model.model.multi_modal_projector.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.normal_(0.0, spec.projector_init_std)
+    # The top-level config too: trainers compare it with the tokenizer and log a warning otherwise.
+    model.config.eos_token_id, model.config.pad_token_id = eos, pad
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
