@@ -284,6 +284,10 @@ def test_version_prints_the_package_version():
 def test_python_dash_m_balcaprl_is_the_same_command_line():
     environment = {k: v for k, v in os.environ.items() if k != DEBUG_ENV} | {"PYTHONPATH": str(SRC)}
     result = subprocess.run(
-        [sys.executable, "-m", "balcaprl", "version"], capture_output=True, text=True, env=environment, timeout=120
+        [sys.executable, "-m", "balcaprl", "version"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
     )
     assert result.returncode == 0 and result.stdout.strip() == balcaprl.__version__, result.stderr

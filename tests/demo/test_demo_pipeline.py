@@ -21,6 +21,7 @@ from balcaprl.train.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 def run_cli(*args: str):
     result = CliRunner().invoke(app, ["demo", *args], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output + repr(result.exception)

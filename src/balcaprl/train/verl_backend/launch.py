@@ -75,9 +75,7 @@ def write_run_files(recipe: Recipe, launch: VerlLaunch, python: str = "python3")
         atomic_write_text(path, text)
     atomic_write_text(out / "recipe.yaml", recipe.to_yaml())
     overrides = out / "verl" / "overrides.txt"
-    atomic_write_text(
-        overrides, launch.to_text(["verl overrides rendered by `balcaprl verl launch`"])
-    )
+    atomic_write_text(overrides, launch.to_text(["verl overrides rendered by `balcaprl verl launch`"]))
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
     command = " ".join(shlex.quote(part) for part in launch.command(python))
     atomic_write_text(
