@@ -3,31 +3,15 @@
 from __future__ import annotations
 
 import io
-import struct
 import threading
 import time
-import zlib
 
 import pytest
 from PIL import Image
 
 import balcaprl.judge.images as judge_images
 from balcaprl.images import DECODE_SLOTS, MAX_PIXELS, ImageReadError, ImageTooLarge, check_pixels, open_image
-
-
-def png_claiming(width: int, height: int) -> bytes:
-    """A PNG whose header claims a size its data does not have (only the header is ever read)."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-        + chunk(b"IEND", b"")
-    )
+from balcaprl.testing.sharegpt4v_fixture import png_claiming
 
 
 def jpeg(width: int, height: int) -> bytes:

@@ -67,8 +67,9 @@ def _image_bytes(
     return buffer.getvalue()
 
 
-def _png_header(width: int, height: int) -> bytes:
-    """A PNG that only claims its size (a decompression bomb, as far as the header goes)."""
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims a size its data does not have (a decompression bomb, as far as the
+    header goes; only the header is ever read)."""
     import struct
     import zlib
 
@@ -187,7 +188,7 @@ def make_sharegpt4v_fixture(
         )
         add_bad(
             "image_too_large",
-            _entry("bad-bomb", write("sam/images/sa_bomb.png", _png_header(30_000, 30_000)), PROMPTS[0], "x"),
+            _entry("bad-bomb", write("sam/images/sa_bomb.png", png_claiming(30_000, 30_000)), PROMPTS[0], "x"),
         )
         # Paths that leave the image root (the targets exist, so only the path check can stop them).
         outside = out / "outside.jpg"
