@@ -52,7 +52,7 @@ check-gpu-pins:
 	python3 scripts/check_gpu_pins.py
 
 # The offline main job: synthetic world -> SFT -> c-GDPO with the oracle judge -> held-out report
-# (13-14 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
+# (about 11 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
 demo: setup
 	$(VENV)/bin/balcaprl demo
 
