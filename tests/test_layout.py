@@ -19,3 +19,20 @@ def test_no_test_imports_a_conftest_by_name():
         if re.match(r"\s*(from conftest import|import conftest\b)", line)
     ]
     assert offenders == []
+
+
+def test_only_the_commands_that_serve_a_stand_in_judge_import_the_test_doubles():
+    # balcaprl.testing (loopback server, scripted judge, fixtures) stays apart from the code that trains
+    # and evaluates: only `balcaprl judge serve` and the offline demo, which serve the oracle through
+    # the loopback server, may import it.
+    src = TESTS.parent / "src" / "balcaprl"
+    allowed = {"cli/judge.py", "demo/pipeline.py"}
+    importing = {
+        str(path.relative_to(src))
+        for path in src.rglob("*.py")
+        if path.parent.name != "testing"
+        and re.search(r"^\s*(from balcaprl\.testing\b|import balcaprl\.testing\b|from balcaprl import testing\b)",
+                      path.read_text(encoding="utf-8"), re.MULTILINE)
+    }  # fmt: skip
+    assert importing <= allowed, sorted(importing - allowed)
+    assert importing, "the check found no import at all: its pattern is stale"
