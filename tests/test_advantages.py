@@ -219,3 +219,53 @@ def test_float32_matches_float64_where_float32_can(batch):
     decoupled = torch.tensor(loop_decoupled_sums(exact, groups, weights), dtype=torch.float64)[judged]
     if decoupled.numel() >= 2 and float(decoupled.std()) >= 1e-3:
         torch.testing.assert_close(result, reference.to(torch.float32), rtol=1e-4, atol=1e-4)
+
+
+# Rewards as judges give them: fractions of assertion counts and mean 1-10 scores mapped to [0, 1].
+judge_rewards = st.one_of(
+    st.tuples(st.integers(0, 12), st.integers(1, 12)).map(lambda t: min(t) / t[1]),
+    st.integers(0, 27).map(lambda k: k / 27),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=judge_rewards, size=st.integers(2, 16), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_a_reward_that_does_not_vary_in_its_group_gives_exactly_zero(value, size, dtype):
+    # Float32 rounding of the group mean, divided by std 0 + eps, once gave up to +-0.1 here.
+    rewards = torch.full((size, 1), value, dtype=dtype)
+    assert torch.equal(grpo_advantages(rewards, [0] * size, [1.0]), torch.zeros(size, dtype=dtype))
+
+
+@st.composite
+def judged_batches(draw):
+    """Groups of 8 whose linguistic reward is often the same for the whole group, as with a real judge."""
+    rows, groups = [], []
+    for group in range(draw(st.integers(2, 6))):
+        constant = draw(st.one_of(st.none(), st.integers(0, 27).map(lambda k: k / 27)))
+        for _ in range(8):
+            ling = constant if constant is not None else draw(judge_rewards)
+            rows.append([draw(judge_rewards), draw(judge_rewards), ling])
+            groups.append(group)
+    return rows, groups
+
+
+@settings(max_examples=200, deadline=None)
+@given(judged_batches())
+def test_float32_rewards_give_the_float64_advantages(batch):
+    """TRL hands over float32 rewards; the advantages must be those of the same rewards in float64."""
+    rows, groups = batch
+    single = torch.tensor(rows, dtype=torch.float32)
+    exact = single.to(torch.float64)
+    weights = [0.1, 0.3, 0.3]
+    reference = loop_c_gdpo_advantages(exact, groups, weights)
+    result = c_gdpo_advantages(single, groups, weights)
+    assert result.dtype == torch.float32
+    decoupled = torch.tensor(loop_decoupled_sums(exact, groups, weights), dtype=torch.float64)
+    if float(decoupled.std()) >= 1e-3:
+        torch.testing.assert_close(result, reference.to(torch.float32), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        grpo_advantages(single, groups, weights),
+        loop_grpo_advantages(exact, groups, weights).to(torch.float32),
+        rtol=1e-5,
+        atol=1e-5,
+    )

@@ -360,7 +360,7 @@ class Recipe(Section):
     model: ModelConfig = Field(description="The policy.")
     data: DataConfig = Field(description="The training dataset.")
     rewards: RecipeRewards = Field(default_factory=RecipeRewards, description="Rewards (Sec. 2).")
-    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages (Sec. 2.4).")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages (Sec. 2.3).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Caption sampling.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation.")
     run: RunConfig = Field(description="The run folder, checkpoints and logs.")
@@ -516,7 +516,8 @@ PROVENANCE: dict[str, Provenance] = {
     # rollout
     "rollout.rollouts_per_prompt": _paper(f"8 rollouts ({_A1})"),
     "rollout.max_caption_tokens": _choice(
-        "room for captions about 5x the ~200-token ones the paper reports (Tables 3 and 4); the paper gives no cap"
+        "room for captions about 5x the lengths of ~200 the paper reports (Tables 3 and 4; unit not stated); "
+        "the paper gives no cap"
     ),
     "rollout.temperature": _library("verl's and TRL's sampling default (1.0)"),
     "rollout.top_p": _library("verl's and TRL's default (1.0)"),
@@ -545,7 +546,9 @@ PROVENANCE: dict[str, Provenance] = {
     "rollout.vllm.server_timeout": _library("TRL's default"),
     "rollout.vllm.importance_sampling_correction": _library("TRL's default (on)"),
     # train
-    "train.prompts_per_batch": _paper(f"batch size 256 ({_A1})"),
+    "train.prompts_per_batch": _paper(
+        f"batch size 256 ({_A1}), read as 256 prompts x 8 rollouts (verl's data.train_batch_size counts prompts)"
+    ),
     "train.updates_per_batch": _inference(
         "4: the paper credits dual-clip with stability, which binds only when the ratio moves from 1, i.e. "
         "from the second update of a batch on; 4 is verl's default ratio (train_batch_size 1024 / "

@@ -176,7 +176,7 @@ class DemoRecipe(_Frozen):
         description="One line on what the run is for.",
     )
     rewards: RecipeRewards = Field(default_factory=RecipeRewards, description="Rewards (Sec. 2).")
-    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages (Sec. 2.4).")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantages (Sec. 2.3).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Caption sampling.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation.")
     run: DemoRunConfig = Field(  # type: ignore[valid-type]

@@ -188,7 +188,9 @@ def make_sharegpt4v_fixture(
         )
         add_bad(
             "image_too_large",
-            _entry("bad-bomb", write("sam/images/sa_bomb.png", png_claiming(30_000, 30_000)), PROMPTS[0], "x"),
+            _entry(
+                "bad-bomb", write("sam/images/sa_bomb.png", png_claiming(30_000, 30_000)), PROMPTS[0], "x"
+            ),
         )
         # Paths that leave the image root (the targets exist, so only the path check can stop them).
         outside = out / "outside.jpg"

@@ -1,4 +1,4 @@
-"""The policy loss: the paper's objective (Sec. 2.4 and Appendix "Implementation Details") on TRL.
+"""The policy loss: the paper's objective (Sec. 2.3 and Appendix "Implementation Details") on TRL.
 
 The paper optimises, per generation batch of B sequences with advantages A_i and token ratios
 s_it = pi_theta / pi_old,
