@@ -221,7 +221,9 @@ class VLLMConfig(Section):
     server_port: int = Field(8000, ge=1, le=65535)
     server_timeout: float = Field(240.0, gt=0, description="server: seconds to wait for the server at start.")
     importance_sampling_correction: bool = Field(
-        True, description="Correct the vLLM/trainer logprob mismatch with TRL's importance-sampling ratio."
+        False,
+        description="Weight each caption's loss by TRL's importance-sampling ratio of trainer to vLLM "
+        "probabilities (a term eq. 2.7 does not have; TRL's default is on).",
     )
 
     @field_validator("mode", mode="before")
@@ -544,7 +546,11 @@ PROVENANCE: dict[str, Provenance] = {
     "rollout.vllm.server_host": _library("TRL's default"),
     "rollout.vllm.server_port": _library("TRL's default"),
     "rollout.vllm.server_timeout": _library("TRL's default"),
-    "rollout.vllm.importance_sampling_correction": _library("TRL's default (on)"),
+    "rollout.vllm.importance_sampling_correction": _inference(
+        "off: eq. 2.7 has no such term, and verl, on which the paper trained, applies none by default "
+        "(algorithm.rollout_correction.rollout_is: null); TRL's default (on) weights each caption by "
+        "exp(sum over its tokens of the log-ratio), which depends on its length"
+    ),
     # train
     "train.prompts_per_batch": _paper(
         f"batch size 256 ({_A1}), read as 256 prompts x 8 rollouts (verl's data.train_batch_size counts prompts)"

@@ -94,6 +94,23 @@ def test_api_key_comes_only_from_the_named_variable(monkeypatch):
         JudgeConfig(api_key="sk-inline")  # a key in the file itself is not a field
 
 
+def test_processes_of_one_launch_share_the_judge_limits():
+    config = JudgeConfig(concurrency=256, requests_per_minute=1000, tokens_per_minute=None)
+    assert config.shared_by(1) is config
+    one_of_eight = config.shared_by(8)
+    assert (one_of_eight.concurrency, one_of_eight.requests_per_minute, one_of_eight.tokens_per_minute) == (
+        32,
+        125,
+        None,
+    )
+    assert JudgeConfig(concurrency=3, tokens_per_minute=5).shared_by(8).model_dump(
+        include={"concurrency", "tokens_per_minute"}
+    ) == {"concurrency": 1, "tokens_per_minute": 1}
+    assert one_of_eight.model_copy(update={"concurrency": 256}) == config.model_copy(
+        update={"requests_per_minute": 125}
+    )  # nothing else changes
+
+
 def test_rubric_options_default_to_the_paper_and_load_from_yaml(tmp_path):
     assert JudgeConfig().rubric.reference_image is False
     path = tmp_path / "judge.yaml"

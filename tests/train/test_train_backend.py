@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import math
+from pathlib import Path
 
 import pytest
 
-from balcaprl.recipe import recipe_from_dict
+from balcaprl.recipe import load_recipe, recipe_from_dict
+from balcaprl.train.metrics import RolloutLog
 from balcaprl.train.rewards import judge_usage
 from balcaprl.train.trl_backend import EpochSeededRepeatSampler, batch_layout, grpo_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def recipe(*overrides, output_dir="runs/x"):
@@ -62,20 +67,21 @@ def test_options_reach_trl(tmp_path):
 
 
 def test_vllm_settings_reach_trl(tmp_path):
-    r = recipe_from_dict(
-        {"model": {"path": "m"}, "data": {"path": "d"}, "run": {"output_dir": str(tmp_path)}},
-        [
-            "rollout.vllm.mode=server",
-            "rollout.vllm.server_base_url=http://10.0.0.5:8000",
-            "train.precision=fp32",
-            "train.per_device_batch_size=16",
-        ],
-    )
-    args = grpo_config(r)
+    base = {"model": {"path": "m"}, "data": {"path": "d"}, "run": {"output_dir": str(tmp_path)}}
+    overrides = [
+        "rollout.vllm.mode=server",
+        "rollout.vllm.server_base_url=http://10.0.0.5:8000",
+        "train.precision=fp32",
+        "train.per_device_batch_size=16",
+    ]
+    args = grpo_config(recipe_from_dict(base, overrides))
     assert (
         args.use_vllm and args.vllm_mode == "server" and args.vllm_server_base_url == "http://10.0.0.5:8000"
     )
-    assert args.vllm_importance_sampling_correction is True
+    # Off unless asked: eq. 2.7 has no such term (TRL's own default is on).
+    assert args.vllm_importance_sampling_correction is False
+    on = grpo_config(recipe_from_dict(base, [*overrides, "rollout.vllm.importance_sampling_correction=true"]))
+    assert on.vllm_importance_sampling_correction is True
 
 
 def test_batches_that_do_not_split_are_clear_errors():
@@ -86,16 +92,31 @@ def test_batches_that_do_not_split_are_clear_errors():
             recipe("train.prompts_per_batch=3", "train.updates_per_batch=16", "run.save_steps=16"),
             world_size=1,
         )
+    with pytest.raises(
+        match="do not split over 7 training processes; use a number of processes dividing 2048"
+    ):
+        batch_layout(recipe(), world_size=7)  # e.g. 8 GPUs with one serving vLLM: no batch size can work
     assert batch_layout(recipe("train.per_device_batch_size=16"), world_size=8) == {
         "gradient_accumulation_steps": 16,  # the 3B recipe on 8 GPUs: 2048 captions / (16 x 8)
         "steps_per_generation": 16,
     }
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
 def test_a_missing_metric_sink_is_named(tmp_path):
-    with pytest.raises(match="tensorboard"):
-        grpo_config(recipe("run.report_to=[tensorboard]", output_dir=str(tmp_path)), world_size=1)
+    with pytest.raises(match="run.report_to includes 'wandb' but the wandb package is not installed"):
+        grpo_config(recipe("run.report_to=[wandb]", output_dir=str(tmp_path)), world_size=1)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl_3b", "qwen2_5_vl_7b", "llava_1_5_7b"])
+def test_the_shipped_gpu_recipes_build_on_eight_processes(name):
+    """What `accelerate launch -m balcaprl train configs/NAME.yaml` builds on an 8-GPU node after the
+    documented install (their metric sink, TensorBoard, comes with the [trl] extra)."""
+    on_cpu = ["rollout.vllm.mode=off", "train.use_cpu=true", "train.precision=fp32"]  # what a CPU can build
+    shipped = load_recipe(ROOT / "configs" / f"{name}.yaml", on_cpu)
+    args = grpo_config(shipped, world_size=8)
+    assert args.report_to == ["tensorboard"]
+    assert args.steps_per_generation == args.gradient_accumulation_steps * shipped.train.updates_per_batch
 
 
 def test_prompt_order_depends_on_the_epoch_only():
@@ -110,6 +131,22 @@ def test_prompt_order_depends_on_the_epoch_only():
     assert order(1) == order(1, warmup_epochs=1)
     assert order(0) != order(1)
     assert order(0)[:2] == [order(0)[0]] * 2  # each prompt repeated for its rollouts
+    # A resumed run on several processes: nobody calls set_epoch; the sampler asks the trainer's state
+    # (epoch 1.5: half-way through the second epoch) when its iteration starts.
+    resumed = EpochSeededRepeatSampler(
+        list(range(10)), mini_repeat_count=2, batch_size=5, seed=3, epoch_source=lambda: math.floor(1.5)
+    )
+    assert list(resumed) == order(1)
+
+
+def test_a_batch_is_logged_when_a_step_it_feeds_is_an_nth_step(tmp_path):
+    every_100 = RolloutLog(tmp_path / "rollouts.jsonl", every=100)
+    # 4 updates per batch: batches feed steps 1-4, 5-8, ...; step 100's batch is the one starting at 97.
+    assert [first for first in range(1, 1001, 4) if every_100.wants(first, 4)] == list(range(97, 1001, 100))
+    every_2 = RolloutLog(tmp_path / "rollouts.jsonl", every=2)
+    assert [step for step in range(1, 9) if every_2.wants(step)] == [2, 4, 6, 8]  # one step per batch
+    assert [first for first in range(1, 9, 3) if every_2.wants(first, 3)] == [1, 4, 7]
+    assert not RolloutLog(tmp_path / "rollouts.jsonl", every=0).wants(1, 4)
 
 
 def test_judge_usage_reads_client_stats():

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import balcaprl.judge
 from balcaprl.cli import app
+from balcaprl.judge import load_judge_config
 from balcaprl.recipe import load_recipe
 from balcaprl.train.metrics import read_jsonl
 
@@ -79,7 +80,7 @@ def test_judge_flag_replaces_the_recipes_judge_and_a_missing_judge_is_named(tmp_
     (tmp_path / "judge.yaml").write_text("model: local-judge\n")
     runner = CliRunner(env={"COLUMNS": "120"})
     runner.invoke(app, ["train", str(RECIPE_3B), "--judge", str(tmp_path / "judge.yaml")])
-    assert seen["cfg"] == tmp_path / "judge.yaml"
+    assert seen["cfg"] == load_judge_config(tmp_path / "judge.yaml")  # one process: the limits as written
     assert seen["image_root"] == Path(load_recipe(RECIPE_3B).data.path).expanduser().resolve()
 
     no_judge = tmp_path / "no_judge.yaml"

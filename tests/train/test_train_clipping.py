@@ -58,7 +58,7 @@ def test_the_clip_binds_from_the_second_update_of_a_batch(tiny_policy, tiny_data
             tiny_dataset,
             tmp_path,
             train={"updates_per_batch": 2, "max_steps": 2, "learning_rate": 0.05},
-            run={"save_steps": 2, "log_rollouts_every": 0},
+            run={"save_steps": 2, "log_rollouts_every": 2},
         )
     )
     judge = ScriptedJudge(fail_every=None)
@@ -66,6 +66,8 @@ def test_the_clip_binds_from_the_second_update_of_a_batch(tiny_policy, tiny_data
     assert trainer.args.gradient_accumulation_steps == 1 and trainer.args.steps_per_generation == 2
     trainer.train()
     assert judge.calls == 1  # one generation batch feeds both updates
+    # Logged under the first step it feeds, because it also feeds step 2 (a multiple of 2).
+    assert {row["step"] for row in read_jsonl(tmp_path / "rollouts.jsonl")} == {1}
     first, second = (r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step")
     assert all(key in first and key in second for key in POLICY_METRICS)
     # First update: the policy that sampled the batch (ratio 1 up to float noise): nothing is clipped.

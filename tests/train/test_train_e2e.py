@@ -232,3 +232,22 @@ def test_lora_trains_only_adapters(tiny_policy, tiny_dataset, tmp_path):
     assert changed and all("lora_" in k for k in changed)
     assert (tmp_path / "checkpoint-1" / "adapter_model.safetensors").is_file()
     assert judge.calls == 1 and len(batches) == 1
+
+
+def test_a_dead_judge_stops_the_trainer_on_the_gathered_batch(tiny_policy, tiny_dataset, tmp_path):
+    """Every caption fails: the trainer (not the per-process scorer) stops the run after 2 batches."""
+    from balcaprl.train import build_trainer
+
+    recipe = recipe_from_dict(
+        tiny_recipe_dict(
+            tiny_policy,
+            tiny_dataset,
+            tmp_path,
+            rewards={"max_failed_batches_in_a_row": 2},
+            train={"max_steps": 3},
+        )
+    )
+    trainer = build_trainer(recipe, ScriptedJudge(fail_every=1))
+    assert trainer.scorer.check_failures is False  # one process's share of a batch is not a batch
+    with pytest.raises(RuntimeError, match="the judge failed on every rollout of 2 batches in a row"):
+        trainer.train()

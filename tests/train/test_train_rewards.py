@@ -124,6 +124,21 @@ def test_consecutive_fully_failed_batches_stop_the_run():
         run_like_trl(scorer, *batch(CAPTIONS[:2]))
 
 
+def test_the_failure_guard_can_judge_the_batch_gathered_from_every_process():
+    scorer = SharedVerdictScorer(
+        _AnyImageJudge(fail_every=1), max_failed_batches_in_a_row=2, check_failures=False
+    )
+    for _ in range(3):  # this process's share failed three times: not its decision
+        scorer.begin_batch()
+        run_like_trl(scorer, *batch(CAPTIONS[:2]))
+    mine = [r.as_dict() for r in scorer.last_batch.rollouts]
+    another_process = [{**mine[0], "failure": None, "failure_detail": ""}]
+    scorer.check_batch_failures(mine + another_process)  # the run's batch had a judged rollout
+    scorer.check_batch_failures(mine)
+    with pytest.raises(RuntimeError, match="2 batches in a row"):
+        scorer.check_batch_failures(mine + mine)
+
+
 def test_a_judge_breaking_the_one_outcome_per_request_rule_is_an_error():
     class Short:
         async def judge_batch(self, requests):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from balcaprl.errors import ConfigError
@@ -39,3 +42,32 @@ def test_overwrite_removes_the_earlier_run_entirely(tmp_path):
     assert not run.exists() and list(tmp_path.iterdir()) == []  # nothing left aside
     assert resolve_resume(run, False) is None
     replace_run(run)  # nothing there: nothing to do
+
+
+class _Process:
+    """Accelerate's PartialState as replace_run uses it: a rank, and a barrier shared by all ranks."""
+
+    def __init__(self, main: bool, barrier: threading.Barrier):
+        self.is_main_process = main
+        self.barrier = barrier
+        self.waited = False
+
+    def wait_for_everyone(self):
+        self.waited = True
+        self.barrier.wait(timeout=30)
+
+
+def test_under_a_launcher_only_the_main_process_replaces_the_run(tmp_path):
+    run = earlier_run(tmp_path / "run")
+    # A lone non-main process leaves the run alone (every rank deleting at once raced).
+    other = _Process(main=False, barrier=threading.Barrier(1))
+    replace_run(run, other)
+    assert other.waited and run_results(run)
+    # Eight ranks at once: the main one replaces; every rank waits for it, and none fails.
+    barrier = threading.Barrier(8)
+    ranks = [_Process(main=rank == 0, barrier=barrier) for rank in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        for done in [pool.submit(replace_run, run, rank) for rank in ranks]:
+            done.result()
+    assert all(rank.waited for rank in ranks)
+    assert not run.exists() and list(tmp_path.iterdir()) == []

@@ -81,10 +81,19 @@ def train(
             f"{config}: the recipe has no judge: section; add one (see configs/qwen2_5_vl_3b.yaml) or pass "
             "--judge JUDGE.yaml (in Python: balcaprl.train.train(recipe, judge) with any Judge object)"
         )
-    import balcaprl.judge
+    from accelerate import PartialState
 
+    import balcaprl.judge
+    from balcaprl.judge.config import load_judge_config
+
+    # Under `accelerate launch` every GPU process runs this command and builds its own judge client:
+    # they share the configured concurrency and rate caps, which are the endpoint's.
+    processes = PartialState(cpu=recipe.train.use_cpu)
+    if not isinstance(judge_config, balcaprl.judge.JudgeConfig):
+        judge_config = load_judge_config(judge_config)
     judge_object = balcaprl.judge.build_judge(
-        judge_config, image_root=Path(recipe.data.path).expanduser().resolve()
+        judge_config.shared_by(processes.num_processes),
+        image_root=Path(recipe.data.path).expanduser().resolve(),
     )
     # Before any model is loaded: the data, and a run folder that may be written.
     try:
@@ -93,7 +102,7 @@ def train(
         raise ConfigError(f"data.path: {error}") from None
     output_dir = Path(recipe.run.output_dir).expanduser()
     if overwrite:
-        replace_run(output_dir)
+        replace_run(output_dir, processes)
     else:
         resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
     ensure_writable_dir(output_dir, "run.output_dir")

@@ -85,7 +85,12 @@ class JudgeConfig(Section):
         default_factory=RubricOptions,
         description="Deliberate differences from the paper's judge prompts (docs/rubrics.md).",
     )
-    concurrency: int = Field(256, ge=1, description="Most judge calls in flight at once.")
+    concurrency: int = Field(
+        256,
+        ge=1,
+        description="Most judge calls in flight at once (for the whole run: a training launch on N processes "
+        "gives each 1/N of this and of the rate caps).",
+    )
     timeout_s: float = Field(60.0, gt=0, description="Per-attempt HTTP timeout in seconds.")
     max_retries: int = Field(4, ge=0, description="The SDK's retries on timeouts, 408/409/429 and 5xx.")
     http_backend: Literal["httpx", "aiohttp"] = Field(
@@ -96,9 +101,11 @@ class JudgeConfig(Section):
     temperature: float | None = Field(0.0, ge=0, description="Sampling temperature; null omits it.")
     max_tokens: int = Field(4096, ge=16, description="Most completion tokens per call.")
     requests_per_minute: int | None = Field(
-        None, ge=1, description="Client-side request rate cap; null = none."
+        None, ge=1, description="Client-side request rate cap (for the whole run); null = none."
     )
-    tokens_per_minute: int | None = Field(None, ge=1, description="Client-side token rate cap; null = none.")
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="Client-side token rate cap (for the whole run); null = none."
+    )
     max_image_side: int = Field(
         1024, ge=16, description="Longest image side sent; larger images are downscaled."
     )
@@ -134,6 +141,23 @@ class JudgeConfig(Section):
                 f"(export {self.api_key_env}=...), or set `api_key_env: null` for a server without auth"
             )
         return key
+
+    def shared_by(self, processes: int) -> JudgeConfig:
+        """This config for one of ``processes`` clients sharing one endpoint (a training launch builds one
+        judge per GPU process): concurrency and rate caps divided among them, at least 1 each."""
+        if processes <= 1:
+            return self
+
+        def share(limit: int | None) -> int | None:
+            return None if limit is None else max(1, limit // processes)
+
+        return self.model_copy(
+            update={
+                "concurrency": share(self.concurrency),
+                "requests_per_minute": share(self.requests_per_minute),
+                "tokens_per_minute": share(self.tokens_per_minute),
+            }
+        )
 
 
 def _judge_file(value: Any) -> Any:

@@ -100,10 +100,22 @@ def run_results(output_dir: Path | str) -> list[str]:
     return found
 
 
-def replace_run(output_dir: Path | str) -> None:
+def replace_run(output_dir: Path | str, processes: Any = None) -> None:
     """``--overwrite``: take an earlier run out of ``output_dir`` (one atomic rename aside, then
-    deleted; checkpoints are large, so two runs are never kept side by side)."""
-    output_dir = Path(output_dir)
+    deleted; checkpoints are large, so two runs are never kept side by side).
+
+    ``processes`` is accelerate's ``PartialState`` under a launcher, where every process runs the
+    command: only the main process replaces the run, and all wait for it before going on.
+    """
+    try:
+        if processes is None or processes.is_main_process:
+            _replace_run(Path(output_dir))
+    finally:
+        if processes is not None:
+            processes.wait_for_everyone()
+
+
+def _replace_run(output_dir: Path) -> None:
     if not run_results(output_dir):
         return
     aside = output_dir.parent / f".{output_dir.name}.replaced"

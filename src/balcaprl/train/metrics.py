@@ -146,14 +146,19 @@ class MetricsJsonlCallback(TrainerCallback):
 
 
 class RolloutLog:
-    """``rollouts.jsonl``: every rollout of every Nth step (caption, rewards, failure, advantage)."""
+    """``rollouts.jsonl``: every rollout of every Nth step (caption, rewards, failure, advantage).
+
+    One generation batch feeds ``span`` optimizer steps (updates per batch x PPO epochs); it is
+    logged, under the first step it feeds, when one of those steps is a multiple of N.
+    """
 
     def __init__(self, path: Path, every: int):
         self.path = Path(path)
         self.every = every
 
-    def wants(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
+    def wants(self, first_step: int, span: int = 1) -> bool:
+        """Whether the batch feeding steps ``first_step .. first_step + span - 1`` is logged."""
+        return self.every > 0 and (first_step + span - 1) // self.every > (first_step - 1) // self.every
 
     def write(
         self, step: int, records: Sequence[Mapping[str, Any]], advantages: torch.Tensor, groups: torch.Tensor

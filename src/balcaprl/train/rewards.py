@@ -154,6 +154,9 @@ class SharedVerdictScorer:
         rewards: the recipe's reward configuration (pointability rule, length control), whole.
         special_token_ids: the policy tokenizer's special ids, left out of the caption token count.
         max_failed_batches_in_a_row: raise after this many consecutive batches in which every rollout failed.
+        check_failures: count those batches as they are scored here; False when the caller calls
+            :meth:`check_batch_failures` on the batch gathered from every process (the TRL trainer does,
+            so that all processes stop together and one process's share of a batch is not a batch).
         image_column / reference_column / reference_tokens_column: dataset columns TRL passes along.
     """
 
@@ -164,6 +167,7 @@ class SharedVerdictScorer:
         *,
         special_token_ids: Sequence[int] = (),
         max_failed_batches_in_a_row: int = 3,
+        check_failures: bool = True,
         image_column: str = "image_path",
         reference_column: str = "reference",
         reference_tokens_column: str = "reference_tokens",
@@ -176,6 +180,7 @@ class SharedVerdictScorer:
         self.rubric = training_rubric_name(self.rewards.pointability)  # what the judge is asked to apply
         self.special_token_ids = frozenset(int(i) for i in special_token_ids)
         self.max_failed_batches_in_a_row = max_failed_batches_in_a_row
+        self.check_failures = check_failures
         self.image_column = image_column
         self.reference_column = reference_column
         self.reference_tokens_column = reference_tokens_column
@@ -252,7 +257,8 @@ class SharedVerdictScorer:
             judge_calls=1,
             usage={k: usage_after[k] - usage_before.get(k, 0.0) for k in usage_after},
         )
-        self._check_failures(batch)
+        if self.check_failures:
+            self.check_batch_failures(batch.rollouts)
         self.last_batch = batch
         if self.on_batch is not None:
             self.on_batch(batch)
@@ -316,15 +322,22 @@ class SharedVerdictScorer:
         rollout.truncated_input = outcome.truncated_input
         return rollout
 
-    def _check_failures(self, batch: ScoredBatch) -> None:
-        if batch.rollouts and all(r.failure is not None for r in batch.rollouts):
+    def check_batch_failures(self, rollouts: Sequence[ScoredRollout | Mapping[str, Any]]) -> None:
+        """Count a batch whose every rollout failed; raise after ``max_failed_batches_in_a_row`` in a row.
+
+        ``rollouts`` are :class:`ScoredRollout` objects or their ``as_dict()`` records.
+        """
+
+        def value_of(rollout: ScoredRollout | Mapping[str, Any], name: str) -> Any:
+            return rollout[name] if isinstance(rollout, Mapping) else getattr(rollout, name)
+
+        failures = [value_of(r, "failure") for r in rollouts]
+        if failures and all(f is not None for f in failures):
             self._failed_in_a_row += 1
-            reasons = sorted({r.failure for r in batch.rollouts if r.failure})
-            logger.warning(
-                "the judge failed on all %d rollouts of this batch (%s)", len(batch.rollouts), reasons
-            )
+            reasons = sorted(set(failures))
+            logger.warning("the judge failed on all %d rollouts of this batch (%s)", len(failures), reasons)
             if self._failed_in_a_row >= self.max_failed_batches_in_a_row:
-                detail = next((r.failure_detail for r in batch.rollouts if r.failure_detail), "")
+                detail = next((d for r in rollouts if (d := value_of(r, "failure_detail"))), "")
                 raise RuntimeError(
                     f"the judge failed on every rollout of {self._failed_in_a_row} batches in a row (reasons: "
                     f"{', '.join(reasons)}; e.g. {detail!r}). Check the judge endpoint, then resume with --resume."

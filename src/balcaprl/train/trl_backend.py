@@ -15,7 +15,8 @@ One training step, in the order it happens (TRL does everything not listed):
    (eqs. 2.4-2.6) on that same tensor, grouped by prompt id, or ``grpo_advantages`` for the ablation,
    minus the linear length penalty (eq. A.5) when chosen (``train/advantages.py``). Metrics are logged.
 4. Loss and update: TRL's ``luspo`` loss with token-level ratios and ``delta = c`` is exactly the
-   paper's dual-clip PPO with token-sum-sequence-mean aggregation, no KL (``train/loss.py`` proves it).
+   paper's dual-clip PPO with token-sum-sequence-mean aggregation, no KL (``train/loss.py`` proves it;
+   TRL's vLLM importance-sampling weight, a term the paper lacks, is off unless the recipe asks).
    Each generation batch feeds ``train.updates_per_batch`` optimizer steps; every step logs the
    importance ratio's mean and max and the shares of clipped and dual-clipped tokens.
 
@@ -28,7 +29,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,13 +105,25 @@ class EpochSeededRepeatSampler(RepeatSampler):
 
     TRL's sampler seeds its generator once, so epoch e's order depends on having iterated epochs
     0..e-1 in the same process; a run resumed in epoch e >= 1 would see epoch 0's order again. Seeding
-    per epoch (``set_epoch``, which the Trainer calls before every epoch) makes the order a function of
-    the epoch alone, and epoch 0 keeps TRL's order.
+    per epoch makes the order a function of the epoch alone, and epoch 0 keeps TRL's order.
+
+    The epoch is read from ``epoch_source`` (the trainer's state) when iteration starts: the Trainer's
+    own ``set_epoch`` call does not reach the sampler on several processes once a resumed run's data
+    loader is wrapped to skip the batches already seen.
     """
+
+    def __init__(self, *args: Any, epoch_source: Callable[[], int] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.epoch_source = epoch_source
 
     def set_epoch(self, epoch: int) -> None:
         if self.shuffle and self.seed is not None:
             self.generator.manual_seed(self.seed + epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        if self.epoch_source is not None:
+            self.set_epoch(self.epoch_source())
+        return super().__iter__()
 
 
 # ------------------------------------------------------------------------------ the rollout engine
@@ -224,7 +238,15 @@ class BalancedGRPOTrainer(GRPOTrainer):
             repeat_count=self.num_iterations * self.args.steps_per_generation,
             shuffle=self.shuffle_dataset,
             seed=self.args.seed,
+            # Epochs completed (the integer part of a resumed run's fractional epoch).
+            epoch_source=lambda: math.floor(self.state.epoch or 0),
         )
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one generation batch feeds (updates per batch x PPO epochs)."""
+        args = self.args
+        return max(1, args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps)
 
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -256,6 +278,8 @@ class BalancedGRPOTrainer(GRPOTrainer):
                 "internal: the gathered rewards and the scored rollouts disagree (rows or failures); "
                 "the shared verdict memo served another batch"
             )
+        # A dead judge stops the run: judged on the whole batch, identically on every process.
+        self.scorer.check_batch_failures(records)
         group_index = group_index_from_ids([r["id"] for r in records])
         length_penalty = torch.tensor([float(r["length_penalty"]) for r in records])
 
@@ -288,8 +312,12 @@ class BalancedGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
-        step = self.state.global_step + 1  # the optimizer step this batch feeds
-        if self.rollout_log is not None and self.accelerator.is_main_process and self.rollout_log.wants(step):
+        step = self.state.global_step + 1  # the first optimizer step this batch feeds
+        if (
+            self.rollout_log is not None
+            and self.accelerator.is_main_process
+            and self.rollout_log.wants(step, self.steps_per_batch)
+        ):
             self.rollout_log.write(step, records, advantages, group_index)
         return output
 
@@ -381,12 +409,18 @@ def batch_layout(recipe: Recipe, world_size: int) -> dict[str, int]:
             f"train.updates_per_batch ({t.updates_per_batch}) optimizer steps"
         )
     per_update = captions // t.updates_per_batch
+    if per_update % world_size:
+        raise ConfigError(
+            f"{per_update} captions per optimizer step do not split over {world_size} training processes; use a "
+            f"number of processes dividing {per_update}, or change train.prompts_per_batch or "
+            "train.updates_per_batch so that the processes divide it"
+        )
     micro = t.per_device_batch_size * world_size
     if per_update % micro:
         raise ConfigError(
             f"{per_update} captions per optimizer step do not split into micro-batches of train.per_device_batch_size "
             f"({t.per_device_batch_size}) x {world_size} process(es); choose a per_device_batch_size dividing "
-            f"{per_update // world_size if per_update % world_size == 0 else per_update}"
+            f"{per_update // world_size}"
         )
     accumulation = per_update // micro
     return {
@@ -526,6 +560,7 @@ def build_trainer(
         recipe.rewards.reward_config(),
         special_token_ids=tokenizer.all_special_ids,
         max_failed_batches_in_a_row=recipe.rewards.max_failed_batches_in_a_row,
+        check_failures=False,  # on the gathered batch, by every process alike (_generate_and_score_completions)
     )
     advantage_step = AdvantageStep(
         weights=tuple(recipe.rewards.weights.as_list()),
