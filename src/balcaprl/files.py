@@ -27,6 +27,7 @@ __all__ = [
     "atomic_write_text",
     "decode_utf8",
     "jsonl_lines",
+    "temporary_sibling",
     "read_utf8_text",
 ]
 
@@ -38,11 +39,32 @@ def jsonl_lines(text: str) -> list[str]:
     return text.split("\n")
 
 
+def _process_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()  # read once, at import (setting it is process-wide, so not per write)
+
+
+def temporary_sibling(path: Path | str) -> tuple[int, str]:
+    """An open ``(fd, name)`` for a new hidden file beside ``path``, to be renamed onto it when done.
+
+    ``mkstemp`` makes the file readable by its owner only; it gets the mode any new file would get
+    (0666 less the umask), so results on a shared file system stay readable by the rest of a team.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, tmp
+
+
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary_sibling(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

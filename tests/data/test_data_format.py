@@ -214,3 +214,14 @@ def test_atomic_write_leaves_no_temporary_on_failure(tmp_path):
         files.atomic_write_bytes(target, object())  # type: ignore[arg-type]
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_written_files_get_the_mode_of_any_new_file(tmp_path):
+    """Not mkstemp's owner-only 0600: results on a shared file system stay readable by a team."""
+    expected = 0o666 & ~files._UMASK
+    (tmp_path / "plain").write_text("x")  # what open() makes under this process's umask
+    assert (tmp_path / "plain").stat().st_mode & 0o777 == expected
+    root = write_dataset(tmp_path / "ds", [sample(0)], [sample(1)], name="t", token_counter=words())
+    written = [p for p in root.rglob("*") if p.is_file()]
+    assert {"dataset.json", "train.parquet", "eval.parquet"} <= {p.name for p in written}
+    assert {p.name: p.stat().st_mode & 0o777 for p in written} == {p.name: expected for p in written}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balcaprl.errors import InputError, MissingInputError
-from balcaprl.files import atomic_write_bytes, atomic_write_text
+from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibling
 
 __all__ = [
     "COLUMNS",
@@ -160,7 +159,7 @@ def _write_split(
     """
     seen: set[str] = set()
     target = root / f"{split}.parquet"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=root)
+    fd, tmp = temporary_sibling(target)
     os.close(fd)
     rows = 0
     try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ import pyarrow.parquet as pq
 
 from balcaprl.data.format import SPLITS, read_card, read_split_rows
 from balcaprl.errors import InputError, MissingInputError
-from balcaprl.files import atomic_write_text
+from balcaprl.files import atomic_write_text, temporary_sibling
 
 __all__ = ["EXPORT_FILE", "SPLIT_FILES", "ExportResult", "export_verl", "read_export", "verl_row"]
 
@@ -155,7 +154,7 @@ ROWS_PER_GROUP = 1024  # bounded memory when images are embedded
 
 def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], schema: pa.Schema) -> int:
     """Stream ``rows`` into ``path`` (temporary name, then an atomic rename); returns the row count."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary_sibling(path)
     os.close(fd)
     written = 0
     try:
