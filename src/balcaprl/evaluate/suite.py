@@ -118,8 +118,8 @@ def _captions_for(sets: dict[str | None, CaptionSet], protocol: str) -> CaptionS
         named = ", ".join(sorted(str(k) for k in sets)) or "none"
         raise EvaluationError(
             f"{protocol} needs {benchmark} captions, and the caption files hold none (they hold: {named}); "
-            f"caption the benchmark with `balcaprl caption --benchmark {benchmark} ...`, or pass "
-            f"--captions {benchmark}=FILE"
+            f"caption the benchmark with `balcaprl caption --benchmark {benchmark} ...`, pass "
+            f"--captions {benchmark}=FILE, or leave {protocol} out of --suite"
         )
     if own is None:
         return unnamed  # type: ignore[return-value]
@@ -132,7 +132,10 @@ def _captions_for(sets: dict[str | None, CaptionSet], protocol: str) -> CaptionS
 
 def _need(value: Path | None, protocol: str, what: str, flag: str) -> Path:
     if value is None:
-        raise EvaluationError(f"{protocol} needs {what}: pass {flag} or set `{protocol}: ...` in --config")
+        raise EvaluationError(
+            f"{protocol} needs {what}: pass {flag}, set `{protocol}: ...` in --config, or leave {protocol} "
+            "out of --suite"
+        )
     if not Path(value).exists():
         raise EvaluationError(f"{protocol}: {what} {value} does not exist")
     return Path(value)
