@@ -21,6 +21,7 @@ metrics below add what the paper's method needs watched:
     judge/truncated_input_share
     judge/usage/<counter>              tokens, cost, ... when the judge reports them
     advantages/mean, advantages/std, advantages/zero_share
+    groups/{precision,recall,linguistic,all}_flat_share
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from transformers import TrainerCallback
 
 from balcaprl.files import jsonl_lines
 from balcaprl.judge.protocol import FailureReason
-from balcaprl.rewards import LengthMode
+from balcaprl.rewards import REWARD_NAMES, LengthMode
 
 __all__ = [
     "MetricsJsonlCallback",
@@ -90,12 +91,39 @@ def batch_metrics(
         "advantages/std": float(advantages.float().std()) if n > 1 else math.nan,
         "advantages/zero_share": float((advantages == 0).float().mean()) if n else math.nan,
     }
+    metrics.update(flat_group_shares(judged))
     reasons = {r["failure"] for r in records if r["failure"] is not None}
     for reason in sorted(set(KNOWN_FAILURE_REASONS) | reasons):
         metrics[f"judge/failures/{reason}"] = float(sum(r["failure"] == reason for r in records))
     for key, value in usage.items():
         metrics[f"judge/usage/{key}"] = float(value)
     return metrics
+
+
+def flat_group_shares(judged: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Among prompts with at least two judged rollouts: the share whose reward is the same for all of
+    them (no relative signal from that reward, eq. 2.4 gives 0), per reward, and the share where all
+    three are. TRL's own ``frac_reward_zero_std`` looks at the batch-normalised sum and misses these."""
+    by_prompt: dict[str, list[Mapping[str, Any]]] = {}
+    for record in judged:
+        by_prompt.setdefault(str(record["id"]), []).append(record)
+    groups = [rollouts for rollouts in by_prompt.values() if len(rollouts) >= 2]
+    if not groups:
+        return {
+            **{f"groups/{name}_flat_share": math.nan for name in REWARD_NAMES},
+            "groups/all_flat_share": math.nan,
+        }
+
+    def flat(rollouts: list[Mapping[str, Any]], name: str) -> bool:
+        return len({r[name] for r in rollouts}) == 1
+
+    shares = {
+        f"groups/{name}_flat_share": _mean([float(flat(g, name)) for g in groups]) for name in REWARD_NAMES
+    }
+    shares["groups/all_flat_share"] = _mean(
+        [float(all(flat(g, name) for name in REWARD_NAMES)) for g in groups]
+    )
+    return shares
 
 
 # -- files -------------------------------------------------------------------------------------------
