@@ -124,3 +124,36 @@ def test_build_refuses_a_dataset_then_resumes_or_replaces_it(tmp_path):
     assert read_card(out)["counts"] == {"train": 1, "eval": 1}
     assert len(list((out / "images").iterdir())) == 2  # no stale image of the 5-scene dataset
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_sft_refuses_a_policy_then_replaces_it_with_overwrite(tiny_dataset, tmp_path):
+    import json
+
+    out = tmp_path / "sft"
+    sft = ["synthetic", "sft", "--data", str(tiny_dataset), "--out", str(out), "--steps", "1",
+           "--batch-size", "2", "--eval-limit", "0", "--no-progress"]  # fmt: skip
+    first = runner.invoke(app, sft)
+    assert first.exit_code == 0, first.output
+    (out / "notes.txt").write_text("stale")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    refused = runner.invoke(app, [*sft, "--seed", "1"])
+    assert refused.exit_code == 2
+    assert " ".join(refused.output.split()) == (
+        f"error: --out {out} already holds results (config.json, model.safetensors, balcaprl_policy.json, "
+        "sft_result.json); pass --overwrite to replace them, or choose another place"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # not a byte changed
+
+    replaced = runner.invoke(app, [*sft, "--seed", "1", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert f"saved policy to {out} " in replaced.output
+    record = json.loads((out / "sft_result.json").read_text())
+    assert record["config"]["seed"] == 1 and record["policy_dir"] == str(out)
+    assert "notes.txt" not in {p.name for p in out.iterdir()}  # no stale file of the old folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]  # nothing left aside
+
+    # Continuing from the policy being replaced: it is read before the new one is swapped in.
+    again = runner.invoke(app, [*sft, "--policy", str(out), "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "sft_result.json").read_text())["config"]["seed"] == 0

@@ -72,6 +72,9 @@ def sft(
     seed: int = typer.Option(0, "--seed"),
     eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
     evaluate_before: bool = typer.Option(False, "--evaluate-before", help="Also score the starting policy."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the policy already in --out (kept until the new one is saved)."
+    ),
     progress: bool = typer.Option(
         True,
         "--progress/--no-progress",
@@ -79,8 +82,9 @@ def sft(
     ),
 ) -> None:
     """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
+    from balcaprl.outputs import claim_output_dir
     from balcaprl.progress import Progress
-    from balcaprl.synthetic.sft import SFTConfig, run_sft
+    from balcaprl.synthetic.sft import SFTConfig, policy_results, run_sft
 
     config = SFTConfig(
         steps=steps,
@@ -90,9 +94,15 @@ def sft(
         seed=seed,
         eval_limit=eval_limit,
     )
+    # No --resume: an SFT run keeps no checkpoint to continue from.
+    target = claim_output_dir(
+        out, what="--out", results=policy_results, overwrite=overwrite, offers_resume=False
+    )
     # A bar on a terminal; a line every 30 s with steps, rate and ETA in a log.
-    with Progress("sft", total=steps, unit="steps", enabled=progress) as reporter:
-        result = run_sft(data, out, policy=policy, config=config, progress=reporter)
+    with target.committing(), Progress("sft", total=steps, unit="steps", enabled=progress) as reporter:
+        result = run_sft(
+            data, target.work, policy=policy, config=config, progress=reporter, final_dir=target.final
+        )
     typer.echo(
         f"saved policy to {result.policy_dir} ({result.steps} steps, {result.wall_s:.0f} s of training)"
     )
