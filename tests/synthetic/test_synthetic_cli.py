@@ -157,3 +157,27 @@ def test_sft_refuses_a_policy_then_replaces_it_with_overwrite(tiny_dataset, tmp_
     again = runner.invoke(app, [*sft, "--policy", str(out), "--overwrite"])
     assert again.exit_code == 0, again.output
     assert json.loads((out / "sft_result.json").read_text())["config"]["seed"] == 0
+
+
+def test_sft_evaluate_before_scores_the_starting_policy(tiny_dataset, tmp_path):
+    import json
+
+    out = tmp_path / "sft"
+    sft = ["synthetic", "sft", "--data", str(tiny_dataset), "--out", str(out), "--steps", "1",
+           "--batch-size", "2", "--eval-limit", "2", "--no-progress"]  # fmt: skip
+    result = runner.invoke(app, [*sft, "--evaluate-before"])
+    assert result.exit_code == 0, result.output
+    lines = [
+        " ".join(line.split(":")[0].split())
+        for line in result.output.splitlines()
+        if line.startswith("held-out")
+    ]
+    assert lines == ["held-out before", "held-out after SFT", "held-out references"]
+    held_out = json.loads((out / "sft_result.json").read_text())["held_out"]
+    assert held_out["before"] is not None and held_out["before"]["n"] == 2
+
+    no_scenes = runner.invoke(app, [*sft, "--eval-limit", "0", "--evaluate-before", "--overwrite"])
+    assert no_scenes.exit_code == 2
+    assert " ".join(no_scenes.output.split()) == (
+        "error: --evaluate-before scores held-out scenes: give --eval-limit above 0"
+    )

@@ -86,6 +86,8 @@ def sft(
     from balcaprl.progress import Progress
     from balcaprl.synthetic.sft import SFTConfig, policy_results, run_sft
 
+    if evaluate_before and eval_limit == 0:
+        raise UserError("--evaluate-before scores held-out scenes: give --eval-limit above 0")
     config = SFTConfig(
         steps=steps,
         batch_size=batch_size,
@@ -101,8 +103,9 @@ def sft(
     # A bar on a terminal; a line every 30 s with steps, rate and ETA in a log.
     with target.committing(), Progress("sft", total=steps, unit="steps", enabled=progress) as reporter:
         result = run_sft(
-            data, target.work, policy=policy, config=config, progress=reporter, final_dir=target.final
-        )
+            data, target.work, policy=policy, config=config, progress=reporter,
+            evaluate_before=evaluate_before, final_dir=target.final,
+        )  # fmt: skip
     typer.echo(
         f"saved policy to {result.policy_dir} ({result.steps} steps, {result.wall_s:.0f} s of training)"
     )
