@@ -181,3 +181,15 @@ def test_sft_evaluate_before_scores_the_starting_policy(tiny_dataset, tmp_path):
     assert " ".join(no_scenes.output.split()) == (
         "error: --evaluate-before scores held-out scenes: give --eval-limit above 0"
     )
+
+
+def test_show_refuses_an_unknown_rubric_in_one_line(tiny_dataset):
+    show = ["synthetic", "show", "--data", str(tiny_dataset)]
+    result = runner.invoke(app, [*show, "--rubric", "foo"])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()) == (
+        "error: --rubric foo: choose training, evaluation, training_without_pointability"
+    )
+    for rubric in ("training", "evaluation", "training_without_pointability"):
+        shown = runner.invoke(app, [*show, "--rubric", rubric])
+        assert shown.exit_code == 0 and "b-CapScore 1.000" in shown.output, (rubric, shown.output)

@@ -125,14 +125,19 @@ def show(
     caption: str | None = typer.Option(
         None, "--caption", help="Judge this caption instead of the reference."
     ),
-    rubric: str = typer.Option("training", "--rubric", help="training | evaluation"),
+    rubric: str = typer.Option(
+        "training", "--rubric", help="training | evaluation | training_without_pointability"
+    ),
 ) -> None:
     """Print one sample's scene graph, reference, and the oracle's verdict on a caption."""
     from balcaprl.data.format import read_split_rows
     from balcaprl.judge.protocol import Judgement, JudgeRequest
     from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
+    from balcaprl.rewards.rubrics import VERDICT_RUBRICS
     from balcaprl.synthetic.oracle import OracleJudge
 
+    if rubric not in VERDICT_RUBRICS:
+        raise UserError(f"--rubric {rubric}: choose {', '.join(VERDICT_RUBRICS)}")
     rows = read_split_rows(data, split)
     if index >= len(rows):
         raise UserError(f"--index {index} out of range: {split} has {len(rows)} rows")
