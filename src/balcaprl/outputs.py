@@ -1,8 +1,8 @@
 """Where a command's results go: never over earlier results by surprise, never after paying for them.
 
 One policy for every command that writes results (``score``, ``evaluate``, ``caption``,
-``data prepare``, ``data recaption``, ``synthetic build``, ``synthetic sft``, ``judge audit``,
-``verl export``, ``train``):
+``data prepare``, ``data recaption``, ``synthetic build``, ``synthetic sft``,
+``synthetic init-policy``, ``judge audit``, ``verl export``, ``train``):
 
 * A new or empty output place is simply written.
 * One that already holds results is refused with a message naming what is there, unless

@@ -193,3 +193,17 @@ def test_show_refuses_an_unknown_rubric_in_one_line(tiny_dataset):
     for rubric in ("training", "evaluation", "training_without_pointability"):
         shown = runner.invoke(app, [*show, "--rubric", rubric])
         assert shown.exit_code == 0 and "b-CapScore 1.000" in shown.output, (rubric, shown.output)
+
+
+def test_init_policy_does_not_write_over_a_policy(tmp_path):
+    out = tmp_path / "policy"
+    assert runner.invoke(app, ["synthetic", "init-policy", "--out", str(out)]).exit_code == 0
+    weights = (out / "model.safetensors").read_bytes()
+    refused = runner.invoke(app, ["synthetic", "init-policy", "--out", str(out), "--seed", "1"])
+    assert refused.exit_code == 2 and "pass --overwrite to replace them" in " ".join(refused.output.split())
+    assert (out / "model.safetensors").read_bytes() == weights
+    replaced = runner.invoke(
+        app, ["synthetic", "init-policy", "--out", str(out), "--seed", "1", "--overwrite"]
+    )
+    assert replaced.exit_code == 0 and (out / "model.safetensors").read_bytes() != weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]

@@ -191,8 +191,16 @@ def caption(
 def init_policy(
     out: Path = typer.Option(..., "--out", help="Folder for a fresh random-initialised tiny policy."),
     seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the policy already in --out."),
 ) -> None:
     """Save an untrained tiny policy (model + processor + chat template)."""
+    from balcaprl.outputs import claim_output_dir
     from balcaprl.synthetic.policy import create_policy
+    from balcaprl.synthetic.sft import policy_results
 
-    typer.echo(f"wrote {create_policy(out, seed=seed)}")
+    target = claim_output_dir(
+        out, what="--out", results=policy_results, overwrite=overwrite, offers_resume=False
+    )
+    with target.committing():
+        create_policy(target.work, seed=seed)
+    typer.echo(f"wrote {target.final}")
