@@ -55,6 +55,16 @@ def test_results_are_refused_without_a_flag(tmp_path):
     assert resumed.mode == "resume" and resumed.work == out and (out / "scores.jsonl").read_text() == "old\n"
 
 
+def test_a_command_without_resume_names_only_overwrite(tmp_path):
+    out = old_run(tmp_path)
+    with pytest.raises(UserError) as caught:
+        claim_output_dir(out, what="--out", results=results, offers_resume=False)
+    assert str(caught.value) == (
+        f"--out {out} already holds results (scores.jsonl, stale.parquet); pass --overwrite to replace them, "
+        "or choose another place"
+    )
+
+
 @pytest.mark.parametrize("atomic_exchange", [True, False])
 def test_overwrite_builds_aside_then_swaps_leaving_no_stale_file(tmp_path, monkeypatch, atomic_exchange):
     if not atomic_exchange:  # a system without renameat2: two renames

@@ -1,11 +1,13 @@
 """Where a command's results go: never over earlier results by surprise, never after paying for them.
 
 One policy for every command that writes results (``score``, ``evaluate``, ``caption``,
-``data prepare``, ``data recaption``, ``synthetic build``, ``train``):
+``data prepare``, ``data recaption``, ``synthetic build``, ``synthetic sft``,
+``synthetic init-policy``, ``judge audit``, ``verl export``, ``train``):
 
 * A new or empty output place is simply written.
 * One that already holds results is refused with a message naming what is there, unless
-* ``--resume``: continue in place; what is finished is reused, nothing finished is paid for again;
+* ``--resume``: continue in place; what is finished is reused, nothing finished is paid for again
+  (only commands that can continue offer it: ``offers_resume``);
 * ``--overwrite``: replace it. The new results are built in a temporary sibling folder
   (``.NAME.overwrite``) while the old ones stay untouched; at the end the two are exchanged in one
   step (``renameat2(RENAME_EXCHANGE)`` on Linux; two renames where that is not available) and the
@@ -51,6 +53,7 @@ __all__ = [
 
 Mode = Literal["new", "resume", "overwrite"]
 REFUSAL_HINT = "pass --resume to continue them, --overwrite to replace them, or choose another place"
+REFUSAL_HINT_NO_RESUME = "pass --overwrite to replace them, or choose another place"
 
 
 def choose_mode(resume: bool, overwrite: bool) -> Mode:
@@ -169,14 +172,17 @@ def claim_output_dir(
     overwrite: bool = False,
     copy: Sequence[str] = (),
     resumable: Sequence[str] = (),
+    offers_resume: bool = True,
 ) -> OutputDir:
     """Apply the policy (module docstring) to the output folder ``path`` before any work starts.
 
     ``results(folder)``: the names of the results ``folder`` holds (empty: nothing to protect).
     When replacing: ``copy`` names entries (``*`` patterns allowed) copied from the old folder into
     the new one at the start; ``resumable`` names entries a killed replacement left that are kept
-    (everything else it left is deleted). Raises :class:`~balcaprl.errors.UserError` (refusal) or
-    :class:`~balcaprl.errors.OutputError` (cannot write).
+    (everything else it left is deleted). ``offers_resume``: False for a command without
+    ``--resume`` (its refusal then names ``--overwrite`` only). Raises
+    :class:`~balcaprl.errors.UserError` (refusal) or :class:`~balcaprl.errors.OutputError` (cannot
+    write).
     """
     final = Path(path).expanduser()
     mode = choose_mode(resume, overwrite)
@@ -185,7 +191,8 @@ def claim_output_dir(
     found = list(results(final)) if final.is_dir() else []
     if found and mode == "new":
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise UserError(f"{what} {final} already holds results ({shown}); {REFUSAL_HINT}")
+        hint = REFUSAL_HINT if offers_resume else REFUSAL_HINT_NO_RESUME
+        raise UserError(f"{what} {final} already holds results ({shown}); {hint}")
     if not (found and mode == "overwrite"):
         return OutputDir(final, ensure_writable_dir(final, what), mode)
     work = _sibling(final, "overwrite")

@@ -215,6 +215,40 @@ def test_the_command_audits_a_judge_over_http(world, flipping_server, tmp_path, 
     assert len((tmp_path / "audit" / "items.jsonl").read_text().splitlines()) == 300
 
 
+def test_an_earlier_audit_is_refused_before_any_call_then_replaced_with_overwrite(
+    world, flipping_server, tmp_path
+):
+    dataset, captions, _ = world
+    config = tmp_path / "flipped.yaml"
+    config.write_text(
+        f"base_url: {flipping_server}\nmodel: oracle-flipped\napi_key_env: null\nmax_retries: 0\n"
+    )
+    out = tmp_path / "audit"
+    args = ["judge", "audit", "--data", str(dataset), "--captions", str(captions), "--judge", str(config),
+            "--out", str(out), "--no-retest"]  # fmt: skip
+    assert CliRunner().invoke(app, [*args, "--sample", "20"]).exit_code == 0
+    (out / "notes.txt").write_text("stale")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    dead = tmp_path / "dead.yaml"  # a refusal must come before any call: this judge cannot answer
+    dead.write_text("base_url: http://127.0.0.1:9/v1\napi_key_env: null\nmax_retries: 0\n")
+    refused = CliRunner().invoke(app, [*args[:7], str(dead), *args[8:], "--sample", "10"])
+    assert refused.exit_code == 2
+    assert " ".join(refused.output.split()) == (
+        f"error: --out {out} already holds results (audit.json, items.jsonl); pass --overwrite to replace "
+        "them, or choose another place"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    replaced = CliRunner().invoke(app, [*args, "--sample", "10", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert f"wrote {out / 'audit.json'}" in replaced.output
+    assert json.loads((out / "audit.json").read_text())["settings"]["sample"] == 10
+    assert len((out / "items.jsonl").read_text().splitlines()) == 10
+    assert sorted(p.name for p in out.iterdir()) == ["audit.json", "items.jsonl"]  # no stale file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit", "dead.yaml", "flipped.yaml"]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [(["--rubric", "fancy"], "--rubric fancy: choose training or evaluation"),

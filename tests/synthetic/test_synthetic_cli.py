@@ -124,3 +124,86 @@ def test_build_refuses_a_dataset_then_resumes_or_replaces_it(tmp_path):
     assert read_card(out)["counts"] == {"train": 1, "eval": 1}
     assert len(list((out / "images").iterdir())) == 2  # no stale image of the 5-scene dataset
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_sft_refuses_a_policy_then_replaces_it_with_overwrite(tiny_dataset, tmp_path):
+    import json
+
+    out = tmp_path / "sft"
+    sft = ["synthetic", "sft", "--data", str(tiny_dataset), "--out", str(out), "--steps", "1",
+           "--batch-size", "2", "--eval-limit", "0", "--no-progress"]  # fmt: skip
+    first = runner.invoke(app, sft)
+    assert first.exit_code == 0, first.output
+    (out / "notes.txt").write_text("stale")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    refused = runner.invoke(app, [*sft, "--seed", "1"])
+    assert refused.exit_code == 2
+    assert " ".join(refused.output.split()) == (
+        f"error: --out {out} already holds results (config.json, model.safetensors, balcaprl_policy.json, "
+        "sft_result.json); pass --overwrite to replace them, or choose another place"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # not a byte changed
+
+    replaced = runner.invoke(app, [*sft, "--seed", "1", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert f"saved policy to {out} " in replaced.output
+    record = json.loads((out / "sft_result.json").read_text())
+    assert record["config"]["seed"] == 1 and record["policy_dir"] == str(out)
+    assert "notes.txt" not in {p.name for p in out.iterdir()}  # no stale file of the old folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft"]  # nothing left aside
+
+    # Continuing from the policy being replaced: it is read before the new one is swapped in.
+    again = runner.invoke(app, [*sft, "--policy", str(out), "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "sft_result.json").read_text())["config"]["seed"] == 0
+
+
+def test_sft_evaluate_before_scores_the_starting_policy(tiny_dataset, tmp_path):
+    import json
+
+    out = tmp_path / "sft"
+    sft = ["synthetic", "sft", "--data", str(tiny_dataset), "--out", str(out), "--steps", "1",
+           "--batch-size", "2", "--eval-limit", "2", "--no-progress"]  # fmt: skip
+    result = runner.invoke(app, [*sft, "--evaluate-before"])
+    assert result.exit_code == 0, result.output
+    lines = [
+        " ".join(line.split(":")[0].split())
+        for line in result.output.splitlines()
+        if line.startswith("held-out")
+    ]
+    assert lines == ["held-out before", "held-out after SFT", "held-out references"]
+    held_out = json.loads((out / "sft_result.json").read_text())["held_out"]
+    assert held_out["before"] is not None and held_out["before"]["n"] == 2
+
+    no_scenes = runner.invoke(app, [*sft, "--eval-limit", "0", "--evaluate-before", "--overwrite"])
+    assert no_scenes.exit_code == 2
+    assert " ".join(no_scenes.output.split()) == (
+        "error: --evaluate-before scores held-out scenes: give --eval-limit above 0"
+    )
+
+
+def test_show_refuses_an_unknown_rubric_in_one_line(tiny_dataset):
+    show = ["synthetic", "show", "--data", str(tiny_dataset)]
+    result = runner.invoke(app, [*show, "--rubric", "foo"])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()) == (
+        "error: --rubric foo: choose training, evaluation, training_without_pointability"
+    )
+    for rubric in ("training", "evaluation", "training_without_pointability"):
+        shown = runner.invoke(app, [*show, "--rubric", rubric])
+        assert shown.exit_code == 0 and "b-CapScore 1.000" in shown.output, (rubric, shown.output)
+
+
+def test_init_policy_does_not_write_over_a_policy(tmp_path):
+    out = tmp_path / "policy"
+    assert runner.invoke(app, ["synthetic", "init-policy", "--out", str(out)]).exit_code == 0
+    weights = (out / "model.safetensors").read_bytes()
+    refused = runner.invoke(app, ["synthetic", "init-policy", "--out", str(out), "--seed", "1"])
+    assert refused.exit_code == 2 and "pass --overwrite to replace them" in " ".join(refused.output.split())
+    assert (out / "model.safetensors").read_bytes() == weights
+    replaced = runner.invoke(
+        app, ["synthetic", "init-policy", "--out", str(out), "--seed", "1", "--overwrite"]
+    )
+    assert replaced.exit_code == 0 and (out / "model.safetensors").read_bytes() != weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]

@@ -370,7 +370,8 @@ def test_preflight_and_run_files(tiny_dataset, tmp_path):
     export_verl(tiny_dataset, tmp_path / "verl", reference="reference_original")
     problems = preflight(recipe, launch, require_gpu=False)
     assert len(problems) == 1 and "data.reference='reference'" in problems[0]
-    export_verl(tiny_dataset, tmp_path / "verl")
+    assert problems[0].endswith("re-export with --reference reference --overwrite")
+    export_verl(tiny_dataset, tmp_path / "verl", overwrite=True)
     assert preflight(recipe, launch, require_gpu=False) == []
 
     overrides = write_run_files(recipe, launch)

@@ -128,12 +128,17 @@ def audit(
     retest: bool | None = typer.Option(
         None, "--retest/--no-retest", help="Judge each judge twice (default: only when there is one judge)."
     ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Replace the audit already in --out (kept until the new one is written; the judges are paid again).",
+    ),
 ) -> None:  # fmt: skip
     """Re-judge a sample of captions: agreement between judges, test-retest noise, errors, cost."""
     from rich.console import Console
 
     from balcaprl.judge import build_judge, load_judge_config
-    from balcaprl.judge.audit import audit_tables, read_audit_items, run_audit, write_audit
+    from balcaprl.judge.audit import audit_results, audit_tables, read_audit_items, run_audit, write_audit
+    from balcaprl.outputs import claim_output_dir
     from balcaprl.progress import Progress
 
     if not 1 <= len(judge) <= 2:
@@ -159,6 +164,11 @@ def audit(
 
         scenes = OracleJudge.from_dataset(data)
         oracle = ("oracle", lambda: scenes)
+    # Before the first paid call: an earlier audit in --out is refused (or, with --overwrite, kept until
+    # the new one is written in a sibling folder and swapped in).
+    target = claim_output_dir(
+        out, what="--out", results=audit_results, overwrite=overwrite, offers_resume=False
+    )
     bars: dict[tuple[str, int], Progress] = {}
 
     def progress(name: str, repeat: int, total: int) -> None:
@@ -181,7 +191,9 @@ def audit(
             bar.close()
     report["settings"] = {"data": str(data), "captions": str(captions), "judges": [str(p) for p in judge],
                           "sample": sample, "seed": seed, "cache": "off"}  # fmt: skip
-    audit_path, items_path = write_audit(report, out)
+    with target.committing():
+        written = write_audit(report, target.work)
+    audit_path, items_path = (target.final / path.name for path in written)
     for run in report["runs"]:
         if run["judged"] == 0:
             reasons = ", ".join(f"{k} {v}" for k, v in run["failures"].items())

@@ -72,6 +72,9 @@ def sft(
     seed: int = typer.Option(0, "--seed"),
     eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
     evaluate_before: bool = typer.Option(False, "--evaluate-before", help="Also score the starting policy."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the policy already in --out (kept until the new one is saved)."
+    ),
     progress: bool = typer.Option(
         True,
         "--progress/--no-progress",
@@ -79,9 +82,12 @@ def sft(
     ),
 ) -> None:
     """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
+    from balcaprl.outputs import claim_output_dir
     from balcaprl.progress import Progress
-    from balcaprl.synthetic.sft import SFTConfig, run_sft
+    from balcaprl.synthetic.sft import SFTConfig, policy_results, run_sft
 
+    if evaluate_before and eval_limit == 0:
+        raise UserError("--evaluate-before scores held-out scenes: give --eval-limit above 0")
     config = SFTConfig(
         steps=steps,
         batch_size=batch_size,
@@ -90,9 +96,16 @@ def sft(
         seed=seed,
         eval_limit=eval_limit,
     )
+    # No --resume: an SFT run keeps no checkpoint to continue from.
+    target = claim_output_dir(
+        out, what="--out", results=policy_results, overwrite=overwrite, offers_resume=False
+    )
     # A bar on a terminal; a line every 30 s with steps, rate and ETA in a log.
-    with Progress("sft", total=steps, unit="steps", enabled=progress) as reporter:
-        result = run_sft(data, out, policy=policy, config=config, progress=reporter)
+    with target.committing(), Progress("sft", total=steps, unit="steps", enabled=progress) as reporter:
+        result = run_sft(
+            data, target.work, policy=policy, config=config, progress=reporter,
+            evaluate_before=evaluate_before, final_dir=target.final,
+        )  # fmt: skip
     typer.echo(
         f"saved policy to {result.policy_dir} ({result.steps} steps, {result.wall_s:.0f} s of training)"
     )
@@ -112,14 +125,19 @@ def show(
     caption: str | None = typer.Option(
         None, "--caption", help="Judge this caption instead of the reference."
     ),
-    rubric: str = typer.Option("training", "--rubric", help="training | evaluation"),
+    rubric: str = typer.Option(
+        "training", "--rubric", help="training | evaluation | training_without_pointability"
+    ),
 ) -> None:
     """Print one sample's scene graph, reference, and the oracle's verdict on a caption."""
     from balcaprl.data.format import read_split_rows
     from balcaprl.judge.protocol import Judgement, JudgeRequest
     from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
+    from balcaprl.rewards.rubrics import VERDICT_RUBRICS
     from balcaprl.synthetic.oracle import OracleJudge
 
+    if rubric not in VERDICT_RUBRICS:
+        raise UserError(f"--rubric {rubric}: choose {', '.join(VERDICT_RUBRICS)}")
     rows = read_split_rows(data, split)
     if index >= len(rows):
         raise UserError(f"--index {index} out of range: {split} has {len(rows)} rows")
@@ -173,8 +191,16 @@ def caption(
 def init_policy(
     out: Path = typer.Option(..., "--out", help="Folder for a fresh random-initialised tiny policy."),
     seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the policy already in --out."),
 ) -> None:
     """Save an untrained tiny policy (model + processor + chat template)."""
+    from balcaprl.outputs import claim_output_dir
     from balcaprl.synthetic.policy import create_policy
+    from balcaprl.synthetic.sft import policy_results
 
-    typer.echo(f"wrote {create_policy(out, seed=seed)}")
+    target = claim_output_dir(
+        out, what="--out", results=policy_results, overwrite=overwrite, offers_resume=False
+    )
+    with target.committing():
+        create_policy(target.work, seed=seed)
+    typer.echo(f"wrote {target.final}")

@@ -35,8 +35,16 @@ def export(
     max_samples: int | None = typer.Option(
         None, "--max-samples", min=1, help="Only the first N rows per split."
     ),
-) -> None:
-    """Write verl's multimodal RL parquet rows (train.parquet, eval.parquet, export.json)."""
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Replace the export already in the output folder (kept until the new one is complete).",
+    ),
+) -> None:  # fmt: skip
+    """Write verl's multimodal RL parquet rows (train.parquet, eval.parquet, export.json).
+
+    Every input is checked before the output folder is touched; an earlier export there is refused
+    unless --overwrite, and then replaced in one step at the end.
+    """
     from balcaprl.train.verl_backend.export import export_verl
 
     if reference not in REFERENCE_COLUMNS:
@@ -49,6 +57,8 @@ def export(
         tokenizer=tokenizer,
         embed_images=embed_images,
         max_samples=max_samples,
+        overwrite=overwrite,
+        what="--out" if out is not None else "the export folder",
     )
     counts = ", ".join(f"{n} {split}" for split, n in result.counts.items())
     typer.echo(f"wrote {counts} rows to {result.out_dir}")

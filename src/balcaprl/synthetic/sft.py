@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 
 from balcaprl.data.format import read_split_rows
+from balcaprl.outputs import present
 from balcaprl.progress import Progress
 from balcaprl.synthetic.evaluation import CaptionScores, evaluate_policy, score_captions
 from balcaprl.synthetic.flaws import FLAW_KINDS, flawed_caption
@@ -30,7 +31,16 @@ from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import PolicySpec, build_policy, load_policy, prompt_messages, save_policy
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = ["SFTConfig", "SFTResult", "run_sft"]
+__all__ = ["RESULT_FILE", "SFTConfig", "SFTResult", "policy_results", "run_sft"]
+
+RESULT_FILE = "sft_result.json"
+
+
+def policy_results(folder: Path | str) -> list[str]:
+    """What in ``folder`` is a saved policy (its config and weights) or an SFT run's record: what a new
+    policy written there would replace (``balcaprl.outputs``)."""
+    names = ("config.json", "*.safetensors", "pytorch_model*.bin", "balcaprl_policy.json", RESULT_FILE)
+    return present(Path(folder), names)
 
 
 @dataclass(frozen=True)
@@ -173,11 +183,14 @@ def run_sft(
     config: SFTConfig = SFTConfig(),
     progress: Progress | None = None,
     evaluate_before: bool = False,
+    final_dir: Path | str | None = None,
 ) -> SFTResult:
     """Fine-tune ``policy`` (a saved policy folder; a fresh random one if None) on ``data_dir``'s
     train split, save to ``out_dir``, and (unless ``config.eval_limit`` is 0) score held-out greedy
     captions after training, and the references, with the oracle; ``evaluate_before`` also scores the
     starting policy (a random one generates the full token budget, so this costs a minute or two).
+    ``final_dir``: where the policy will live when ``out_dir`` is a folder it is built in before being
+    swapped into place (``balcaprl.outputs``); the result names it (default: ``out_dir``).
 
     ``progress`` (started by the caller) is given the step count as its total, and each optimizer step
     with the mean training loss of the current logging window (``log_every`` steps) as it goes."""
@@ -191,7 +204,7 @@ def run_sft(
     batches = _Batches(processor, rows, _load_scenes(data_dir), config)
 
     oracle = OracleJudge.from_dataset(data_dir) if config.eval_limit else None
-    result = SFTResult(policy_dir=out_dir, steps=config.steps, wall_s=0.0)
+    result = SFTResult(policy_dir=Path(final_dir or out_dir), steps=config.steps, wall_s=0.0)
 
     def held_out_scores() -> CaptionScores:
         return evaluate_policy(
@@ -252,7 +265,7 @@ def run_sft(
         result.after = held_out_scores()
         eval_rows = read_split_rows(data_dir, "eval")[: config.eval_limit]
         result.references = score_captions(oracle, eval_rows, [r["reference"] for r in eval_rows])
-    (out_dir / "sft_result.json").write_text(
+    (out_dir / RESULT_FILE).write_text(
         json.dumps({**result.to_json(), "config": asdict(config)}, indent=2) + "\n"
     )
     return result

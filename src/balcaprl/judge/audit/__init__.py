@@ -16,7 +16,7 @@ from balcaprl.judge.audit.agreement import (
 )
 from balcaprl.judge.audit.compare import FLAGS, SCORES, compare_outcomes, item_scores
 from balcaprl.judge.audit.pairing import Pairing, pair_assertions
-from balcaprl.judge.audit.report import audit_tables, write_audit
+from balcaprl.judge.audit.report import audit_results, audit_tables, write_audit
 from balcaprl.judge.audit.run import AuditItem, JudgeFactory, read_audit_items, run_audit
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "AuditItem",
     "JudgeFactory",
     "Pairing",
+    "audit_results",
     "audit_tables",
     "cohen_kappa",
     "compare_outcomes",

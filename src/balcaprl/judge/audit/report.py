@@ -9,10 +9,16 @@ from typing import Any
 
 from balcaprl.files import atomic_write_text
 from balcaprl.judge.audit.compare import FLAGS, SCORES
+from balcaprl.outputs import present
 
-__all__ = ["audit_tables", "write_audit"]
+__all__ = ["audit_results", "audit_tables", "write_audit"]
 
 AUDIT_FILE, ITEMS_FILE = "audit.json", "items.jsonl"
+
+
+def audit_results(folder: Path | str) -> list[str]:
+    """What in ``folder`` is an earlier audit's results (``balcaprl.outputs``: a new audit is refused there)."""
+    return present(Path(folder), [AUDIT_FILE, ITEMS_FILE])
 
 
 def write_audit(report: dict[str, Any], out: Path | str) -> tuple[Path, Path]:

@@ -19,8 +19,13 @@ with the card's tokenizer. The reward function reuses it only when that tokenize
 recounts otherwise, so a mismatch costs time, never correctness.
 
 Output: ``OUT/train.parquet``, ``OUT/eval.parquet`` and ``OUT/export.json`` (what was exported, from
-where, with which settings), written atomically; ``export.json`` last, so its presence means done.
-Needs pyarrow only (no verl), so it also runs where verl is not installed.
+where, with which settings); ``export.json`` last, so its presence means done. Every input is checked
+first (the dataset card and splits, the tokenizer, each row's caption and prompt, and with
+``embed_images`` each image file), before anything is written. An ``OUT`` that already holds an
+export (any of the three files) is refused unless ``overwrite``; then the new export is written in a
+sibling folder and swapped in at the end (``balcaprl.outputs``), so a failed export leaves the old
+one as it was, manifest included. Needs pyarrow only (no verl), so it also runs where verl is not
+installed.
 """
 
 from __future__ import annotations
@@ -38,8 +43,17 @@ import pyarrow.parquet as pq
 from balcaprl.data.format import SPLITS, read_card, read_split_rows
 from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_text, temporary_sibling
+from balcaprl.outputs import claim_output_dir, present, remove
 
-__all__ = ["EXPORT_FILE", "SPLIT_FILES", "ExportResult", "export_verl", "read_export", "verl_row"]
+__all__ = [
+    "EXPORT_FILE",
+    "SPLIT_FILES",
+    "ExportResult",
+    "export_results",
+    "export_verl",
+    "read_export",
+    "verl_row",
+]
 
 EXPORT_FILE = "export.json"
 SPLIT_FILES = {"train": "train.parquet", "eval": "eval.parquet"}
@@ -100,6 +114,28 @@ def _user_content(prompt: str, row_id: str) -> str:
     return IMAGE_PLACEHOLDER + text
 
 
+def _image_unreadable(split: str, row_id: str, image_path: str, error: OSError) -> InputError:
+    return InputError(f"{split} row {row_id!r}: image {image_path} cannot be read ({error.strerror})")
+
+
+def _check_row(row: Mapping[str, Any], *, split: str, reference: str, embed_images: bool) -> str:
+    """What :func:`verl_row` needs of a dataset row, checked without writing anything: a caption, a
+    usable prompt and (``embed_images``) a readable image file; returns the prompt's user content."""
+    row_id = str(row["id"])
+    caption = row[reference]
+    if caption is None or not str(caption).strip():
+        raise InputError(f"{split} row {row_id!r} has no {reference!r} caption; the judge needs one")
+    content = _user_content(str(row["prompt"]), row_id)
+    if embed_images:
+        image_path = str(Path(row["image_path"]).resolve())
+        try:
+            with open(image_path, "rb"):
+                pass
+        except OSError as error:
+            raise _image_unreadable(split, row_id, image_path, error) from None
+    return content
+
+
 def verl_row(
     row: Mapping[str, Any],
     index: int,
@@ -113,19 +149,16 @@ def verl_row(
 ) -> dict[str, Any]:
     """One verl row from one dataset row (``read_split_rows`` shape, with ``image_path``)."""
     row_id = str(row["id"])
+    content = _check_row(row, split=split, reference=reference, embed_images=False)
     caption = row[reference]
-    if caption is None or not str(caption).strip():
-        raise InputError(f"{split} row {row_id!r} has no {reference!r} caption; the judge needs one")
     image_path = str(Path(row["image_path"]).resolve())
     try:
         image = {"bytes": Path(image_path).read_bytes()} if embed_images else {"image": image_path}
     except OSError as error:
-        raise InputError(
-            f"{split} row {row_id!r}: image {image_path} cannot be read ({error.strerror})"
-        ) from None
+        raise _image_unreadable(split, row_id, image_path, error) from None
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": _user_content(str(row["prompt"]), row_id)}],
+        "prompt": [{"role": "user", "content": content}],
         "images": [image],
         "ability": "captioning",
         "reward_model": {"style": "model", "ground_truth": str(caption)},
@@ -176,6 +209,18 @@ def _write_parquet(path: Path, rows: Iterable[dict[str, Any]], schema: pa.Schema
         raise
 
 
+def export_results(folder: Path | str) -> list[str]:
+    """What in ``folder`` is an export (finished or not): what a new export there would replace."""
+    return present(Path(folder), [EXPORT_FILE, *SPLIT_FILES.values()])
+
+
+@dataclass(frozen=True)
+class _Split:
+    rows: list[dict[str, Any]]
+    lengths: list[int | None]
+    tokenizers: list[str | None]
+
+
 def export_verl(
     data_dir: Path | str,
     out_dir: Path | str,
@@ -185,31 +230,38 @@ def export_verl(
     embed_images: bool = False,
     splits: Sequence[str] = SPLITS,
     max_samples: int | None = None,
+    overwrite: bool = False,
+    what: str = "--out",
 ) -> ExportResult:
-    """Write verl parquet files for ``data_dir`` into ``out_dir``; see the module docstring."""
+    """Write verl parquet files for ``data_dir`` into ``out_dir``; see the module docstring.
+
+    Raises :class:`~balcaprl.errors.InputError` for an input that cannot be exported (before anything
+    is written), and :class:`~balcaprl.errors.UserError` naming ``what`` when ``out_dir`` already
+    holds an export and ``overwrite`` is not set."""
     root = Path(data_dir).expanduser().resolve()
     card = read_card(root)
     out = Path(out_dir).expanduser().resolve()
-    if out == root:
-        raise InputError("the export folder must differ from the dataset folder (both have train.parquet)")
+    if out == root or out in root.parents:  # --overwrite would replace the dataset itself
+        raise InputError("the export folder must differ from the dataset folder (both have train.parquet) "
+                         "and must not contain it")  # fmt: skip
     if reference not in ("reference", "reference_original"):
         raise InputError(f"reference must be 'reference' or 'reference_original', got {reference!r}")
     unknown = [s for s in splits if s not in SPLIT_FILES]
     if unknown:
         raise InputError(f"unknown splits {unknown}; choose from {sorted(SPLIT_FILES)}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / EXPORT_FILE).unlink(missing_ok=True)  # an old manifest must not vouch for new files
 
+    # Every input is read and checked before the output place is touched.
     counter = _count_with(tokenizer) if tokenizer is not None else None
     # The dataset's column counts the re-captioned `reference` with the card's tokenizer.
     column_tokenizer = card.get("tokenizer") if reference == "reference" else None
     data_source = f"balcaprl/{card.get('name', root.name)}"
-    schema = _schema(embed_images)
-    counts: dict[str, int] = {}
+    planned: dict[str, _Split] = {}
     for split in splits:
         rows = read_split_rows(root, split)
         if max_samples is not None:
             rows = rows[:max_samples]
+        for row in rows:
+            _check_row(row, split=split, reference=reference, embed_images=embed_images)
         references = [r[reference] for r in rows]
         if counter is not None:
             lengths: list[int | None] = list(counter.count([str(t or "") for t in references]))
@@ -217,35 +269,52 @@ def export_verl(
         else:
             lengths = [r["reference_tokens"] if column_tokenizer else None for r in rows]
             names = [column_tokenizer if n is not None else None for n in lengths]
-        verl_rows = (
-            verl_row(
-                row,
-                i,
-                split=split,
-                data_source=data_source,
-                reference=reference,
-                reference_tokens=n,
-                tokenizer=name,
-                embed_images=embed_images,
-            )
-            for i, (row, n, name) in enumerate(zip(rows, lengths, names, strict=True))
-        )
-        counts[split] = _write_parquet(out / SPLIT_FILES[split], verl_rows, schema)
+        planned[split] = _Split(rows, lengths, names)
 
-    manifest = {
-        "format": "verl-rlhf-multimodal",
-        "dataset": str(root),
-        "dataset_name": card.get("name"),
-        "dataset_version": card.get("version"),
-        "data_source": data_source,
-        "reference": reference,
-        "reference_tokens_tokenizer": tokenizer if tokenizer is not None else column_tokenizer,
-        "embed_images": embed_images,
-        "counts": counts,
-        "files": {s: SPLIT_FILES[s] for s in splits},
-    }
-    atomic_write_text(out / EXPORT_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return ExportResult(out, counts, manifest)
+    target = claim_output_dir(
+        out, what=what, results=export_results, overwrite=overwrite, offers_resume=False
+    )
+    schema = _schema(embed_images)
+    counts: dict[str, int] = {}
+    try:
+        with target.committing():
+            for split, plan in planned.items():
+                verl_rows = (
+                    verl_row(
+                        row,
+                        i,
+                        split=split,
+                        data_source=data_source,
+                        reference=reference,
+                        reference_tokens=n,
+                        tokenizer=name,
+                        embed_images=embed_images,
+                    )
+                    for i, (row, n, name) in enumerate(
+                        zip(plan.rows, plan.lengths, plan.tokenizers, strict=True)
+                    )
+                )
+                counts[split] = _write_parquet(target.work / SPLIT_FILES[split], verl_rows, schema)
+            manifest = {
+                "format": "verl-rlhf-multimodal",
+                "dataset": str(root),
+                "dataset_name": card.get("name"),
+                "dataset_version": card.get("version"),
+                "data_source": data_source,
+                "reference": reference,
+                "reference_tokens_tokenizer": tokenizer if tokenizer is not None else column_tokenizer,
+                "embed_images": embed_images,
+                "counts": counts,
+                "files": {s: SPLIT_FILES[s] for s in splits},
+            }
+            atomic_write_text(
+                target.work / EXPORT_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+            )
+    except BaseException:
+        if not target.replacing:  # the folder held no export: what this one wrote is only half of one
+            remove(target.work, SPLIT_FILES.values())
+        raise
+    return ExportResult(target.final, counts, manifest)
 
 
 def read_export(out_dir: Path | str) -> dict[str, Any]:

@@ -44,12 +44,14 @@ def preflight(recipe: Recipe, launch: VerlLaunch, *, require_gpu: bool = True) -
         if manifest.get("reference") != recipe.data.reference:
             problems.append(
                 f"the verl export in {train_file.parent} holds {manifest.get('reference')!r} captions but the recipe "
-                f"asks for data.reference={recipe.data.reference!r}; re-export with --reference"
+                f"asks for data.reference={recipe.data.reference!r}; re-export with --reference "
+                f"{recipe.data.reference} --overwrite"
             )
         for split in ("train", "eval"):
             if not (train_file.parent / SPLIT_FILES[split]).is_file():
                 problems.append(
-                    f"{train_file.parent / SPLIT_FILES[split]} is missing; re-run balcaprl verl export"
+                    f"{train_file.parent / SPLIT_FILES[split]} is missing; re-run balcaprl verl export "
+                    "with --overwrite"
                 )
     judge = values.get("reward.custom_reward_function.reward_kwargs.judge_config")
     to_write = {Path(p).expanduser().resolve() for p in launch.files}
