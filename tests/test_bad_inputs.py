@@ -105,6 +105,13 @@ def score(ws: Path, tmp: Path, *, captions="captions.jsonl", references="referen
             "--no-progress", *extra]  # fmt: skip
 
 
+def tiny_policy(tmp: Path) -> Path:
+    """A saved (untrained) tiny policy, for the rows whose mistake comes after the policy loads."""
+    from balcaprl.synthetic.policy import create_policy
+
+    return create_policy(tmp / "policy")
+
+
 def run_with_run_folder(ws: Path, tmp: Path) -> list[str]:
     (tmp / "run" / "checkpoint-3").mkdir(parents=True)
     (tmp / "run" / "checkpoint-3" / "trainer_state.json").write_text('{"global_step": 3}')
@@ -197,6 +204,13 @@ CASES = [
     Case("synthetic build: --min-objects above --max-objects",
          lambda ws, t: ["synthetic", "build", "--out", str(t / "o"), "--min-objects", "5", "--max-objects", "3"],
          2, "error: need 1 <= min_objects <= max_objects <= 9 (one shape per 3x3 cell), got 5..3"),
+    Case("synthetic show: an unknown --split",
+         lambda ws, t: ["synthetic", "show", "--data", str(ws / "dataset"), "--split", "test"],
+         2, "error: --split test: unknown split; choose train or eval"),
+    Case("synthetic caption: an unknown --split",
+         lambda ws, t: ["synthetic", "caption", "--policy", str(tiny_policy(t)), "--data", str(ws / "dataset"),
+                        "--split", "test"],
+         2, "error: --split test: unknown split; choose train or eval"),
     # ----------------------------------------------------------------------------------- data
     Case("data info: a corrupt parquet file", lambda ws, t: ["data", "info", str(ws / "corrupt")],
          2, "error: {ws}/corrupt/train.parquet: not a readable parquet file"),
@@ -228,6 +242,10 @@ CASES = [
          lambda ws, t: ["caption", "--model", str(t / "no-model"), "--images", str(ws / "images"), "--out",
                         str(t / "c.jsonl"), "--no-progress"],
          2, "error: --model {tmp}/no-model: no such folder; give a checkpoint folder or a hub id"),
+    Case("caption: an unknown --split of a dataset",
+         lambda ws, t: ["caption", "--model", "m", "--images", str(ws / "dataset"), "--split", "test", "--out",
+                        str(t / "c.jsonl"), "--no-progress"],
+         2, "error: --split test: unknown split; choose train or eval"),
     Case("caption: --out holds captions",
          lambda ws, t: ["caption", "--model", "m", "--images", str(ws / "images"), "--out",
                         str(holding(t, "c.jsonl") / "c.jsonl"), "--no-progress"],

@@ -268,8 +268,8 @@ def read_card(dataset_dir: Path | str) -> dict[str, Any]:
 
 
 def _split_path(dataset_dir: Path | str, split: str) -> Path:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if split not in SPLITS:  # the --split of `caption`, `synthetic show` and `synthetic caption`
+        raise InputError(f"--split {split}: unknown split; choose {' or '.join(SPLITS)}")
     read_card(dataset_dir)
     return Path(dataset_dir) / f"{split}.parquet"
 
