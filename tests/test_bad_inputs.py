@@ -276,6 +276,12 @@ CASES = [
     Case("evaluate-general: a results file that is not JSON",
          lambda ws, t: ["evaluate-general", "--import-only", str(ws / "plain.txt"), "--out", str(t / "e")],
          2, "error: {ws}/plain.txt: not JSON (Expecting value at line 1); not an lmms-eval results file"),
+    Case("figure advantage-collapse: --out under a file",
+         lambda ws, t: ["figure", "advantage-collapse", "--out", str(ws / "plain.txt" / "x"), "--grid", "2"],
+         2, "error: --out {ws}/plain.txt/x: cannot write there (Not a directory); choose a writable folder"),
+    Case("figure advantage-collapse: --out is a file",
+         lambda ws, t: ["figure", "advantage-collapse", "--out", str(ws / "plain.txt"), "--grid", "2"],
+         2, "error: --out {ws}/plain.txt is a file; give a folder (new or empty) for the results"),
     Case("demo: an unknown variant", lambda ws, t: ["demo", "--variants", "full,bogus"],
          2, "error: unknown variant 'bogus'; choose from full, grpo"),
 ]  # fmt: skip
