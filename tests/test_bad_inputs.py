@@ -125,12 +125,23 @@ class Case:
     code: int
     says: str  # expected in the output; {ws} and {tmp} are filled in
     env: tuple[tuple[str, str], ...] = ()  # more environment variables
+    in_tmp: bool = False  # run in this row's tmp folder (relative paths, as a user types them)
 
 
 # The paper's recipe names its judge's key variable: a placeholder lets the run get as far as the
 # mistake under test (no call is made); no cache file is opened.
 JUDGE_KEY = (("OPENAI_API_KEY", "sk-placeholder-never-sent"),)
 NO_CACHE = "judge.cache_path=null"
+# A mistyped local model path must fail before any hub call; offline, so that a regression fails
+# (with the hub's error) instead of hanging on retries.
+OFFLINE = (("HF_HUB_OFFLINE", "1"),)
+
+
+def mistyped(tmp: Path) -> str:
+    """``runs/nope``: a model path whose first folder exists in the working directory (the row's
+    tmp folder), so it can only be a local path, never a hub id ``org/name``."""
+    (tmp / "runs").mkdir(exist_ok=True)
+    return "runs/nope"
 
 
 CASES = [
@@ -181,6 +192,11 @@ CASES = [
          lambda ws, t: ["train", str(RECIPE_3B), f"data.path={t / 'nowhere'}", f"run.output_dir={t / 'run'}", NO_CACHE],
          2, "error: data.path: {tmp}/nowhere/dataset.json not found: {tmp}/nowhere is not a finished balcaprl dataset",
          JUDGE_KEY),
+    Case("train: model.path is a mistyped local path",
+         lambda ws, t: ["train", str(RECIPE_3B), f"model.path={mistyped(t)}", f"data.path={ws / 'dataset'}",
+                        "run.output_dir=run", NO_CACHE],
+         2, "error: model.path runs/nope: no such folder; give a checkpoint folder or a hub id", JUDGE_KEY + OFFLINE,
+         in_tmp=True),
     Case("train: run.output_dir holds a run", run_with_run_folder,
          2, "error: run.output_dir {tmp}/run already holds a run (checkpoint-3); pass --resume to continue it, "
             "--overwrite to replace it", JUDGE_KEY),
@@ -201,6 +217,9 @@ CASES = [
     Case("synthetic build: --resume onto another build",
          lambda ws, t: ["synthetic", "build", "--out", str(ws / "dataset"), "--n-train", "5", "--n-eval", "1", "--resume"],
          2, "holds a synthetic dataset built with other settings (counts); --resume only finishes the same build"),
+    Case("synthetic build: --policy is a mistyped local path",
+         lambda ws, t: ["synthetic", "build", "--out", "o", "--n-train", "1", "--n-eval", "1", "--policy", mistyped(t)],
+         2, "error: --policy runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE, in_tmp=True),
     Case("synthetic build: --min-objects above --max-objects",
          lambda ws, t: ["synthetic", "build", "--out", str(t / "o"), "--min-objects", "5", "--max-objects", "3"],
          2, "error: need 1 <= min_objects <= max_objects <= 9 (one shape per 3x3 cell), got 5..3"),
@@ -240,6 +259,14 @@ CASES = [
          2, "is not a finished balcaprl dataset"),
     Case("verl export: not a dataset", lambda ws, t: ["verl", "export", "--data", str(ws / "not-a-dataset")],
          2, "error: {ws}/not-a-dataset/dataset.json not found"),
+    Case("verl export: --tokenizer is a mistyped local path",
+         lambda ws, t: ["verl", "export", "--data", str(ws / "dataset"), "--tokenizer", mistyped(t), "--out", "v"],
+         2, "error: --tokenizer runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE,
+         in_tmp=True),
+    Case("data info: --tokenizer is a mistyped local path",
+         lambda ws, t: ["data", "info", str(ws / "dataset"), "--tokenizer", mistyped(t), "--png", "h.png"],
+         2, "error: --tokenizer runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE,
+         in_tmp=True),
     # ----------------------------------------------------------------------------------- caption, evaluate
     Case("caption: --model is a path that does not exist",
          lambda ws, t: ["caption", "--model", str(t / "no-model"), "--images", str(ws / "images"), "--out",
@@ -249,6 +276,10 @@ CASES = [
          lambda ws, t: ["caption", "--model", "m", "--images", str(ws / "dataset"), "--split", "test", "--out",
                         str(t / "c.jsonl"), "--no-progress"],
          2, "error: --split test: unknown split; choose train or eval"),
+    Case("caption: --model is a mistyped local path, not a hub id",
+         lambda ws, t: ["caption", "--model", mistyped(t), "--images", str(ws / "images"), "--out", "caps/y.jsonl",
+                        "--no-progress"],
+         2, "error: --model runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE, in_tmp=True),
     Case("caption: --out holds captions",
          lambda ws, t: ["caption", "--model", "m", "--images", str(ws / "images"), "--out",
                         str(holding(t, "c.jsonl") / "c.jsonl"), "--no-progress"],
@@ -296,7 +327,9 @@ def test_the_table_is_long_enough():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, ws: Path, tmp_path: Path):
+def test_bad_input(case: Case, ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if case.in_tmp:
+        monkeypatch.chdir(tmp_path)
     try:
         result = CliRunner().invoke(app, case.args(ws, tmp_path), env={"COLUMNS": "100", **dict(case.env)})
     finally:

@@ -198,10 +198,10 @@ def export_verl(
     unknown = [s for s in splits if s not in SPLIT_FILES]
     if unknown:
         raise InputError(f"unknown splits {unknown}; choose from {sorted(SPLIT_FILES)}")
+    counter = _count_with(tokenizer) if tokenizer is not None else None  # before the folder is touched
     out.mkdir(parents=True, exist_ok=True)
     (out / EXPORT_FILE).unlink(missing_ok=True)  # an old manifest must not vouch for new files
 
-    counter = _count_with(tokenizer) if tokenizer is not None else None
     # The dataset's column counts the re-captioned `reference` with the card's tokenizer.
     column_tokenizer = card.get("tokenizer") if reference == "reference" else None
     data_source = f"balcaprl/{card.get('name', root.name)}"
