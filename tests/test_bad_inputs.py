@@ -105,6 +105,13 @@ def score(ws: Path, tmp: Path, *, captions="captions.jsonl", references="referen
             "--no-progress", *extra]  # fmt: skip
 
 
+def tiny_policy(tmp: Path) -> Path:
+    """A saved (untrained) tiny policy, for the rows whose mistake comes after the policy loads."""
+    from balcaprl.synthetic.policy import create_policy
+
+    return create_policy(tmp / "policy")
+
+
 def run_with_run_folder(ws: Path, tmp: Path) -> list[str]:
     (tmp / "run" / "checkpoint-3").mkdir(parents=True)
     (tmp / "run" / "checkpoint-3" / "trainer_state.json").write_text('{"global_step": 3}')
@@ -118,12 +125,23 @@ class Case:
     code: int
     says: str  # expected in the output; {ws} and {tmp} are filled in
     env: tuple[tuple[str, str], ...] = ()  # more environment variables
+    in_tmp: bool = False  # run in this row's tmp folder (relative paths, as a user types them)
 
 
 # The paper's recipe names its judge's key variable: a placeholder lets the run get as far as the
 # mistake under test (no call is made); no cache file is opened.
 JUDGE_KEY = (("OPENAI_API_KEY", "sk-placeholder-never-sent"),)
 NO_CACHE = "judge.cache_path=null"
+# A mistyped local model path must fail before any hub call; offline, so that a regression fails
+# (with the hub's error) instead of hanging on retries.
+OFFLINE = (("HF_HUB_OFFLINE", "1"),)
+
+
+def mistyped(tmp: Path) -> str:
+    """``runs/nope``: a model path whose first folder exists in the working directory (the row's
+    tmp folder), so it can only be a local path, never a hub id ``org/name``."""
+    (tmp / "runs").mkdir(exist_ok=True)
+    return "runs/nope"
 
 
 CASES = [
@@ -174,6 +192,11 @@ CASES = [
          lambda ws, t: ["train", str(RECIPE_3B), f"data.path={t / 'nowhere'}", f"run.output_dir={t / 'run'}", NO_CACHE],
          2, "error: data.path: {tmp}/nowhere/dataset.json not found: {tmp}/nowhere is not a finished balcaprl dataset",
          JUDGE_KEY),
+    Case("train: model.path is a mistyped local path",
+         lambda ws, t: ["train", str(RECIPE_3B), f"model.path={mistyped(t)}", f"data.path={ws / 'dataset'}",
+                        "run.output_dir=run", NO_CACHE],
+         2, "error: model.path runs/nope: no such folder; give a checkpoint folder or a hub id", JUDGE_KEY + OFFLINE,
+         in_tmp=True),
     Case("train: run.output_dir holds a run", run_with_run_folder,
          2, "error: run.output_dir {tmp}/run already holds a run (checkpoint-3); pass --resume to continue it, "
             "--overwrite to replace it", JUDGE_KEY),
@@ -194,9 +217,22 @@ CASES = [
     Case("synthetic build: --resume onto another build",
          lambda ws, t: ["synthetic", "build", "--out", str(ws / "dataset"), "--n-train", "5", "--n-eval", "1", "--resume"],
          2, "holds a synthetic dataset built with other settings (counts); --resume only finishes the same build"),
+    Case("synthetic build: --policy is a mistyped local path",
+         lambda ws, t: ["synthetic", "build", "--out", "o", "--n-train", "1", "--n-eval", "1", "--policy", mistyped(t)],
+         2, "error: --policy runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE, in_tmp=True),
     Case("synthetic build: --min-objects above --max-objects",
          lambda ws, t: ["synthetic", "build", "--out", str(t / "o"), "--min-objects", "5", "--max-objects", "3"],
          2, "error: need 1 <= min_objects <= max_objects <= 9 (one shape per 3x3 cell), got 5..3"),
+    Case("synthetic show: an unknown --split",
+         lambda ws, t: ["synthetic", "show", "--data", str(ws / "dataset"), "--split", "test"],
+         2, "error: --split test: unknown split; choose train or eval"),
+    Case("synthetic caption: --policy does not exist",
+         lambda ws, t: ["synthetic", "caption", "--policy", str(t / "runs" / "nope"), "--data", str(ws / "dataset")],
+         2, "error: {tmp}/runs/nope has no config.json: not a saved policy (create one with `balcaprl synthetic sft`)"),
+    Case("synthetic caption: an unknown --split",
+         lambda ws, t: ["synthetic", "caption", "--policy", str(tiny_policy(t)), "--data", str(ws / "dataset"),
+                        "--split", "test"],
+         2, "error: --split test: unknown split; choose train or eval"),
     # ----------------------------------------------------------------------------------- data
     Case("data info: a corrupt parquet file", lambda ws, t: ["data", "info", str(ws / "corrupt")],
          2, "error: {ws}/corrupt/train.parquet: not a readable parquet file"),
@@ -223,11 +259,27 @@ CASES = [
          2, "is not a finished balcaprl dataset"),
     Case("verl export: not a dataset", lambda ws, t: ["verl", "export", "--data", str(ws / "not-a-dataset")],
          2, "error: {ws}/not-a-dataset/dataset.json not found"),
+    Case("verl export: --tokenizer is a mistyped local path",
+         lambda ws, t: ["verl", "export", "--data", str(ws / "dataset"), "--tokenizer", mistyped(t), "--out", "v"],
+         2, "error: --tokenizer runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE,
+         in_tmp=True),
+    Case("data info: --tokenizer is a mistyped local path",
+         lambda ws, t: ["data", "info", str(ws / "dataset"), "--tokenizer", mistyped(t), "--png", "h.png"],
+         2, "error: --tokenizer runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE,
+         in_tmp=True),
     # ----------------------------------------------------------------------------------- caption, evaluate
     Case("caption: --model is a path that does not exist",
          lambda ws, t: ["caption", "--model", str(t / "no-model"), "--images", str(ws / "images"), "--out",
                         str(t / "c.jsonl"), "--no-progress"],
          2, "error: --model {tmp}/no-model: no such folder; give a checkpoint folder or a hub id"),
+    Case("caption: an unknown --split of a dataset",
+         lambda ws, t: ["caption", "--model", "m", "--images", str(ws / "dataset"), "--split", "test", "--out",
+                        str(t / "c.jsonl"), "--no-progress"],
+         2, "error: --split test: unknown split; choose train or eval"),
+    Case("caption: --model is a mistyped local path, not a hub id",
+         lambda ws, t: ["caption", "--model", mistyped(t), "--images", str(ws / "images"), "--out", "caps/y.jsonl",
+                        "--no-progress"],
+         2, "error: --model runs/nope: no such folder; give a checkpoint folder or a hub id", OFFLINE, in_tmp=True),
     Case("caption: --out holds captions",
          lambda ws, t: ["caption", "--model", "m", "--images", str(ws / "images"), "--out",
                         str(holding(t, "c.jsonl") / "c.jsonl"), "--no-progress"],
@@ -255,6 +307,12 @@ CASES = [
     Case("evaluate-general: a results file that is not JSON",
          lambda ws, t: ["evaluate-general", "--import-only", str(ws / "plain.txt"), "--out", str(t / "e")],
          2, "error: {ws}/plain.txt: not JSON (Expecting value at line 1); not an lmms-eval results file"),
+    Case("figure advantage-collapse: --out under a file",
+         lambda ws, t: ["figure", "advantage-collapse", "--out", str(ws / "plain.txt" / "x"), "--grid", "2"],
+         2, "error: --out {ws}/plain.txt/x: cannot write there (Not a directory); choose a writable folder"),
+    Case("figure advantage-collapse: --out is a file",
+         lambda ws, t: ["figure", "advantage-collapse", "--out", str(ws / "plain.txt"), "--grid", "2"],
+         2, "error: --out {ws}/plain.txt is a file; give a folder (new or empty) for the results"),
     Case("demo: an unknown variant", lambda ws, t: ["demo", "--variants", "full,bogus"],
          2, "error: unknown variant 'bogus'; choose from full, grpo"),
 ]  # fmt: skip
@@ -269,7 +327,9 @@ def test_the_table_is_long_enough():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, ws: Path, tmp_path: Path):
+def test_bad_input(case: Case, ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if case.in_tmp:
+        monkeypatch.chdir(tmp_path)
     try:
         result = CliRunner().invoke(app, case.args(ws, tmp_path), env={"COLUMNS": "100", **dict(case.env)})
     finally:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.judge import Judgement, JudgeRequest
-from balcaprl.judge.audit import FLAGS, read_audit_items, run_audit
+from balcaprl.judge.audit import FLAGS, judge_names, read_audit_items, run_audit
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.testing.caption_fixture import CAPTION_KINDS, synthetic_captions, write_caption_jsonl
 from balcaprl.testing.flipping_judge import FlippingJudge
@@ -247,6 +247,43 @@ def test_an_earlier_audit_is_refused_before_any_call_then_replaced_with_overwrit
     assert len((out / "items.jsonl").read_text().splitlines()) == 10
     assert sorted(p.name for p in out.iterdir()) == ["audit.json", "items.jsonl"]  # no stale file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit", "dead.yaml", "flipped.yaml"]
+
+
+def test_a_judge_config_named_like_the_reference_judge_is_audited_under_its_file_name(
+    world, flipping_server, tmp_path
+):
+    dataset, captions, _ = world
+    config = tmp_path / "oracle.yaml"  # the obvious name for the oracle server's config
+    config.write_text(f"base_url: {flipping_server}\nmodel: oracle\napi_key_env: null\nmax_retries: 0\n")
+    args = ["judge", "audit", "--data", str(dataset), "--captions", str(captions), "--judge", str(config),
+            "--sample", "20", "--out", str(tmp_path / "audit")]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    assert report["reference"] == "oracle" and report["judges"] == ["oracle.yaml"]
+    assert [(r["judge"], r["repeat"], r["judged"]) for r in report["runs"]] == [
+        ("oracle", 1, 20),
+        ("oracle.yaml", 1, 20),
+        ("oracle.yaml", 2, 20),
+    ]
+    assert "flag errors against the reference judge (oracle)" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("configs", "taken", "names"),
+    [
+        (["configs/gpt.yaml", "local.yaml"], ["oracle"], ["gpt", "local"]),
+        (["configs/oracle.yaml"], ["oracle"], ["oracle.yaml"]),
+        (["a/judge.yaml", "b/judge.yaml"], [], ["a/judge.yaml", "b/judge.yaml"]),
+        (["x/a/judge.yaml", "y/a/judge.yaml"], ["oracle"], ["x/a/judge.yaml", "y/a/judge.yaml"]),
+        (["judge.yaml", "judge.yml"], [], ["judge.yaml", "judge.yml"]),
+        (["j.yaml", "j.yaml"], [], ["j-1", "j-2"]),  # the same file twice
+        (["oracle"], ["oracle"], ["oracle-2"]),  # no suffix, no folder: nothing longer to take
+        (["/etc/oracle.yaml", "oracle.yaml"], ["oracle"], ["etc/oracle.yaml", "oracle.yaml"]),
+    ],
+)
+def test_judge_names_are_the_stems_kept_apart(configs, taken, names):
+    assert judge_names(configs, taken=taken) == names
 
 
 @pytest.mark.parametrize(

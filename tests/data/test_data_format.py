@@ -20,6 +20,7 @@ from balcaprl.data.format import (
     read_split_rows,
     write_dataset,
 )
+from balcaprl.errors import InputError
 
 
 def png_bytes(color=(200, 30, 30), size=(8, 6)) -> bytes:
@@ -90,8 +91,8 @@ def test_loads_through_hf_datasets(tmp_path):
     assert len(ds) == 2 and set(COLUMNS) <= set(ds.column_names)
     assert ds[1]["reference"] == "a red square number 1"
     assert len(load_split(root, "eval")) == 1
-    with pytest.raises(ValueError, match="unknown split"):
-        load_split(root, "test")
+    with pytest.raises(InputError, match="--split test: unknown split; choose train or eval"):
+        load_split(root, "test")  # a user error (one line, exit status 2), still a ValueError
 
 
 def test_duplicate_ids_rejected(tmp_path):

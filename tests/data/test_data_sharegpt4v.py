@@ -199,7 +199,10 @@ def test_reference_tokens_with_a_local_tokenizer(fixture_template, tiny_tokenize
 
 
 def test_tokenizer_that_cannot_load_is_a_clear_error(tmp_path):
+    (tmp_path / "no-tokenizer").mkdir()
     with pytest.raises(ValueError, match="cannot load a tokenizer"):
+        TokenCounter.load(str(tmp_path / "no-tokenizer"))
+    with pytest.raises(ValueError, match="no-such-tokenizer: no such folder"):  # never asked of the hub
         TokenCounter.load(str(tmp_path / "no-such-tokenizer"))
 
 

@@ -136,3 +136,27 @@ def test_cli_dry_run_and_import(tmp_path):
     )
     # lmms-eval is not installed here: nothing is run and nothing is faked
     assert result.exit_code == 2 and "lmms-eval is not installed" in result.output
+
+
+def test_a_mistyped_local_model_path_is_refused_before_lmms_eval_runs(tmp_path, monkeypatch):
+    # lmms-eval installed (pretended): the model is loaded here, so runs/nope (runs/ exists here)
+    # can only be a local path; it is refused at once, never run, never looked up on the hub.
+    import importlib.util
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "lmms_eval" else real_find_spec(name, *a),
+    )
+    ran = []
+    monkeypatch.setattr(subprocess, "call", lambda argv, *a, **k: ran.append(argv) or 0)
+    result = CliRunner(env={"COLUMNS": "120", "HF_HUB_OFFLINE": "1"}).invoke(
+        app, ["evaluate-general", "--model", "runs/nope", "--out", "e", "--benchmarks", "ChartQA"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "error: --model runs/nope: no such folder; give a checkpoint folder or a hub id" in result.output
+    assert ran == []

@@ -70,11 +70,13 @@ def caption(
         caption_items,
         collect_items,
     )
+    from balcaprl.model_paths import check_model_path
     from balcaprl.outputs import claim_output_file
     from balcaprl.progress import Progress
 
     if backend not in ("transformers", "vllm"):
         raise UserError(f"--backend {backend}: choose transformers or vllm")
+    check_model_path(model, "--model")  # before anything is read or written, and never the hub for it
     if multi_image not in ("captionqa", "lmms-eval", "first"):
         raise UserError(f"--multi-image {multi_image}: choose lmms-eval, captionqa or first")
     line = None
@@ -417,7 +419,7 @@ def evaluate_general(
         typer.echo(shell_line(argv))
         if dry_run:
             return
-        status = run_lmms_eval(argv)  # UserError when lmms-eval is not installed
+        status = run_lmms_eval(argv, model=model)  # UserError when lmms-eval is not installed
         if status != 0:
             raise UserError(f"lmms-eval exited with status {status}; nothing imported")
         source = output_path

@@ -137,7 +137,14 @@ def audit(
     from rich.console import Console
 
     from balcaprl.judge import build_judge, load_judge_config
-    from balcaprl.judge.audit import audit_results, audit_tables, read_audit_items, run_audit, write_audit
+    from balcaprl.judge.audit import (
+        audit_results,
+        audit_tables,
+        judge_names,
+        read_audit_items,
+        run_audit,
+        write_audit,
+    )
     from balcaprl.outputs import claim_output_dir
     from balcaprl.progress import Progress
 
@@ -148,22 +155,21 @@ def audit(
     if reference not in ("auto", "none"):
         raise UserError(f"--reference {reference}: choose auto or none")
     items = read_audit_items(data, captions, sample=sample, seed=seed)
-    names = [path.stem for path in judge]
-    if len(set(names)) < len(names):
-        names = [f"{name}-{letter}" for name, letter in zip(names, "AB", strict=False)]
     configs = [load_judge_config(path) for path in judge]  # a bad config fails here, before any call
     for config in configs:
         config.resolve_api_key()
-    judges = [
-        (name, lambda config=config: build_judge(config, image_root=data.resolve(), no_cache=True))
-        for name, config in zip(names, configs, strict=True)
-    ]
     oracle = None
     if reference == "auto" and (data / "scenes.jsonl").is_file():
         from balcaprl.synthetic.oracle import OracleJudge
 
         scenes = OracleJudge.from_dataset(data)
         oracle = ("oracle", lambda: scenes)
+    # the config files' stems, kept apart from each other and from the reference (oracle.yaml: "oracle.yaml")
+    names = judge_names(judge, taken=[oracle[0]] if oracle else [])
+    judges = [
+        (name, lambda config=config: build_judge(config, image_root=data.resolve(), no_cache=True))
+        for name, config in zip(names, configs, strict=True)
+    ]
     # Before the first paid call: an earlier audit in --out is refused (or, with --overwrite, kept until
     # the new one is written in a sibling folder and swapped in).
     target = claim_output_dir(

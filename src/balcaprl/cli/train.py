@@ -95,7 +95,10 @@ def train(
         judge_config.shared_by(processes.num_processes),
         image_root=Path(recipe.data.path).expanduser().resolve(),
     )
-    # Before any model is loaded: the data, and a run folder that may be written.
+    # Before any model is loaded: the model's path, the data, and a run folder that may be written.
+    from balcaprl.model_paths import check_model_path
+
+    check_model_path(recipe.model.path, "model.path")
     try:
         read_card(Path(recipe.data.path).expanduser())
     except UserError as error:

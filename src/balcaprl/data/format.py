@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibling
+from balcaprl.model_paths import check_model_path
 
 __all__ = [
     "COLUMNS",
@@ -95,12 +96,15 @@ class TokenCounter:
         return cls(name=str(label), count=count)
 
     @classmethod
-    def load(cls, name_or_path: str) -> TokenCounter:
+    def load(cls, name_or_path: str, what: str = "--tokenizer") -> TokenCounter:
         """Load a tokenizer by hub name or local folder (``AutoTokenizer``, else ``AutoProcessor``).
 
         The card records ``name_or_path`` exactly as given, so pass the policy's model name: the
         trainer reuses the stored lengths only when the names match (``balcaprl.train.data``).
+        A local path that does not exist, or one that holds no tokenizer, is an
+        :class:`~balcaprl.errors.InputError` naming ``what`` (the flag).
         """
+        check_model_path(name_or_path, what)  # a mistyped local path is not sent to the hub
         from transformers import AutoProcessor, AutoTokenizer
 
         try:
@@ -110,7 +114,7 @@ class TokenCounter:
                 tokenizer = AutoProcessor.from_pretrained(name_or_path)
             except Exception:
                 raise InputError(
-                    f"--tokenizer {name_or_path}: cannot load a tokenizer from it "
+                    f"{what} {name_or_path}: cannot load a tokenizer from it "
                     f"({str(first).splitlines()[0] if str(first) else type(first).__name__}); pass a hub "
                     "name or a local folder holding tokenizer files"
                 ) from None
@@ -267,8 +271,8 @@ def read_card(dataset_dir: Path | str) -> dict[str, Any]:
 
 
 def _split_path(dataset_dir: Path | str, split: str) -> Path:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if split not in SPLITS:  # the --split of `caption`, `synthetic show` and `synthetic caption`
+        raise InputError(f"--split {split}: unknown split; choose {' or '.join(SPLITS)}")
     read_card(dataset_dir)
     return Path(dataset_dir) / f"{split}.parquet"
 

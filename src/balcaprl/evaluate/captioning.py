@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.errors import InputError
 from balcaprl.files import JsonlLog, atomic_write_text
+from balcaprl.model_paths import check_model_path
 
 __all__ = [
     "PROMPT_PRESETS",
@@ -231,9 +232,7 @@ class TransformersCaptioner:
         self.model_id = str(model)
         self.device = device
         self.dtype = torch_dtype
-        local = Path(model).expanduser()
-        if not local.exists() and (str(model).startswith((".", "/", "~")) or str(model).count("/") > 1):
-            raise CaptionError(f"--model {model}: no such folder; give a checkpoint folder or a hub id")
+        check_model_path(model, "--model")  # a mistyped local path is not sent to the hub
         try:
             self.model = (
                 AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
@@ -298,7 +297,7 @@ class VLLMCaptioner:
                 f"the vllm backend needs vLLM ({error}); install it with `pip install 'balcaprl[vllm]'` "
                 "on a GPU machine, or use --backend transformers"
             ) from None
-        self.model_id = str(model)
+        self.model_id = check_model_path(model, "--model")
         engine_args.setdefault("limit_mm_per_prompt", {"image": 1})
         self.llm = LLM(model=str(model), **engine_args)
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from balcaprl.errors import InputError, MissingInputError, UserError
 from balcaprl.files import read_utf8_text
+from balcaprl.model_paths import check_model_path
 
 __all__ = [
     "GENERAL_BENCHMARKS",
@@ -183,9 +184,10 @@ def record_general(eval_dir: Path, imported: dict[str, Any], label: str | None =
     return eval_dir / "eval.json"
 
 
-def run_lmms_eval(argv: Sequence[str]) -> int:
+def run_lmms_eval(argv: Sequence[str], model: str | Path | None = None) -> int:
     """Run lmms-eval (output streams through); its exit status. :class:`~balcaprl.errors.UserError`
-    when lmms-eval is not installed here."""
+    when lmms-eval is not installed here, or when ``model`` (its ``pretrained=``; then it is loaded
+    here) is a local path that does not exist."""
     try:
         import importlib.util
 
@@ -197,6 +199,8 @@ def run_lmms_eval(argv: Sequence[str]) -> int:
             "https://github.com/EvolvingLMMs-Lab/lmms-eval) on the GPU machine, or run the printed "
             "command there and import its results with --import-only FILE"
         ) from None
+    if model is not None:
+        check_model_path(model, "--model")  # a mistyped local path is not sent to the hub
     return subprocess.call(list(argv))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from balcaprl.advantages import decoupled_group_advantages, grpo_advantages
 from balcaprl.files import atomic_write_bytes, atomic_write_text
+from balcaprl.outputs import ensure_writable_dir
 
 ROLLOUT_2 = (0.20, 0.85)
 ROLLOUT_3 = (0.82, 0.18)
@@ -86,8 +87,11 @@ def _plot(axis: np.ndarray, grpo: np.ndarray, c_gdpo: np.ndarray) -> bytes:
 
 
 def write_advantage_collapse(out_dir: Path | str, grid: int = 101) -> tuple[Path, Path]:
-    """Write ``advantage_collapse.png`` and ``advantage_collapse.csv`` (r1_a, r1_b, grpo, c_gdpo)."""
-    out = Path(out_dir)
+    """Write ``advantage_collapse.png`` and ``advantage_collapse.csv`` (r1_a, r1_b, grpo, c_gdpo).
+
+    A folder that cannot be written (a file in its path, read-only) is an
+    :class:`~balcaprl.errors.OutputError` naming ``--out``, before anything is computed."""
+    out = ensure_writable_dir(out_dir, "--out")
     axis, grpo, c_gdpo = rollout1_advantages(grid)
     png, table = out / "advantage_collapse.png", out / "advantage_collapse.csv"
     atomic_write_bytes(png, _plot(axis, grpo, c_gdpo))

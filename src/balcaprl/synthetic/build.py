@@ -87,7 +87,7 @@ def build_dataset(
     root = Path(out_dir)
     if policy_dir is not None:
         # named by the path as given, so a trainer loading that same path can reuse the counts
-        counter = TokenCounter.load(str(policy_dir))
+        counter = TokenCounter.load(str(policy_dir), what="--policy")
     else:
         counter = TokenCounter.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
     rng = random.Random(seed + 1)  # captions; scenes use `seed` itself

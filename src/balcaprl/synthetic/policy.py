@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from balcaprl.errors import MissingInputError
 from balcaprl.synthetic.lexicon import PROMPT
 from balcaprl.synthetic.tokenizer import EOS_TOKEN, IMAGE_TOKEN, PAD_TOKEN, build_tokenizer
 
@@ -185,7 +186,7 @@ def load_policy(path: Path | str):  # -> (model, processor)
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"{path} has no config.json: not a saved policy (create one with `balcaprl synthetic sft`)"
         )
     model = AutoModelForImageTextToText.from_pretrained(path)

@@ -76,7 +76,11 @@ def _processor_class_for(path: str, trust_remote_code: bool) -> type:
 
 
 def load_processor(cfg: ModelConfig):
-    """The policy's processor (or tokenizer), left-padded for generation, with the recipe's image limits."""
+    """The policy's processor (or tokenizer), left-padded for generation, with the recipe's image limits.
+    The first load of ``model.path``: a local path that does not exist is refused here, not sent to the hub."""
+    from balcaprl.model_paths import check_model_path
+
+    check_model_path(cfg.path, "model.path")
     from transformers import AutoProcessor
 
     kwargs: dict[str, Any] = {

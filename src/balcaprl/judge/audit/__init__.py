@@ -17,7 +17,7 @@ from balcaprl.judge.audit.agreement import (
 from balcaprl.judge.audit.compare import FLAGS, SCORES, compare_outcomes, item_scores
 from balcaprl.judge.audit.pairing import Pairing, pair_assertions
 from balcaprl.judge.audit.report import audit_results, audit_tables, write_audit
-from balcaprl.judge.audit.run import AuditItem, JudgeFactory, read_audit_items, run_audit
+from balcaprl.judge.audit.run import AuditItem, JudgeFactory, judge_names, read_audit_items, run_audit
 
 __all__ = [
     "FLAGS",
@@ -30,6 +30,7 @@ __all__ = [
     "cohen_kappa",
     "compare_outcomes",
     "item_scores",
+    "judge_names",
     "kendall_tau_b",
     "mean_abs_diff",
     "pair_assertions",

@@ -23,7 +23,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from balcaprl.errors import InputError
 from balcaprl.judge.audit.compare import compare_outcomes, item_scores
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
 
-__all__ = ["AuditItem", "JudgeFactory", "read_audit_items", "run_audit"]
+__all__ = ["AuditItem", "JudgeFactory", "judge_names", "read_audit_items", "run_audit"]
 
 JudgeFactory = Callable[[], Judge]
 PER = 1000  # accounting is reported per this many rollouts
@@ -92,6 +92,42 @@ def read_audit_items(
         chosen = sorted(random.Random(seed).sample(range(len(items)), sample))
         items = [items[i] for i in chosen]
     return items
+
+
+def judge_names(configs: Sequence[Path | str], taken: Collection[str] = ()) -> list[str]:
+    """Names for judges given by their config files: each file's stem (``configs/gpt.yaml``: ``gpt``).
+
+    A stem that another judge's stem or a name in ``taken`` (the reference judge's, ``oracle``)
+    already has is lengthened, one path part at a time, to the shortest tail of the path as given
+    that is free: ``oracle.yaml`` beside the reference ``oracle``; ``a/judge.yaml`` and
+    ``b/judge.yaml`` for two ``judge.yaml``. Where the whole path is not free (the same file twice),
+    the stem is numbered: ``judge-1``, ``judge-2``.
+    """
+    paths = [Path(c) for c in configs]
+    tails = [[p.stem] + [Path(*p.parts[-k:]).as_posix() for k in range(1, len(p.parts) + 1)] for p in paths]
+    level = [0] * len(paths)
+
+    def clashing(names: list[str]) -> list[int]:
+        return [i for i, name in enumerate(names) if name in taken or names.count(name) > 1]
+
+    while True:
+        names = [tails[i][level[i]] for i in range(len(paths))]
+        longer = [i for i in clashing(names) if level[i] + 1 < len(tails[i])]
+        if not longer:
+            break
+        for i in longer:
+            level[i] += 1
+    stuck = clashing(names)
+    for i in stuck:
+        names[i] = paths[i].stem
+    used = set(taken) | {name for i, name in enumerate(names) if i not in stuck}
+    for i in stuck:
+        number = 2 if paths[i].stem in taken else 1
+        while f"{paths[i].stem}-{number}" in used:
+            number += 1
+        names[i] = f"{paths[i].stem}-{number}"
+        used.add(names[i])
+    return names
 
 
 @dataclass
@@ -168,7 +204,9 @@ def run_audit(
         raise ValueError("an audit needs at least one judge")
     names = [name for name, _ in judges]
     if len(set(names)) != len(names) or (reference is not None and reference[0] in names):
-        raise ValueError(f"judge names must differ, got {names} and reference {reference and reference[0]}")
+        raise ValueError(  # the command names its judges with judge_names, which keeps them apart
+            f"judge names must differ, got {names} and reference {reference and reference[0]}"
+        )
     retest = len(judges) == 1 if retest is None else retest
     requests = [
         JudgeRequest(image=i.image, caption=i.caption, reference=i.reference, rubric=rubric) for i in items
