@@ -114,34 +114,15 @@ def test_prepare_errors_exit_cleanly(fixture_template, tmp_path):
         "--no-progress",
     )
     assert result.exit_code == 2 and "download it again" in result.output
-    result = invoke(
-        "data",
-        "prepare",
-        "sharegpt4v",
-        "--json",
-        fixture_template.json_path,
-        "--image-root",
-        fixture_template.image_root,
-        "--out",
-        tmp_path / "o",
-        "--tokenizer",
-        tmp_path / "none",
-    )
+
+    def prepare_with_tokenizer(tokenizer):
+        return invoke("data", "prepare", "sharegpt4v", "--json", fixture_template.json_path, "--image-root",
+                      fixture_template.image_root, "--out", tmp_path / "o", "--tokenizer", tokenizer)  # fmt: skip
+
+    result = prepare_with_tokenizer(tmp_path / "none")
     assert result.exit_code == 2 and f"--tokenizer {tmp_path / 'none'}: no such folder" in result.output
     (tmp_path / "no-tokenizer").mkdir()
-    result = invoke(
-        "data",
-        "prepare",
-        "sharegpt4v",
-        "--json",
-        fixture_template.json_path,
-        "--image-root",
-        fixture_template.image_root,
-        "--out",
-        tmp_path / "o",
-        "--tokenizer",
-        tmp_path / "no-tokenizer",
-    )
+    result = prepare_with_tokenizer(tmp_path / "no-tokenizer")
     assert result.exit_code == 2 and "cannot load a tokenizer" in result.output
 
 
