@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from judge_testkit import RUN, paper_run_hashes, run_hashes, words
 
-from balcaprl.judge import JudgeConfig, JudgeConfigError, load_judge_config
+from balcaprl.judge import JudgeConfig, JudgeConfigError, build_judge, load_judge_config
 from balcaprl.rewards.rubrics import (
     REFERENCE_MODES,
     RUBRIC_NAMES,
@@ -109,6 +109,9 @@ def test_processes_of_one_launch_share_the_judge_limits():
     assert one_of_eight.model_copy(update={"concurrency": 256}) == config.model_copy(
         update={"requests_per_minute": 125}
     )  # nothing else changes
+    # What `balcaprl train` does on each of 8 processes (no cache, no key needed for this check).
+    built = build_judge(config.model_copy(update={"api_key_env": None}), no_cache=True, processes=8)
+    assert (built.config.concurrency, built.config.requests_per_minute) == (32, 125)
 
 
 def test_rubric_options_default_to_the_paper_and_load_from_yaml(tmp_path):

@@ -84,16 +84,14 @@ def train(
     from accelerate import PartialState
 
     import balcaprl.judge
-    from balcaprl.judge.config import load_judge_config
 
     # Under `accelerate launch` every GPU process runs this command and builds its own judge client:
     # they share the configured concurrency and rate caps, which are the endpoint's.
     processes = PartialState(cpu=recipe.train.use_cpu)
-    if not isinstance(judge_config, balcaprl.judge.JudgeConfig):
-        judge_config = load_judge_config(judge_config)
     judge_object = balcaprl.judge.build_judge(
-        judge_config.shared_by(processes.num_processes),
+        judge_config,
         image_root=Path(recipe.data.path).expanduser().resolve(),
+        processes=processes.num_processes,
     )
     # Before any model is loaded: the model's path, the data, and a run folder that may be written.
     from balcaprl.model_paths import check_model_path

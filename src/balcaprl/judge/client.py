@@ -330,15 +330,19 @@ def build_judge(
     no_cache: bool = False,
     cache_path: Path | str | None = None,
     http_client: Any = None,
+    processes: int = 1,
 ) -> OpenAICompatibleJudge:
     """The judge a trainer or evaluator uses: from a :class:`JudgeConfig`, a YAML path or a mapping.
 
-    ``no_cache`` disables the cache whatever the config says; ``cache_path`` overrides its location.
-    Raises :class:`JudgeConfigError` for a bad config or a missing API key variable.
+    ``no_cache`` disables the cache whatever the config says; ``cache_path`` overrides its location;
+    ``processes``: how many clients (one per GPU process of a launch) share the configured limits
+    (:meth:`JudgeConfig.shared_by`). Raises :class:`JudgeConfigError` for a bad config or a missing
+    API key variable.
     """
     from balcaprl.judge.config import load_judge_config
 
     cfg = config if isinstance(config, JudgeConfig) else load_judge_config(config)
+    cfg = cfg.shared_by(processes)
     if cache_path is not None:
         cfg = cfg.model_copy(update={"cache_path": Path(cache_path).expanduser()})
     if no_cache:
