@@ -55,7 +55,9 @@ def test_price_table_and_mapping_input():
         ("modle: gpt-4o\n", r"modle: unknown key; allowed here: api_key_env, base_url, cache_path"),
         ("reference_mode: both\n", "reference_mode"),
         ("concurrency: 0\n", "concurrency"),
-        ("http_backend: curl\n", "http_backend"),
+        ("http_backend: curl\n", "http_backend: unknown key"),  # one HTTP client: the setting is gone
+        # a typo's concurrency (3.1 M SDK clients and a hang, once) is refused when the config loads
+        ("concurrency: 100000000\n", "concurrency: .*less than or equal to 4096"),
         ("price_per_million_tokens: {prompt: 1}\n", r"price_per_million_tokens\.completion: required"),
         ("- a list\n", "expected a mapping"),
         (

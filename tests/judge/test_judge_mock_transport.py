@@ -92,6 +92,17 @@ def judge_one(judge_and_server, req=None):
     return asyncio.run(go())
 
 
+def test_the_length_bounds_admit_what_they_name():
+    at_bounds = {
+        **VERDICT,
+        "explanation": "x" * 4000,
+        "caption_assertions": [VERDICT["caption_assertions"][0]] * 512,
+        "reference_assertions": [{"text": "a" * 1000, "covered": True}],
+    }
+    result = judge_one(judge_with([completion(json.dumps(at_bounds))]))
+    assert isinstance(result.outcomes[0], Judgement)
+
+
 def test_request_body_structured_output_sampling_and_layout():
     scripted = judge_with([completion(json.dumps(VERDICT))], temperature=0.0, max_tokens=777)
     result = judge_one(scripted)
@@ -156,6 +167,24 @@ def test_reask_carries_the_rejected_answer_and_the_problem():
         ([completion(None, finish_reason="content_filter")], "refused"),
         ([(400, {}, {"error": {"message": "image too large"}})], "bad_input"),
         ([(422, {}, {"error": {"message": "bad"}})], "bad_input"),
+        # past a length bound of the schema: a failure at once, not re-asked (schemas.MAX_*)
+        ([completion(json.dumps({**VERDICT, "explanation": "x" * 4001}))], "oversized_answer"),
+        (
+            [
+                completion(
+                    json.dumps({**VERDICT, "caption_assertions": [VERDICT["caption_assertions"][0]] * 513})
+                )
+            ],
+            "oversized_answer",
+        ),  # fmt: skip
+        (
+            [
+                completion(
+                    json.dumps({**VERDICT, "reference_assertions": [{"text": "a" * 1001, "covered": True}]})
+                )
+            ],
+            "oversized_answer",
+        ),  # fmt: skip
     ],
 )
 def test_answers_are_classified(answers, reason):

@@ -654,7 +654,7 @@ async def read_answer(response: aiohttp.ClientResponse, limit: int, *, truncate:
         if len(body) > limit or read > limit:
             if truncate:
                 return bytes(body[:limit])
-            what = "decompressed to" if len(body) > limit else "read"
+            what = "read" if read > limit else "decompressed to"
             raise _final(
                 "oversized_answer",
                 f"the answer {what} more than {limit:,} bytes; a judge answer may have {limit:,}",
