@@ -8,7 +8,7 @@ import pytest
 from judge_testkit import RUN, paper_run_hashes, run_hashes, words
 
 from balcaprl.judge import JudgeConfig, JudgeConfigError, build_judge, load_judge_config
-from balcaprl.rewards.rubrics import (
+from balcaprl.judge.rubrics import (
     REFERENCE_MODES,
     RUBRIC_NAMES,
     VERDICT_RUBRICS,
@@ -163,7 +163,7 @@ def test_rubric_texts_are_only_what_the_judge_reads():
 
 def _edited(part: str, monkeypatch) -> dict[tuple[str, str], str]:
     """Every rubric's version after appending a sentence to one part (caches restored after)."""
-    import balcaprl.rewards.rubrics as rubrics
+    import balcaprl.judge.rubrics as rubrics
 
     original = rubrics._part
     monkeypatch.setattr(

@@ -12,8 +12,8 @@ from aiohttp import web
 from judge_testkit import CAPTION, REFERENCE, config, request
 
 from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
+from balcaprl.judge.rubrics import load_rubric
 from balcaprl.rewards import score_verdict
-from balcaprl.rewards.rubrics import load_rubric
 
 VERDICT = {
     "caption_assertions": [

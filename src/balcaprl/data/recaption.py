@@ -67,7 +67,7 @@ WORK_DIR = ".recaption"
 PROGRESS_FILE = "progress.jsonl"
 FAILURES_FILE = "recaption_failures.jsonl"
 _CARD_KEYS = {"name", "version", "counts", "tokenizer", "rejections"}  # written by write_dataset itself
-# --rubric choice -> packaged rubric name (balcaprl.rewards.rubrics)
+# --rubric choice -> packaged rubric name (balcaprl.judge.rubrics)
 RECAPTION_RUBRICS = {"paper": "recaption", "strict": "recaption_strict"}
 _ABORT_AFTER = 16  # this many failures in a row before any success: the set-up is wrong, stop paying
 
@@ -103,7 +103,7 @@ class Recaptioner:
         http_client: Any = None,
     ) -> None:
         from balcaprl.judge.calls import JudgeCaller
-        from balcaprl.rewards.rubrics import load_rubric
+        from balcaprl.judge.rubrics import load_rubric
 
         if rubric not in RECAPTION_RUBRICS:
             raise ValueError(

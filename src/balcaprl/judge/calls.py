@@ -65,9 +65,9 @@ from balcaprl.judge.cache import JudgeCache, cache_key
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError, load_judge_config
 from balcaprl.judge.images import ImageLoader, PreparedImage
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
+from balcaprl.judge.rubrics import Rubric
 from balcaprl.judge.schemas import json_response_format, schema_digest
 from balcaprl.judge.tokens import approx_prompt_tokens
-from balcaprl.rewards.rubrics import Rubric
 
 __all__ = [
     "CallAnswer",

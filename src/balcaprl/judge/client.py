@@ -45,6 +45,7 @@ from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
 from balcaprl.judge.prompt import build_coverage_followup, build_judge_messages, clean_caption, clean_text
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
+from balcaprl.judge.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 from balcaprl.judge.schemas import (
     CoverageMarks,
     ReferenceAssertions,
@@ -57,7 +58,6 @@ from balcaprl.judge.schemas import (
     verdict_schema,
 )
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 
 __all__ = ["BatchResult", "OpenAICompatibleJudge", "build_judge"]
 

@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
 from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
-from balcaprl.rewards.rubrics import ReferenceMode
+from balcaprl.judge.rubrics import ReferenceMode
 
 __all__ = [
     "MAX_CONCURRENCY",

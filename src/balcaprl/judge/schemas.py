@@ -39,8 +39,8 @@ from typing import Annotated, Any, Literal, get_args
 from openai.lib._parsing import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
+from balcaprl.judge.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards import ReferenceAssertion, Verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards.verdict import LinguisticScore
 
 __all__ = [

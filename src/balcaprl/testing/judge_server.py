@@ -55,9 +55,9 @@ from balcaprl.errors import ConfigError
 from balcaprl.judge.images import decode_data_url
 from balcaprl.judge.prompt import ParsedJudgeMessages, followup_ids, parse_judge_messages
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
+from balcaprl.judge.rubrics import VERDICT_RUBRICS
 from balcaprl.judge.schemas import JUDGE_CALL_KINDS, schema_name
 from balcaprl.judge.tokens import approx_prompt_tokens, approx_tokens
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.testing.hostile_answers import HOSTILE_FAULTS, hostile_response
 from balcaprl.testing.rubrics import packaged_rubric_name
 
