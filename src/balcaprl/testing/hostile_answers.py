@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import zlib
 from collections import Counter
 from functools import cache
@@ -24,72 +23,54 @@ __all__ = ["HOSTILE_FAULTS", "SENT", "hostile_response"]
 
 HOSTILE_FAULTS = ("huge_explanation", "gzip_bomb", "endless_body")
 
-SENT: Counter = Counter()  # bytes handed to the HTTP server per hostile fault, in this process
-_LOCK = threading.Lock()
+SENT: Counter = Counter()  # bytes handed to the HTTP server per hostile fault (this process)
 _MB = 1 << 20
 
 
-def _completion(content: str, model: str, pad: str = "") -> dict:
+def _completion(content: str, model: str, **extra: str) -> dict:
     message = {"role": "assistant", "content": content, "refusal": None}
-    body = {
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
-    if pad:
-        body["padding"] = pad
-    return body
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    return {"object": "chat.completion", "model": model, "choices": [choice], "usage": usage, **extra}
 
 
 @cache
 def _gzip_body(content: str, model: str, megabytes: int) -> bytes:
-    """A chat completion whose ``padding`` field holds ``megabytes`` MB of spaces, gzip-compressed
-    chunk by chunk (never held decompressed here)."""
-    head, tail = json.dumps(_completion(content, model, pad="\0")).encode().split(b"\\u0000")
+    """A chat completion padded with ``megabytes`` MB of spaces, gzip-compressed a MB at a time."""
+    head, tail = json.dumps(_completion(content, model, padding="\0")).encode().split(b"\\u0000")
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header
-    spaces = b" " * _MB
-    parts = [packer.compress(head), *(packer.compress(spaces) for _ in range(megabytes))]
+    parts = [packer.compress(head), *(packer.compress(b" " * _MB) for _ in range(megabytes))]
     return b"".join([*parts, packer.compress(tail), packer.flush()])
 
 
-def _count(name: str, n: int) -> None:
-    with _LOCK:
-        SENT[name] += n
-
-
 def hostile_response(fault: str, content: str, model: str) -> Response:
-    """The response for one of :data:`HOSTILE_FAULTS` (``fault`` as ``name`` or ``name:MB``); ``content``
-    is the answer the judge would have given (a JSON verdict or a text)."""
+    """The response for one of :data:`HOSTILE_FAULTS` (``fault``: ``name`` or ``name:MB``) in place of
+    ``content``, the answer the judge would have given (a JSON verdict or a text)."""
     name, _, arg = fault.partition(":")
-    if name == "huge_explanation":
-        size = int(float(arg or 20) * _MB)
-        try:
-            answer = json.loads(content)
-            answer["explanation"] = "x" * size
-            content = json.dumps(answer)
-        except (ValueError, TypeError):  # a free-text answer: the text itself is the excess
-            content = content + " " + "x" * size
-        body = json.dumps(_completion(content, model)).encode()
-        _count(name, len(body))
-        return Response(body, media_type="application/json")
-    if name == "gzip_bomb":
-        body = _gzip_body(content, model, int(arg or 1024))
-        _count(name, len(body))
-        return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip"})
     if name == "endless_body":
 
         async def forever():
-            opening = b'{"object": "chat.completion", "padding": "'
-            _count(name, len(opening))
-            yield opening
             chunk = b" " * (64 * 1024)
+            yield b'{"object": "chat.completion", "padding": "'
             while True:
-                _count(name, len(chunk))
+                SENT[name] += len(chunk)  # one event loop: no lock needed
                 yield chunk
                 # a turn of the loop per chunk: once the client has gone, sending returns at once,
                 # and only a turn lets the server notice the disconnect and stop this generator
                 await asyncio.sleep(0)
 
         return StreamingResponse(forever(), media_type="application/json")
-    raise ValueError(f"not a hostile fault: {fault!r}")
+    if name == "gzip_bomb":
+        body = _gzip_body(content, model, int(arg or 1024))
+        SENT[name] += len(body)
+        return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip"})
+    if name != "huge_explanation":
+        raise ValueError(f"not a hostile fault: {fault!r}")
+    excess = "x" * int(float(arg or 20) * _MB)
+    try:
+        content = json.dumps({**json.loads(content), "explanation": excess})
+    except (ValueError, TypeError):  # a free-text answer: the text itself is the excess
+        content = f"{content} {excess}"
+    body = json.dumps(_completion(content, model)).encode()
+    SENT[name] += len(body)
+    return Response(body, media_type="application/json")
