@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import UTC
 
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 from judge_testkit import CAPTION, REFERENCE, config, request
 
 from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
@@ -226,3 +229,57 @@ def test_rate_limiters_are_acquired_per_call(monkeypatch):
     # estimate = prompt text (~4 chars a token) + image + max_tokens, capped at the per-minute budget
     (amount,) = [a[1] for a in tpm]
     assert 1000 < amount <= 3000
+
+
+@pytest.mark.parametrize(
+    ("answers", "reason", "hits"),
+    [
+        # the server's x-should-retry decides first, either way
+        ([(500, {"x-should-retry": "false"}, {"error": {"message": "no"}})], "server_error", 1),
+        (
+            [
+                (400, {"x-should-retry": "true"}, {"error": {"message": "again"}}),
+                completion(json.dumps(VERDICT)),
+            ],
+            "ok",
+            2,
+        ),  # fmt: skip
+        # a server asking for a wait longer than RETRY_AFTER_CAP_S is not retried at all
+        ([(429, {"retry-after": "600"}, {"error": {"message": "come back later"}})], "rate_limited", 1),
+        (
+            [(409, {"retry-after-ms": "1"}, {"error": {"message": "busy"}}), completion(json.dumps(VERDICT))],
+            "ok",
+            2,
+        ),
+    ],
+)
+def test_which_statuses_are_retried(answers, reason, hits):
+    scripted = judge_with(answers, max_retries=1)
+    (outcome,) = judge_one(scripted).outcomes
+    assert getattr(outcome, "reason", "ok") == reason, outcome
+    assert len(scripted[1].seen) == hits
+
+
+def test_the_wait_a_server_asks_for_is_read_in_every_form():
+    from datetime import datetime, timedelta
+    from email.utils import format_datetime
+
+    from balcaprl.judge.calls import _retry_after_s
+
+    assert _retry_after_s({"retry-after-ms": "250", "retry-after": "9"}) == 0.25  # milliseconds first
+    assert _retry_after_s({"retry-after": "1.5"}) == 1.5
+    in_a_minute = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
+    assert 55 < _retry_after_s({"retry-after": in_a_minute}) <= 60
+    assert _retry_after_s({"retry-after": "soon"}) is None and _retry_after_s({}) is None
+
+
+@given(retry=st.integers(0, 40), asked=st.one_of(st.none(), st.floats(-10, 1000)))
+def test_backoff_follows_the_server_or_doubles_to_a_cap(retry, asked):
+    from balcaprl.judge.calls import RETRY_AFTER_CAP_S, backoff_s
+
+    wait = backoff_s(retry, asked)
+    if asked is not None and 0 < asked <= RETRY_AFTER_CAP_S:
+        assert wait == asked
+    else:  # 0.5 s doubling per retry up to 8 s, less a random 0-25%
+        full = min(0.5 * 2**retry, 8.0)
+        assert 0.75 * full <= wait <= full
