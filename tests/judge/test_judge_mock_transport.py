@@ -4,8 +4,10 @@ wire, and how each kind of answer is classified."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
+import zlib
 from datetime import UTC
 
 import pytest
@@ -61,6 +63,10 @@ class ScriptedAnswers:
             return web.Response(body=item, content_type="application/json")
         if isinstance(item, tuple):
             status, headers, body = item
+            if isinstance(body, bytes):
+                return web.Response(
+                    body=body, status=status, headers=headers, content_type="application/json"
+                )
             return web.json_response(body, status=status, headers=headers)
         return web.json_response(item)
 
@@ -283,3 +289,11 @@ def test_backoff_follows_the_server_or_doubles_to_a_cap(retry, asked):
     else:  # 0.5 s doubling per retry up to 8 s, less a random 0-25%
         full = min(0.5 * 2**retry, 8.0)
         assert 0.75 * full <= wait <= full
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_answer_is_read(encoding):
+    raw = json.dumps(completion(json.dumps(VERDICT))).encode()
+    packed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    (outcome,) = judge_one(judge_with([(200, {"Content-Encoding": encoding}, packed)])).outcomes
+    assert isinstance(outcome, Judgement) and score_verdict(outcome.verdict).precision == 0.5

@@ -149,10 +149,6 @@ def _fail(reason: FailureReason, detail: str, secret: str | None = None, **usage
     return CallAnswer(None, JudgeFailure(reason, redact(detail, secret)[:_DETAIL_CHARS]), **usage)
 
 
-def _encode(value: Any, schema: type[BaseModel] | None) -> dict[str, Any]:
-    return {"text": value} if schema is None else {"json": value.model_dump(mode="json")}
-
-
 def _decode(
     stored: dict[str, Any], schema: type[BaseModel] | None, check: Callable[[Any], None] | None
 ) -> Any:
@@ -204,10 +200,6 @@ class JudgeCaller:
 
     def __repr__(self) -> str:  # never the key
         return f"JudgeCaller(base_url={self.config.base_url!r}, model={self.config.model!r})"
-
-    @property
-    def model(self) -> str:
-        return self.config.model
 
     # ----------------------------------------------------------------------------- keys and cache
 
@@ -378,7 +370,12 @@ class JudgeCaller:
                 )
                 return CallResult(None, answer.failure, key, **paid)
             if self.cache is not None:
-                self.cache.put(key, {**_encode(answer.parsed, schema), "kind": kind, "model": cfg.model})
+                value = (
+                    {"text": answer.parsed}
+                    if schema is None
+                    else {"json": answer.parsed.model_dump(mode="json")}
+                )
+                self.cache.put(key, {**value, "kind": kind, "model": cfg.model})
             return CallResult(answer.parsed, None, key, **paid)
 
         result, shared = await self.endpoint.coalesce(key, compute)
@@ -589,14 +586,11 @@ class Endpoint:
         state, self.state = self.state, None
         if state is None or self._session is not None:
             return
-        if state.loop is not asyncio.get_running_loop():
-            # Used on another loop (a trainer's reward loop, closed from the main thread): a session can
-            # only be closed on its own loop, else it logs "Unclosed client session".
-            pending = retire(state.loop, state.session)
-            if pending is not None and state.loop.is_running():
-                await asyncio.wrap_future(pending)
-            return
-        await state.session.close()
+        # On its own loop, which may be another one (a trainer's reward loop, closed from the main
+        # thread): a session closed elsewhere logs "Unclosed client session".
+        pending = retire(state.loop, state.session)
+        if pending is not None and state.loop.is_running():
+            await asyncio.wrap_future(pending)
 
 
 def _final(reason: FailureReason, detail: str) -> AttemptFailed:

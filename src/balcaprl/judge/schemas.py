@@ -44,7 +44,6 @@ from balcaprl.rewards import ReferenceAssertion, Verdict
 from balcaprl.rewards.verdict import LinguisticScore
 
 __all__ = [
-    "CALL_KINDS",
     "MAX_ASSERTIONS",
     "MAX_ASSERTION_CHARS",
     "MAX_EXPLANATION_CHARS",
@@ -264,7 +263,6 @@ def to_verdict(answer: BaseModel) -> Verdict:
     return _as_verdict(answer.model_dump(mode="json"))
 
 
-CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
 _UNPORTABLE = {"minLength", "maxLength", "minimum", "maximum", "minItems", "maxItems", "title"}
 
 
@@ -311,10 +309,6 @@ def schema_digest(schema: type[BaseModel], kind: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _marks(marks: Sequence[CoverageMark]) -> dict[int, bool]:
-    return {mark.id: mark.covered for mark in marks}
-
-
 def check_coverage(coverage: Any, n_reference_assertions: int, *, partial: bool = False) -> None:
     """Raises ``ValueError`` unless the marks are the ids 1..M, one each (a schema violation: a mark
     for an unknown or repeated number would silently change the recall denominator). ``partial``:
@@ -340,7 +334,7 @@ def assemble_verdict(
     """A full verdict from a coverage answer (of any verdict rubric's :func:`coverage_schema`), the
     fixed reference list it marked, and the marks a follow-up gave for numbers it had left out
     (``ValueError`` unless together they mark every number exactly once)."""
-    covered = _marks(coverage.reference_coverage)
+    covered = {mark.id: mark.covered for mark in coverage.reference_coverage}
     for i, mark in (extra_marks or {}).items():
         if i in covered:
             raise ValueError(f"reference assertion {i} is marked twice (answer and follow-up)")

@@ -27,17 +27,17 @@ SENT: Counter = Counter()  # bytes handed to the HTTP server per hostile fault (
 _MB = 1 << 20
 
 
-def _completion(content: str, model: str, **extra: str) -> dict:
-    message = {"role": "assistant", "content": content, "refusal": None}
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
-    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    return {"object": "chat.completion", "model": model, "choices": [choice], "usage": usage, **extra}
+def _completion(content: str, model: str) -> dict:
+    from balcaprl.testing.judge_server import _completion  # that module hooks this one in
+
+    return _completion(model, content, "stop", prompt_tokens=1)
 
 
 @cache
 def _gzip_body(content: str, model: str, megabytes: int) -> bytes:
     """A chat completion padded with ``megabytes`` MB of spaces, gzip-compressed a MB at a time."""
-    head, tail = json.dumps(_completion(content, model, padding="\0")).encode().split(b"\\u0000")
+    padded = {**_completion(content, model), "padding": "\0"}
+    head, tail = json.dumps(padded).encode().split(b"\\u0000")
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header
     parts = [packer.compress(head), *(packer.compress(b" " * _MB) for _ in range(megabytes))]
     return b"".join([*parts, packer.compress(tail), packer.flush()])
