@@ -34,7 +34,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from openai.lib._parsing import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
@@ -73,6 +73,8 @@ MAX_ASSERTIONS = 512  # per list: caption assertions, reference assertions, cove
 MAX_ASSERTION_CHARS = 1000
 MAX_EXPLANATION_CHARS = 4000  # "one or two sentences" asked for
 _Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ASSERTION_CHARS)]
+_T = TypeVar("_T")
+_Many = Annotated[list[_T], Field(max_length=MAX_ASSERTIONS)]
 
 
 class _Strict(BaseModel):
@@ -131,10 +133,8 @@ class ReferenceText(_Strict):
 class ReferenceAssertions(_Strict):
     """The reference, split into atomic claims."""
 
-    reference_assertions: list[ReferenceText] = Field(
-        min_length=1,
-        max_length=MAX_ASSERTIONS,
-        description="Every atomic claim of the reference, in order (never empty).",
+    reference_assertions: _Many[ReferenceText] = Field(
+        min_length=1, description="Every atomic claim of the reference, in order (never empty)."
     )
 
 
@@ -155,9 +155,8 @@ class CoverageMark(_Strict):
 class CoverageMarks(_Strict):
     """Coverage marks for the numbers the follow-up lists, and only those."""
 
-    reference_coverage: list[CoverageMark] = Field(
-        max_length=MAX_ASSERTIONS,
-        description="One mark for each reference assertion number the follow-up lists.",
+    reference_coverage: _Many[CoverageMark] = Field(
+        description="One mark for each reference assertion number the follow-up lists."
     )
 
 
@@ -197,16 +196,12 @@ def verdict_schema(rubric: str) -> type[BaseModel]:
         f"{_camel(rubric)}Verdict",
         __base__=_Strict,
         caption_assertions=(
-            list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
-            Field(max_length=MAX_ASSERTIONS, description=_CAPTION_ASSERTIONS),
+            _Many[_caption_assertion_schema(rubric)],  # type: ignore[misc]
+            Field(description=_CAPTION_ASSERTIONS),
         ),
         reference_assertions=(
-            list[_ReferenceMark],
-            Field(
-                min_length=1,
-                max_length=MAX_ASSERTIONS,
-                description="Every atomic claim of the reference in order, each marked.",
-            ),
+            _Many[_ReferenceMark],
+            Field(min_length=1, description="Every atomic claim of the reference in order, each marked."),
         ),
         **_linguistic_fields(),
     )
@@ -220,15 +215,12 @@ def coverage_schema(rubric: str) -> type[BaseModel]:
         f"{_camel(rubric)}Coverage",
         __base__=_Strict,
         caption_assertions=(
-            list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
-            Field(max_length=MAX_ASSERTIONS, description=_CAPTION_ASSERTIONS),
+            _Many[_caption_assertion_schema(rubric)],  # type: ignore[misc]
+            Field(description=_CAPTION_ASSERTIONS),
         ),
         reference_coverage=(
-            list[CoverageMark],
-            Field(
-                max_length=MAX_ASSERTIONS,
-                description="One mark for every numbered reference assertion, in order.",
-            ),
+            _Many[CoverageMark],
+            Field(description="One mark for every numbered reference assertion, in order."),
         ),
         **_linguistic_fields(),
     )

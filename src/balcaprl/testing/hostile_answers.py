@@ -1,12 +1,8 @@
-"""Answers no judge should send, for the loopback judge server's fault script: each is a well-formed
-HTTP response whose size is the attack. What the client must do with them is bound what it reads
-(``balcaprl.judge.calls.answer_byte_limit``) and fail the call as ``oversized_answer``.
-
-- ``huge_explanation[:MB]``: a valid verdict whose explanation is MB megabytes (default 20).
-- ``gzip_bomb[:MB]``: a valid chat completion padded with MB megabytes of spaces (default 1024), sent
-  gzip-compressed: about a thousandth of that on the wire.
-- ``endless_body``: a chunked body that starts like a chat completion and never ends; the number of
-  bytes it produced before the client hung up is counted in :data:`SENT`.
+"""Answers whose size is the attack, for the loopback judge server's fault script: a client must bound
+what it reads (``balcaprl.judge.calls.answer_byte_limit``) and fail them as ``oversized_answer``.
+``huge_explanation[:MB]`` (default 20 MB), ``gzip_bomb[:MB]`` (a completion padded with MB of spaces,
+default 1024, gzip-compressed to a thousandth of it), ``endless_body`` (a chunked body that never
+ends; what it produced before the client hung up is counted in :data:`SENT`).
 """
 
 from __future__ import annotations
