@@ -59,6 +59,8 @@ class ScriptedAnswers:
     async def handle(self, req: web.Request) -> web.Response:
         self.seen.append(json.loads(await req.read()))
         item = self.queue.pop(0)
+        if callable(item):  # a handler of its own: (request) -> response
+            return await item(req)
         if isinstance(item, bytes):
             return web.Response(body=item, content_type="application/json")
         if isinstance(item, tuple):
@@ -297,3 +299,19 @@ def test_a_compressed_answer_is_read(encoding):
     packed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
     (outcome,) = judge_one(judge_with([(200, {"Content-Encoding": encoding}, packed)])).outcomes
     assert isinstance(outcome, Judgement) and score_verdict(outcome.verdict).precision == 0.5
+
+
+def test_timeout_s_bounds_a_whole_attempt_even_a_trickling_one():
+    # a byte every 50 ms: no gap between bytes ever reaches timeout_s, the whole answer would take 20 s
+    async def trickle(req):
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(req)
+        for _ in range(400):
+            await response.write(b" ")
+            await asyncio.sleep(0.05)
+        return response
+
+    scripted = judge_with([trickle], timeout_s=0.5)
+    (outcome,) = judge_one(scripted).outcomes
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == "timeout", outcome
+    assert "timeout_s (0.5 s)" in outcome.detail and len(scripted[1].seen) == 1
