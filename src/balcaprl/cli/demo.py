@@ -62,7 +62,7 @@ def demo(
     from rich.console import Console
 
     from balcaprl.demo.config import load_demo_config
-    from balcaprl.demo.pipeline import run_demo
+    from balcaprl.demo.pipeline import quiet_library_progress_bars, run_demo
     from balcaprl.demo.report import comparison_rows, rich_before_after_table, rich_comparison_table
     from balcaprl.demo.variants import parse_variants
     from balcaprl.progress import Progress
@@ -78,7 +78,7 @@ def demo(
     settings = load_demo_config(config, overrides)
 
     console = Console()
-    _quiet_library_progress_bars()
+    quiet_library_progress_bars()
     start = time.perf_counter()
 
     def log(message: str) -> None:
@@ -152,18 +152,3 @@ def _print_samples(console, result, n: int) -> None:
                 highlight=False,
                 soft_wrap=True,
             )
-
-
-def _quiet_library_progress_bars() -> None:
-    """transformers' and datasets' tqdm bars (weights loading, shard writing) and a deprecation warning
-    that TRL triggers at every save would bury the demo's own output."""
-    import warnings
-
-    import datasets
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    warnings.filterwarnings(
-        "ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning
-    )

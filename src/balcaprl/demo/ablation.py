@@ -21,6 +21,7 @@ Written to ``OUTPUT/comparison.md`` and ``OUTPUT/comparison.csv``; every run fol
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -42,10 +43,12 @@ from balcaprl.demo.pipeline import (
     ensure_rl,
     ensure_sft,
     oracle_judge,
+    quiet_library_progress_bars,
     rl_folder_name,
 )
 from balcaprl.demo.report import BootstrapInterval, HeldOut, direction_verdict, seed_scene_bootstrap
 from balcaprl.demo.variants import Variant, get_variant
+from balcaprl.progress import Progress
 
 __all__ = [
     "AblationResult",
@@ -75,6 +78,7 @@ def _train_and_evaluate(
 
     config = DemoConfig.model_validate(config_json)
     torch.set_num_threads(config.threads)
+    quiet_library_progress_bars()
     variant = get_variant(variant_name)
     root = Path(config.output_dir).expanduser()
     name = run_name(variant, seed, steps)
@@ -85,7 +89,8 @@ def _train_and_evaluate(
     oracle = OracleJudge.from_dataset(data_dir)
     quiet: Log = lambda line: None  # noqa: E731  (the parent logs each run's start and end)
     final, train_s = ensure_rl(recipe, lambda: oracle_judge(config, Path(data_dir), oracle, quiet), quiet)
-    ensure_evaluation(final, Path(data_dir), config, name, name, root, quiet, oracle)
+    silent = functools.partial(Progress, enabled=False)  # runs in parallel: one line each from the parent
+    ensure_evaluation(final, Path(data_dir), config, name, name, root, quiet, oracle, silent)
     return name, train_s
 
 
@@ -205,23 +210,23 @@ def run_ablation(
     config_json = config.model_dump(mode="json")
     train_s: dict[tuple[str, int], float] = {}
     log(f"ablation: {len(work)} runs ({len(variants)} variants x {seeds} seeds), {jobs} at a time")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=get_context("spawn")) as pool:
-        futures = {
-            pool.submit(
-                _train_and_evaluate,
-                config_json,
-                v.name,
-                s,
-                steps,
-                str(sft_dir.resolve()),
-                str(data_dir.resolve()),
-            ): (v.name, s)
-            for v, s in work
-        }
-        for done, future in enumerate(as_completed(futures), start=1):
-            name, seconds = future.result()
-            train_s[futures[future]] = seconds
+    paths = (str(sft_dir.resolve()), str(data_dir.resolve()))
+    if jobs == 1:  # one at a time, in this process (no worker start-up to pay)
+        for done, (v, s) in enumerate(work, start=1):
+            name, seconds = _train_and_evaluate(config_json, v.name, s, steps, *paths)
+            train_s[(v.name, s)] = seconds
             log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
+    else:
+        # spawn, not fork: a forked torch (with its thread pools) and a running event loop do not mix
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=get_context("spawn")) as pool:
+            futures = {
+                pool.submit(_train_and_evaluate, config_json, v.name, s, steps, *paths): (v.name, s)
+                for v, s in work
+            }
+            for done, future in enumerate(as_completed(futures), start=1):
+                name, seconds = future.result()
+                train_s[futures[future]] = seconds
+                log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
 
     def evaluation(v: Variant, s: int) -> Evaluation:
         stored = json.loads((root / "eval" / f"{run_name(v, s, steps)}.json").read_text(encoding="utf-8"))
@@ -269,7 +274,7 @@ def ablation_markdown(
         + pct
         + "] | Δ P | Δ R | Δ L | tokens | meta | halluc. | fluency |",
         "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
-        f"| SFT start | | {before['b_capscore']:.1f} | {before['precision']:.3f} | {before['recall']:.3f} "
+        f"| SFT start (absolute) | | {before['b_capscore']:.1f} | {before['precision']:.3f} | {before['recall']:.3f} "
         f"| {before['linguistic']:.3f} | {before['tokens']:.1f} | {before['non_pointable_share']:.3f} "
         f"| {before['non_visible_share']:.3f} | {before['fluency']:.2f} |",
     ]

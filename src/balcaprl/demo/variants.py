@@ -1,9 +1,12 @@
 """The paper's ablations in miniature: each demo variant is a few recipe overrides on the demo recipe.
 
-Names follow the paper's rows (Table 3 "leave-one-out", Table 4 "length penalty"); ``full`` is the
-demo recipe itself, which is Table 3's "Full" (c-GDPO, equal weights 0.3 / 0.3 / 0.3, pointability,
-length mask 0.5 / 2.0). Every variant changes exactly one thing relative to ``full``, so a difference
-in the comparison table has one cause.
+Names follow the paper's rows: Table 3 "leave-one-out" (with "w/o recap": ``no-recap`` trains
+against the dataset's degraded ``reference_original``), Table 4 "length penalty" and the appendix's
+precision-weight table (``prec-W``; its 0 is ``no-precision`` and its 0.3 is ``full``). ``full`` is
+the demo recipe itself, which is Table 3's "Full" (c-GDPO, equal weights 0.3 / 0.3 / 0.3,
+pointability, length mask 0.5 / 2.0). Every variant changes exactly one thing relative to ``full``,
+so a difference in the comparison table has one cause. Each variant's ``claims`` are the directions
+the paper reports for its row, as the ablation runner (:mod:`balcaprl.demo.ablation`) checks them.
 """
 
 from __future__ import annotations
