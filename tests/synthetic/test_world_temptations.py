@@ -160,3 +160,24 @@ def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it():
     assert (
         statistics.mean(x.recall for x in orig) < 0.85 and statistics.mean(x.precision for x in orig) < 0.95
     )
+
+
+def test_the_probe_command_samples_groups_from_a_policy(tiny_dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from balcaprl.cli import app
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.synthetic.probe import policy_groups
+
+    runner = CliRunner()
+    policy = tmp_path / "policy"
+    assert runner.invoke(app, ["synthetic", "init-policy", "--out", str(policy)]).exit_code == 0
+    groups = policy_groups(policy, tiny_dataset, prompts=2, rollouts=3, max_new_tokens=6)
+    rows = read_split_rows(tiny_dataset, "train")[:2]
+    assert [g.scene.id for g in groups] == [r["id"] for r in rows]
+    assert [g.reference for g in groups] == [r["reference"] for r in rows]
+    assert [len(g.captions) for g in groups] == [3, 3]
+    args = ["synthetic", "probe", "--policy", str(policy), "--data", str(tiny_dataset)]
+    result = runner.invoke(app, [*args, "--prompts", "2", "--rollouts", "3", "--max-new-tokens", "6"])
+    assert result.exit_code == 0, result.output
+    assert "6 captions (2 x 3)" in result.output and "advantage correlation" in result.output

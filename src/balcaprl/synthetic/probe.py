@@ -16,14 +16,17 @@ decides whether the paper's ablations can show anything:
 
 :func:`stand_in_groups` draws groups from the SFT target distribution (``sft_target``): what the SFT
 policy is trained to imitate, so a cheap stand-in for SFT rollouts in tests (the real policy is a
-blurred copy of it: run the probe on its captions to check the same properties).
+blurred copy of it). :func:`policy_groups` samples the groups from a real policy instead
+(``balcaprl synthetic probe``).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,7 +39,7 @@ from balcaprl.synthetic.lexicon import words_of
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = ["Group", "WorldProbe", "probe_groups", "stand_in_groups"]
+__all__ = ["Group", "WorldProbe", "policy_groups", "probe_groups", "stand_in_groups"]
 
 
 @dataclass(frozen=True)
@@ -124,4 +127,47 @@ def stand_in_groups(
             tuple(sft_target(scene, rng, flawed_fraction) for _ in range(rollouts)),
         )
         for scene in scenes
+    ]
+
+
+def policy_groups(
+    policy_dir: Path | str,
+    data_dir: Path | str,
+    *,
+    prompts: int = 48,
+    rollouts: int = 8,
+    temperature: float = 0.7,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    split: str = "train",
+    reference: str = "reference",
+) -> list[Group]:
+    """``rollouts`` sampled captions of the policy in ``policy_dir`` for each of the first ``prompts``
+    images of ``split`` (seeded): a group per image, with its ``reference`` column."""
+    import torch
+    from PIL import Image
+
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.synthetic.oracle import SCENES_FILE
+    from balcaprl.synthetic.policy import generate_captions, load_policy
+
+    if prompts < 1 or rollouts < 1:
+        raise ValueError(f"need prompts >= 1 and rollouts >= 1, got {prompts} and {rollouts}")
+    rows = read_split_rows(data_dir, split)[:prompts]
+    with (Path(data_dir) / SCENES_FILE).open() as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    scenes = {r["id"]: Scene.from_dict(r["scene"]) for r in records}
+    model, processor = load_policy(policy_dir)
+    images = [Image.open(r["image_path"]).convert("RGB") for r in rows for _ in range(rollouts)]
+    torch.manual_seed(seed)
+    captions = generate_captions(
+        model, processor, images, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature
+    )
+    return [
+        Group(
+            scenes[row["id"]],
+            row[reference] or row["reference"],
+            tuple(captions[i * rollouts : (i + 1) * rollouts]),
+        )
+        for i, row in enumerate(rows)
     ]
