@@ -99,7 +99,8 @@ def probe_groups(groups: Sequence[Group], config: RewardConfig | None = None) ->
     within = _within(rewards, group_index)
     within_length = _within(np.asarray(lengths, dtype=np.float64), group_index)
     weighted_var = (within * np.asarray(weights)) ** 2
-    shares = weighted_var.sum(axis=0) / weighted_var.sum()
+    total = weighted_var.sum()  # 0 when every group's captions score alike: no shares to give
+    shares = weighted_var.sum(axis=0) / total if total > 0 else np.full(3, np.nan)
     tensor = torch.tensor(rewards, dtype=torch.float64)
     c_gdpo = c_gdpo_advantages(tensor, group_index.tolist(), weights).numpy()
     grpo = grpo_advantages(tensor, group_index.tolist(), weights).numpy()
