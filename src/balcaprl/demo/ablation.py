@@ -57,10 +57,11 @@ __all__ = [
     "ablation_csv",
     "ablation_markdown",
     "run_ablation",
+    "summarise",
 ]
 
 CHANGE_METRICS = (("b_capscore", 100.0), ("precision", 1.0), ("recall", 1.0), ("linguistic", 1.0))
-SHARE_METRICS = ("tokens", "non_pointable_share", "non_visible_share", "fluency")
+MEAN_METRICS = ("tokens", "non_pointable_share", "non_visible_share", "fluency")
 
 
 def run_name(variant: Variant, seed: int, steps: int | None) -> str:
@@ -112,7 +113,7 @@ class VariantSummary:
     variant: Variant
     seeds: int
     changes: dict[str, BootstrapInterval]  # from the SFT start, over seeds and scenes
-    means: dict[str, float]  # SHARE_METRICS averaged over seeds and scenes
+    means: dict[str, float]  # MEAN_METRICS averaged over seeds and scenes
     claims: list[ClaimCheck]
     train_s: float
 
@@ -153,16 +154,16 @@ def summarise(
     """The figures of one variant from its runs (one per seed), the SFT start and ``full``'s runs."""
     changes = {}
     for key, scale in CHANGE_METRICS:
-        start = [[float(r[key]) for r in before.records]] * len(runs)
+        start = _matrix([before], key) * len(runs)
         changes[key] = seed_scene_bootstrap(_nan_free(_minus(_matrix(runs, key), start, scale)), **boot)
     means = {}
-    for key in SHARE_METRICS:
+    for key in MEAN_METRICS:
         values = [v for row in _matrix(runs, key) for v in row if math.isfinite(v)]
         means[key] = sum(values) / len(values) if values else math.nan
     claims = []
     for claim in variant.claims:
         if claim.baseline == "start":
-            base = [[float(r.get(claim.metric) or 0.0) for r in before.records]] * len(runs)
+            base = _matrix([before], claim.metric) * len(runs)
         elif full_runs is not None and variant.name != "full":
             base = _matrix(full_runs[: len(runs)], claim.metric)
         else:
@@ -305,7 +306,7 @@ def ablation_csv(summaries: Sequence[VariantSummary]) -> str:
     fields = ["variant", "paper_row", "seeds"]
     for key, _ in CHANGE_METRICS:
         fields += [f"{key}_change", f"{key}_low", f"{key}_high"]
-    fields += list(SHARE_METRICS) + ["claims", "train_s"]
+    fields += list(MEAN_METRICS) + ["claims", "train_s"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -314,7 +315,7 @@ def ablation_csv(summaries: Sequence[VariantSummary]) -> str:
         for key, _ in CHANGE_METRICS:
             i = s.changes[key]
             row.update({f"{key}_change": i.delta, f"{key}_low": i.low, f"{key}_high": i.high})
-        row.update({k: ("" if not math.isfinite(s.means[k]) else s.means[k]) for k in SHARE_METRICS})
+        row.update({k: ("" if not math.isfinite(s.means[k]) else s.means[k]) for k in MEAN_METRICS})
         row["claims"] = "; ".join(f"{c.label}: {c.verdict}" for c in s.claims)
         row["train_s"] = round(s.train_s, 1)
         writer.writerow(row)
