@@ -58,7 +58,7 @@ demo: setup
 
 # The paper's ablation tables in miniature (Tables 3 and 4, the precision-weight table): every variant
 # x 3 seeds from one SFT start, 2 runs at a time; writes runs/ablation/comparison.md/.csv
-# (docs/demo.md). Hours, not minutes: about 2 on 2 cores.
+# (docs/demo.md). About 45 minutes on 2 cores (estimated from single runs; within 2 hours).
 ablation: setup
 	$(VENV)/bin/balcaprl demo --variants ablation --seeds 3 --jobs 2 --out runs/ablation
 
