@@ -2,14 +2,17 @@
 seconds: each mechanism does what the paper's text it models says, and at the RL start the rewards
 and estimators have something to disagree about.
 
-The "start" is a stand-in: groups drawn from the SFT target distribution (``probe.stand_in_groups``:
-what the SFT policy is trained to imitate), not captions of a trained SFT policy, which takes minutes
-to build. ``balcaprl.synthetic.probe.probe_groups`` measures the same on any policy's captions."""
+Two starts: a fixed sample of the demo's SFT policy's rollouts (``data/sft_rollouts.jsonl``, 48
+prompts x 8, written by the command in its first line), and a stand-in drawn from the SFT target
+distribution (``probe.stand_in_groups``: what the SFT policy is trained to imitate), which follows the
+world's code as it changes. The sample is refused once the world's generator version moves on."""
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +29,7 @@ from balcaprl.synthetic.lexicon import words_of
 from balcaprl.synthetic.linguistic import word_budget
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.parser import parse_caption
-from balcaprl.synthetic.probe import Group, probe_groups, stand_in_groups
+from balcaprl.synthetic.probe import Group, load_groups, probe_groups, save_groups, stand_in_groups
 from balcaprl.synthetic.scenes import Scene, SceneObject, generate_scenes
 
 DEMO_SCENES = generate_scenes(48, seed=0, spec=DatasetSettings().scene_spec())
@@ -37,6 +40,17 @@ FULL_SCENES = generate_scenes(60, seed=7)
 def start():
     """48 prompts x 8 rollouts at the demo's SFT start (stand-in), probed with Table 3's Full rewards."""
     return probe_groups(stand_in_groups(DEMO_SCENES, random.Random(0)))
+
+
+SFT_ROLLOUTS = Path(__file__).parent / "data" / "sft_rollouts.jsonl"
+
+
+@pytest.fixture(scope="module")
+def sft_start():
+    """The demo's SFT policy's own rollouts (a fixed sample), probed with Table 3's Full rewards."""
+    _, groups = load_groups(SFT_ROLLOUTS)
+    assert (len(groups), {len(g.captions) for g in groups}) == (48, {8})
+    return probe_groups(groups)
 
 
 def rewards(scene, caption, reference):
@@ -86,6 +100,35 @@ def test_the_probe_counts_hand_checked_groups():
     )
     ratio = (3 + len(words_of(terse)) / len(words_of(reference))) / 4
     assert probe.mean_ratio == pytest.approx(ratio)
+
+
+def test_the_sft_policy_is_terse_at_times_and_leaves_the_band_on_both_sides(sft_start):
+    assert sft_start.terse_share >= 0.02
+    assert sft_start.below_band_share >= 0.05 and sft_start.above_band_share >= 0.01
+
+
+def test_the_sft_policy_trades_precision_for_recall_through_length(sft_start):
+    assert sft_start.precision_recall_corr < 0.7  # the old world's SFT policy: +0.88
+    precision_vs_length, recall_vs_length, _ = sft_start.length_corr
+    assert precision_vs_length < 0 < recall_vs_length
+
+
+def test_at_the_sft_start_the_estimators_differ_and_the_spreads_are_not_balanced(sft_start):
+    assert sft_start.advantage_corr < 0.948  # the old world's correlation
+    precision_share, recall_share, _ = sft_start.variance_shares
+    assert abs(precision_share - 1 / 3) > 0.1
+    assert recall_share < precision_share  # recall over long references: the small-spread signal
+
+
+def test_a_saved_sample_of_another_world_is_refused(tmp_path):
+    groups = stand_in_groups(DEMO_SCENES[:2], random.Random(0), rollouts=2)
+    path = save_groups(groups, tmp_path / "g.jsonl", command="probe it again")
+    header, loaded = load_groups(path)
+    assert loaded == groups and header["command"] == "probe it again"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([json.dumps({**json.loads(lines[0]), "generator_version": 1}), *lines[1:]]))
+    with pytest.raises(ValueError, match="world version 1.*sample it again \\(probe it again\\)"):
+        load_groups(path)
 
 
 # ------------------------------------------------------------------------------ each mechanism

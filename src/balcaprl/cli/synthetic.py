@@ -214,16 +214,25 @@ def probe(
     temperature: float = typer.Option(0.7, "--temperature", min=0.01, help="Sampling temperature."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Caption cap."),
     seed: int = typer.Option(0, "--seed"),
+    save: Path | None = typer.Option(
+        None, "--save", help="Also keep the sampled groups as JSON lines (a fixed sample for tests)."
+    ),
 ) -> None:
     """Measure the world's incentives at a policy's RL start: length band, terse share, correlations."""
-    from balcaprl.synthetic.probe import policy_groups, probe_groups
+    from balcaprl.synthetic.probe import policy_groups, probe_groups, save_groups
 
-    found = probe_groups(
-        policy_groups(
-            policy, data, prompts=prompts, rollouts=rollouts, temperature=temperature,
-            max_new_tokens=max_new_tokens, seed=seed,
-        )
+    groups = policy_groups(
+        policy, data, prompts=prompts, rollouts=rollouts, temperature=temperature,
+        max_new_tokens=max_new_tokens, seed=seed,
     )  # fmt: skip
+    if save is not None:
+        command = (
+            f"balcaprl synthetic probe --policy {policy} --data {data} --prompts {prompts} --rollouts {rollouts} "
+            f"--temperature {temperature:g} --max-new-tokens {max_new_tokens} --seed {seed} --save {save}"
+        )
+        save_groups(groups, save, command=command)
+        typer.echo(f"saved {len(groups)} groups to {save}")
+    found = probe_groups(groups)
     p, r, ling = found.variance_shares
     lp, lr, ll = found.length_corr
     typer.echo(

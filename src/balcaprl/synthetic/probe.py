@@ -17,7 +17,8 @@ decides whether the paper's ablations can show anything:
 :func:`stand_in_groups` draws groups from the SFT target distribution (``sft_target``): what the SFT
 policy is trained to imitate, so a cheap stand-in for SFT rollouts in tests (the real policy is a
 blurred copy of it). :func:`policy_groups` samples the groups from a real policy instead
-(``balcaprl synthetic probe``).
+(``balcaprl synthetic probe``); :func:`save_groups` keeps such a sample (``--save``), so a test can
+probe real SFT rollouts in seconds (``tests/synthetic/data/sft_rollouts.jsonl``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from balcaprl.synthetic.lexicon import words_of
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = ["Group", "WorldProbe", "policy_groups", "probe_groups", "stand_in_groups"]
+__all__ = [
+    "Group",
+    "WorldProbe",
+    "load_groups",
+    "policy_groups",
+    "probe_groups",
+    "save_groups",
+    "stand_in_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -172,3 +181,34 @@ def policy_groups(
         )
         for i, row in enumerate(rows)
     ]
+
+
+def save_groups(groups: Sequence[Group], path: Path | str, **meta: object) -> Path:
+    """Write ``groups`` as JSON lines: a header (``meta``, plus the world's generator version, which
+    :func:`load_groups` checks), then one group per line."""
+    from balcaprl.files import atomic_write_text
+    from balcaprl.synthetic.build import GENERATOR_VERSION
+
+    header = {"generator_version": GENERATOR_VERSION, **meta}
+    lines = [json.dumps(header, sort_keys=True)]
+    lines += [
+        json.dumps({"scene": g.scene.to_dict(), "reference": g.reference, "captions": list(g.captions)})
+        for g in groups
+    ]
+    atomic_write_text(Path(path), "\n".join(lines) + "\n")
+    return Path(path)
+
+
+def load_groups(path: Path | str) -> tuple[dict, list[Group]]:
+    """The header and groups :func:`save_groups` wrote; a sample from another version of the world is
+    refused (its captions were sampled from a policy trained on other targets)."""
+    from balcaprl.synthetic.build import GENERATOR_VERSION
+
+    header, *rows = (json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line)
+    if header.get("generator_version") != GENERATOR_VERSION:
+        raise ValueError(
+            f"{path}: sampled in world version {header.get('generator_version')}, this is version "
+            f"{GENERATOR_VERSION}; sample it again ({header.get('command', 'balcaprl synthetic probe --save')})"
+        )
+    groups = [Group(Scene.from_dict(r["scene"]), r["reference"], tuple(r["captions"])) for r in rows]
+    return header, groups
