@@ -45,7 +45,7 @@ _PEAK_AT_EXIT = (
 )
 # The baseline: the imports of `score`, then one image decoded at full size.
 _ONE_FULL_DECODE = _PEAK_AT_EXIT + (
-    "import sys; import balcaprl.cli.evaluate, balcaprl.judge.client, balcaprl.judge.score; "
+    "import sys; import balcaprl.cli.evaluate, balcaprl.judge.client, balcaprl.evaluate.score; "
     "from PIL import Image; Image.MAX_IMAGE_PIXELS = None; image = Image.open(sys.argv[1]); image.load(); "
     "print(image.size)"
 )

@@ -8,7 +8,7 @@ import json
 import pytest
 from evaluate_testkit import DECAP_ORACLE, ProtocolJudge, judge_config, write_decapbench
 
-from balcaprl.evaluate.dcscore import DCScoreSettings, caption_scores, run_dcscore, score_trial
+from balcaprl.evaluate.dcscore import DCScoreSection, caption_scores, run_dcscore, score_trial
 from balcaprl.evaluate.formats import read_caption_sets, read_decapbench
 from balcaprl.judge import JudgeCaller
 
@@ -125,7 +125,7 @@ def test_protocol_over_http_then_resume(tmp_path, eval_server):
     server.counters.by_kind.clear()
     strict = run_dcscore(
         JudgeCaller(cfg, image_root=images), items, sets["decapbench"], images, tmp_path / "d3",
-        DCScoreSettings(degenerate_captions="zero"),
+        DCScoreSection(degenerate_captions="zero"),
     )  # fmt: skip
     assert server.counters.by_kind == {} and strict.n_scored == 2 and strict.metrics["n_invalid"] == 0
     assert strict.score == pytest.approx(100 * (F1 + F1_REL) / 4, rel=1e-6)
@@ -146,7 +146,7 @@ def test_invalid_match_answers_are_reasked_then_fail(tmp_path, eval_server):
     captions = read_caption_sets([_write(tmp_path / "c.json", {"iiw_001.jpg": CAPTION})])[None]
     result = run_dcscore(
         JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions, images,
-        tmp_path / "out", DCScoreSettings(n_match=1, n_verify=1),
+        tmp_path / "out", DCScoreSection(n_match=1, n_verify=1),
     )  # fmt: skip
     assert result.failures == {"schema_violation": 1} and result.score is None
     assert result.missing == ["iiw_002.jpg"]

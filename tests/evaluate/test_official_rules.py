@@ -20,11 +20,11 @@ from official_fakes import FAKE_SYSTEM, fake_caparena, fake_captionqa_repo, fake
 from PIL import Image
 
 from balcaprl.errors import ConfigError
-from balcaprl.evaluate.caparena import CapArenaSettings, read_official_judgment, run_caparena
+from balcaprl.evaluate.caparena import CapArenaSection, read_official_judgment, run_caparena
 from balcaprl.evaluate.captioning import CaptionError, caption_items, collect_items
-from balcaprl.evaluate.captionqa import CaptionQASettings, prepare_questions, run_captionqa
+from balcaprl.evaluate.captionqa import CaptionQASection, prepare_questions, run_captionqa
 from balcaprl.evaluate.dcscore import (
-    DCScoreSettings,
+    DCScoreSection,
     fact_list_json,
     parse_fenced_json,
     run_dcscore,
@@ -212,7 +212,7 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
 
     # our stricter rule: invalid captions score 0 and stay in the mean: (20/33 + 0 + 0) / 3 = 20.20
     strict = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out3",
-                         DCScoreSettings(degenerate_captions="zero"), prompts=prompts)  # fmt: skip
+                         DCScoreSection(degenerate_captions="zero"), prompts=prompts)  # fmt: skip
     assert strict.score == pytest.approx(100 * DC1 / 3, rel=1e-6) and strict.n_scored == 3
 
 
@@ -292,7 +292,7 @@ def test_captionqa_empty_answers_and_rounding_by_hand(tmp_path, eval_server):
 
     def run(**options):
         caller = JudgeCaller(judge_config(server.base_url))
-        return run_captionqa(caller, entries, captions, tmp_path / "out", CaptionQASettings(**options))
+        return run_captionqa(caller, entries, captions, tmp_path / "out", CaptionQASection(**options))
 
     # qa.py: each score rounded to 4 decimals: 0.3833 + 1 + 0.3833 + 0 (the empty answer, counted)
     official = run()
@@ -341,7 +341,7 @@ def test_captionqa_shuffle_over_captioned_questions_by_hand(tmp_path, eval_serve
     ]
     for rule, first, score in (("captioned", ["By a tree", "Cannot answer from the caption"], 65.0),
                                ("all", ["By a tree", "Ford"], 50.0)):  # fmt: skip
-        settings = CaptionQASettings(shuffle_over=rule)
+        settings = CaptionQASection(shuffle_over=rule)
         result = run_captionqa(
             JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / rule, settings
         )
@@ -508,7 +508,7 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     assert result.settings["images_sent"] == "official" and result.settings["prompts"]["kind"] == "official"
     # with our prompts the judge config's size applies and no detail is sent (unless asked for)
     paraphrase = run_caparena(JudgeCaller(judge_config(server.base_url)), [], captions, images, tmp_path / "p",
-                              CapArenaSettings())  # fmt: skip
+                              CapArenaSection())  # fmt: skip
     assert (
         paraphrase.settings["images_sent"] == "judge"
         and paraphrase.settings["prompts"]["kind"] == "paraphrase"

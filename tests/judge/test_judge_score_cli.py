@@ -13,9 +13,9 @@ from judge_testkit import CAPTION, REFERENCE, config, judge_and_close, png_bytes
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
+from balcaprl.evaluate.score import CaptionFileError, read_caption_file
+from balcaprl.evaluate.summary import bootstrap_mean_ci
 from balcaprl.judge import Judgement, OpenAICompatibleJudge
-from balcaprl.judge.score import CaptionFileError, read_caption_file
-from balcaprl.judge.summary import bootstrap_mean_ci
 from balcaprl.rewards import score_verdict
 
 FULL = "A red door on the left, a black cat sits on the step."

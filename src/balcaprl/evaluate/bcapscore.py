@@ -2,7 +2,7 @@
 pointability-aware precision, reference recall and linguistic quality, judged with the evaluation
 rubric against DeCapBench's images and human reference captions (GPT-5.4 as judge in Table 1).
 
-This is `balcaprl score` (:func:`balcaprl.judge.score.score_captions`) run on the benchmark: the
+This is `balcaprl score` (:func:`balcaprl.evaluate.score.score_captions`) run on the benchmark: the
 captions and the human references are written as ``{image: text}`` files in the protocol's folder
 and scored there, so ``scores.jsonl`` and ``summary.json`` are exactly what ``balcaprl score`` writes.
 The evaluation rubric is our wording of the paper's evaluation prompt; the summary records it as such
@@ -15,14 +15,28 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
+from pydantic import Field
+
+from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem, read_decapbench
 from balcaprl.evaluate.official import PromptSource
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
 from balcaprl.evaluate.results import ProtocolResult
+from balcaprl.evaluate.score import score_captions
 from balcaprl.files import atomic_write_text as _write_atomic
-from balcaprl.judge.client import OpenAICompatibleJudge
-from balcaprl.judge.score import score_captions
+from balcaprl.judge.client import OpenAICompatibleJudge, build_judge
 
 __all__ = ["run_bcapscore"]
+
+
+class BCapScoreSection(ProtocolSection):
+    """b-CapScore's files (its options are the judge config's)."""
+
+    INPUTS = {
+        "annotations": ("DeCapBench annotations", "--decapbench"),
+        "images": ("the DeCapBench image folder", "--decapbench-images"),
+    }
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (human references).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
 
 
 def run_bcapscore(
@@ -83,3 +97,14 @@ def run_bcapscore(
         notes="b-CapScore x100 (mean of per-caption harmonic means); precision, recall, linguistic x100; "
         "scores.jsonl/summary.json as `balcaprl score` writes them",
     )
+
+
+def _evaluate(task: ProtocolTask) -> ProtocolResult:
+    judge = build_judge(task.judge, image_root=task.section.images, http_client=task.http_client)
+    return run_bcapscore(judge, task.data, task.captions, task.out_dir, on_progress=task.on_progress)
+
+
+PROTOCOL = Protocol(
+    name="bcapscore", benchmark="decapbench", title="b-CapScore (DeCapBench).", section=BCapScoreSection,
+    read=lambda section: read_decapbench(section.annotations), run=_evaluate,
+)  # fmt: skip

@@ -45,8 +45,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from balcaprl.evaluate.formats import CapArenaItem, CaptionSet
-from balcaprl.evaluate.official import OFFICIAL_IMAGE_SIDE, CapArenaPrompts, paraphrase_source
+from balcaprl.evaluate.formats import CapArenaItem, CaptionSet, read_caparena
+from balcaprl.evaluate.official import (
+    OFFICIAL_IMAGE_SIDE,
+    CapArenaPrompts,
+    load_caparena_prompts,
+    paraphrase_source,
+)
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
 from balcaprl.evaluate.results import ProtocolResult, mean, write_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
@@ -57,7 +63,7 @@ from balcaprl.rewards.rubrics import load_rubric
 __all__ = [
     "BASELINES",
     "OFFICIAL_OPTIONS",
-    "CapArenaSettings",
+    "CapArenaSection",
     "PairVerdict",
     "arena_scores",
     "caption_words",
@@ -72,11 +78,15 @@ _REASON = re.compile(r"Reason:\s*(.+?)\s*Judgment:", re.DOTALL)
 _JUDGMENT = re.compile(r"Judgment:\s*(.+)")
 
 
-class CapArenaSettings(BaseModel):
-    """How CapArena-Auto is run; the defaults are the official protocol's."""
+class CapArenaSection(ProtocolSection):
+    """CapArena-Auto's files and options; the defaults are the official protocol's."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    INPUTS = {
+        "annotations": ("caparena_auto_600.json", "--caparena"),
+        "images": ("the CapArena image folder", "--caparena-images"),
+    }
+    annotations: Path | None = Field(None, description="caparena_auto_600.json.")
+    images: Path | None = Field(None, description="CapArena-Auto (DOCCI) image folder.")
     seed: int = Field(0, description="Seed of the position draw.")
     temperature: float | None = Field(0.1, description="Judge temperature (official: 0.1).")
     top_p: float | None = Field(0.9, description="Judge top_p (official: 0.9); null omits it.")
@@ -204,7 +214,7 @@ def run_caparena(
     captions: CaptionSet,
     image_root: Path,
     out_dir: Path,
-    settings: CapArenaSettings | None = None,
+    settings: CapArenaSection | None = None,
     model_name: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     prompts: CapArenaPrompts | None = None,
@@ -212,7 +222,7 @@ def run_caparena(
     """Battle every image that has a caption against its baseline; write ``items.jsonl``; summarise.
     ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_caparena_prompts`);
     None runs our paraphrase."""
-    settings = settings or CapArenaSettings()
+    settings = settings or CapArenaSection()
     extra = {"top_p": settings.top_p} if settings.top_p is not None else None
     official_images = settings.image_mode == "official" or (
         settings.image_mode == "auto" and prompts is not None
@@ -323,7 +333,7 @@ def run_caparena(
         failures=failures,
         missing=missing,
         settings={
-            **settings.model_dump(),
+            **settings.options(),
             "images_sent": "official" if official_images else "judge",
             "prompts": (
                 prompts.source
@@ -336,3 +346,19 @@ def run_caparena(
         notes="score = mean over baselines of (wins - losses) / 2 (-100..100 on the full 600 images); "
         "length_words = mean words per caption; a failed battle or an unrecognised judgment counts neither way",
     )
+
+
+def _evaluate(task: ProtocolTask) -> ProtocolResult:
+    caller = JudgeCaller(task.judge, image_root=task.section.images, http_client=task.http_client)
+    return run_caparena(
+        caller, task.data, task.captions, task.section.images, task.out_dir, task.section,
+        model_name=task.label, on_progress=task.on_progress, prompts=task.prompts,
+    )  # fmt: skip
+
+
+PROTOCOL = Protocol(
+    name="caparena", benchmark="caparena", title="CapArena-Auto.", section=CapArenaSection,
+    read=lambda section: read_caparena(section.annotations), run=_evaluate,
+    official_prompts=lambda o: None if o.caparena is None else load_caparena_prompts(o.caparena),
+    official_options=OFFICIAL_OPTIONS,
+)  # fmt: skip

@@ -57,10 +57,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question
-from balcaprl.evaluate.official import CaptionQATask, paraphrase_source
+from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
+from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, paraphrase_source
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
 from balcaprl.evaluate.results import ProtocolResult, mean, write_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
@@ -70,7 +71,7 @@ from balcaprl.rewards.rubrics import load_rubric
 __all__ = [
     "CANNOT_ANSWER",
     "OFFICIAL_OPTIONS",
-    "CaptionQASettings",
+    "CaptionQASection",
     "PreparedQuestion",
     "extract_letter",
     "is_yes_no_question",
@@ -90,11 +91,12 @@ _YES_NO_STARTS = (
 )  # fmt: skip
 
 
-class CaptionQASettings(BaseModel):
-    """How CaptionQA is run; the defaults are the official protocol's (seed 0, temperature 0)."""
+class CaptionQASection(ProtocolSection):
+    """CaptionQA's question file and options; the defaults are the official protocol's (seed 0,
+    temperature 0)."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    INPUTS = {"questions": ("the CaptionQA questions", "--captionqa")}
+    questions: Path | None = Field(None, description="CaptionQA questions (parquet/JSON/JSONL).")
     seed: int = Field(0, description="Seed of the option shuffle (official: 0).")
     temperature: float | None = Field(0.0, description="The answering model's temperature (official: 0).")
     max_tokens: int = Field(
@@ -274,14 +276,14 @@ def run_captionqa(
     entries: Sequence[CaptionQAEntry],
     captions: CaptionSet,
     out_dir: Path,
-    settings: CaptionQASettings | None = None,
+    settings: CaptionQASection | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     task: CaptionQATask | None = None,
 ) -> ProtocolResult:
     """Answer every usable question whose image has a caption; write ``items.jsonl``; summarise.
     ``task``: lmms-eval's official task (:func:`~balcaprl.evaluate.official.load_captionqa_task`);
     None runs our paraphrase."""
-    settings = settings or CaptionQASettings()
+    settings = settings or CaptionQASection()
     caption_of = {e.id: captions.lookup(e.id) for e in entries}
     only = (lambda i: caption_of[i] is not None) if settings.shuffle_over == "captioned" else None
     questions = prepare_questions(
@@ -376,9 +378,24 @@ def run_captionqa(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings={**settings.model_dump(), "prompts": source.as_dict()},
+        settings={**settings.options(), "prompts": source.as_dict()},
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="score = 100 x mean per-question score (correct 1, cannot-answer 1/n + 0.05, wrong, unreadable "
         "or empty 0); missing lists image ids without a caption (their questions are not asked)",
     )
+
+
+def _evaluate(task: ProtocolTask) -> ProtocolResult:
+    caller = JudgeCaller(task.judge, http_client=task.http_client)
+    return run_captionqa(
+        caller, task.data, task.captions, task.out_dir, task.section, task.on_progress, task.prompts
+    )
+
+
+PROTOCOL = Protocol(
+    name="captionqa", benchmark="captionqa", title="CaptionQA.", section=CaptionQASection,
+    read=lambda section: read_captionqa(section.questions), run=_evaluate,
+    official_prompts=lambda o: None if o.captionqa is None else load_captionqa_task(o.captionqa),
+    official_options=OFFICIAL_OPTIONS,
+)  # fmt: skip

@@ -66,13 +66,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
+from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem, read_decapbench
 from balcaprl.evaluate.official import (
     DECAPBENCH_JPEG_QUALITY,
     OFFICIAL_IMAGE_SIDE,
     DeCapBenchPrompts,
+    load_decapbench_prompts,
     paraphrase_source,
 )
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
 from balcaprl.evaluate.results import ProtocolResult, mean, write_items
 from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
@@ -82,7 +84,7 @@ from balcaprl.rewards.rubrics import load_rubric
 
 __all__ = [
     "OFFICIAL_OPTIONS",
-    "DCScoreSettings",
+    "DCScoreSection",
     "ExtractedFacts",
     "FactMatches",
     "FactVerdicts",
@@ -106,11 +108,15 @@ _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample
 RUBRICS = ("dcscore_extract", "dcscore_match", "dcscore_verify")
 
 
-class DCScoreSettings(BaseModel):
-    """How DCScore is run; the defaults are the official protocol's."""
+class DCScoreSection(ProtocolSection):
+    """DCScore's files and options; the defaults are the official protocol's."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    INPUTS = {
+        "annotations": ("DeCapBench annotations", "--decapbench"),
+        "images": ("the DeCapBench image folder", "--decapbench-images"),
+    }
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (oracle facts).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
     n_match: int = Field(3, ge=1, description="Matching samples per caption (official: 3).")
     n_verify: int = Field(3, ge=1, description="Verification samples per caption (official: 3).")
     extract_temperature: float | None = Field(1.0, description="Fact extraction sampling temperature.")
@@ -424,7 +430,7 @@ class _Item:
 class _Run:
     """One DCScore run: settings, prompts (ours or official) and images."""
 
-    def __init__(self, caller: JudgeCaller, settings: DCScoreSettings, prompts: DeCapBenchPrompts | None,
+    def __init__(self, caller: JudgeCaller, settings: DCScoreSection, prompts: DeCapBenchPrompts | None,
                  image_root: Path):  # fmt: skip
         self.caller, self.settings, self.prompts = caller, settings, prompts
         official_images = settings.image_mode == "official" or (
@@ -650,14 +656,14 @@ def run_dcscore(
     captions: CaptionSet,
     image_root: Path,
     out_dir: Path,
-    settings: DCScoreSettings | None = None,
+    settings: DCScoreSection | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     prompts: DeCapBenchPrompts | None = None,
 ) -> ProtocolResult:
     """Score every DeCapBench image that has a caption; write ``items.jsonl`` and return the summary.
     ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_decapbench_prompts`);
     None runs our paraphrase."""
-    settings = settings or DCScoreSettings()
+    settings = settings or DCScoreSection()
     run = _Run(caller, settings, prompts, Path(image_root))
     todo = [(item, captions.lookup(item.key)) for item in items]
     missing = [item.key for item, caption in todo if caption is None]
@@ -712,10 +718,26 @@ def run_dcscore(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings={**settings.model_dump(), "images_sent": run.images_sent, "prompts": source.as_dict()},
+        settings={**settings.options(), "images_sent": run.images_sent, "prompts": source.as_dict()},
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="DCScore x100 = mean over valid captions of (F1 + F1 relevant) / 2; components x100; "
         "invalid: captions with no fact or no relevant fact, left out of the means as the official scorer "
         "does (degenerate_captions: zero scores them 0 instead)",
     )
+
+
+def _evaluate(task: ProtocolTask) -> ProtocolResult:
+    caller = JudgeCaller(task.judge, image_root=task.section.images, http_client=task.http_client)
+    return run_dcscore(
+        caller, task.data, task.captions, task.section.images, task.out_dir, task.section, task.on_progress,
+        task.prompts,
+    )  # fmt: skip
+
+
+PROTOCOL = Protocol(
+    name="dcscore", benchmark="decapbench", title="DCScore (DeCapBench).", section=DCScoreSection,
+    read=lambda section: read_decapbench(section.annotations), run=_evaluate,
+    official_prompts=lambda o: None if o.decapbench is None else load_decapbench_prompts(o.decapbench),
+    official_options=OFFICIAL_OPTIONS,
+)  # fmt: skip

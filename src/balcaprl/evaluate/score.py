@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError, OutputError
+from balcaprl.evaluate.summary import summarise_scores
 from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.images import ImageError
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
-from balcaprl.judge.summary import summarise_scores
 from balcaprl.outputs import ensure_writable_dir
 from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
 
