@@ -267,7 +267,7 @@ def evaluate(
     overrides: dict = {
         "judge": str(judge) if judge else None,
         **{
-            name: {key: flags[flag] for key, (_, flag) in protocol.section.INPUTS.items()}
+            name: {key: flags.get(flag) for key, (_, flag) in protocol.section.INPUTS.items()}
             for name, protocol in PROTOCOLS.items()
         },
         "official": {
