@@ -53,7 +53,7 @@ from balcaprl.evaluate.official import (
     paraphrase_source,
 )
 from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
-from balcaprl.evaluate.results import ProtocolResult, mean, write_items
+from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
@@ -265,7 +265,7 @@ def run_caparena(
             last.reason, f"no usable answer in {settings.max_attempts} samples: {last.detail}"
         )
 
-    async def one(item: CapArenaItem, caption: str) -> tuple[bool, str | None, JudgeFailure | None]:
+    async def battle(item: CapArenaItem, caption: str) -> tuple[bool, str | None, JudgeFailure | None]:
         first = positions(item.image, settings.seed)
         try:
             image = await asyncio.to_thread(images.load, item.image)
@@ -277,26 +277,15 @@ def run_caparena(
         judgment, failure = await judge(messages)
         return first, judgment, failure
 
-    async def run_all():
-        done = 0
+    done = 0
 
-        async def tracked(item, caption):
-            nonlocal done
-            out = await one(item, caption)
-            done += 1
-            if on_progress is not None:
-                on_progress(done, len(todo))
-            return out
-
-        try:
-            return await asyncio.gather(*[tracked(i, c) for i, c in todo])
-        finally:
-            await caller.aclose()
-
-    outcomes = asyncio.run(run_all())
-    rows, battles = [], []
-    for (item, caption), (first, judgment, failure) in zip(todo, outcomes, strict=True):
-        battles.append(Battle(item.image, item.ref_model, first, judgment))
+    async def one(pair: tuple[CapArenaItem, str]) -> dict[str, Any]:
+        nonlocal done
+        item, caption = pair
+        first, judgment, failure = await battle(item, caption)
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(todo))
         winner = None
         if judgment == "unrecognised":
             winner = "unrecognised"
@@ -306,13 +295,17 @@ def run_caparena(
                 if judgment == "Tie"
                 else ("model" if (judgment == JUDGMENTS[0]) == first else "baseline")
             )
-        rows.append({
+        return {
             "image": item.image, "baseline": item.ref_model, "model_position": 1 if first else 2,
             "judgment": judgment, "winner": winner, "words": caption_words(caption),
             "failure": None if failure is None else failure.reason,
             **({} if failure is None else {"detail": failure.detail}),
-        })  # fmt: skip
-    write_items(Path(out_dir) / "items.jsonl", rows)
+        }  # fmt: skip
+
+    path = Path(out_dir) / "items.jsonl"
+    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    rows = [{k: v for k, v in row.items() if k != "detail"} for row in read_items(path)]
+    battles = [Battle(r["image"], r["baseline"], r["model_position"] == 1, r["judgment"]) for r in rows]
     baselines = list(dict.fromkeys([*BASELINES, *(i.ref_model for i in items)]))
     scores = arena_scores(battles, baselines) if battles else None
     metrics = {

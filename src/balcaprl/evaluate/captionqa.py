@@ -48,7 +48,6 @@ prompt, which ``balcaprl caption --multi-image captionqa`` reads from a checkout
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 from collections import Counter, defaultdict
@@ -62,7 +61,7 @@ from pydantic import Field
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
 from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, paraphrase_source
 from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
-from balcaprl.evaluate.results import ProtocolResult, mean, write_items
+from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
@@ -296,38 +295,25 @@ def run_captionqa(
     todo = [q for q in questions if caption_of[q.entry_id] is not None]
     read_letter = extract_letter if task is None else task.extract_letter
 
-    async def run_all():
-        done = 0
+    done = 0
 
-        async def one(q: PreparedQuestion):
-            nonlocal done
-            caption = clean_text(caption_of[q.entry_id] or "").strip()
-            result = await caller.call_text(
-                answer_messages(caption, q, task), kind="captionqa_answer", temperature=settings.temperature,
-                max_tokens=settings.max_tokens, truncated_ok=True,
-            )  # fmt: skip
-            done += 1
-            if on_progress is not None:
-                on_progress(done, len(todo))
-            return result
-
-        try:
-            return await asyncio.gather(*[one(q) for q in todo])
-        finally:
-            await caller.aclose()
-
-    results = asyncio.run(run_all())
-    rows = []
-    for q, result in zip(todo, results, strict=True):
+    async def one(q: PreparedQuestion) -> dict[str, Any]:
+        nonlocal done
+        caption = clean_text(caption_of[q.entry_id] or "").strip()
+        result = await caller.call_text(
+            answer_messages(caption, q, task), kind="captionqa_answer", temperature=settings.temperature,
+            max_tokens=settings.max_tokens, truncated_ok=True,
+        )  # fmt: skip
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(todo))
         row: dict[str, Any] = {
             "id": q.entry_id, "question_index": q.index, "category": q.category, "question": q.question,
             "options_shown": q.shown, "ground_truth": q.choices[q.answer_index],
         }  # fmt: skip
         failure = result.failure
         if failure is not None and not (settings.empty_answer == "zero" and _is_empty_answer(failure)):
-            row.update(failure=failure.reason, detail=failure.detail, score=None)
-            rows.append(row)
-            continue
+            return {**row, "failure": failure.reason, "detail": failure.detail, "score": None}
         response = "" if failure is not None else result.value
         letter = read_letter(response, len(q.options))
         score, outcome = score_answer(q, letter)
@@ -335,9 +321,19 @@ def run_captionqa(
             outcome = "empty"
         if settings.rounding == "question":
             score = round(score, ROUND_DIGITS)
-        row.update(failure=None, response=response, letter=letter, outcome=outcome, score=score)
-        rows.append(row)
-    write_items(Path(out_dir) / "items.jsonl", rows)
+        return {
+            **row,
+            "failure": None,
+            "response": response,
+            "letter": letter,
+            "outcome": outcome,
+            "score": score,
+        }
+
+    items = Path(out_dir) / "items.jsonl"
+    judge_in_spans(items, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    summary_keys = ("category", "failure", "outcome", "score")  # what the figures below read, per row
+    rows = [{key: row.get(key) for key in summary_keys} for row in read_items(items)]
 
     ok = [r for r in rows if r["failure"] is None]
     by_category: dict[str, list[dict[str, Any]]] = defaultdict(list)

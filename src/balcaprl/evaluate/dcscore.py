@@ -75,7 +75,7 @@ from balcaprl.evaluate.official import (
     paraphrase_source,
 )
 from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
-from balcaprl.evaluate.results import ProtocolResult, mean, write_items
+from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
@@ -669,25 +669,15 @@ def run_dcscore(
     missing = [item.key for item, caption in todo if caption is None]
     todo = [(item, caption) for item, caption in todo if caption is not None]
 
-    async def run_all() -> list[_Item]:
-        done = 0
+    done = 0
 
-        async def one(item: DeCapBenchItem, caption: str) -> _Item:
-            nonlocal done
-            result = await run.score(item, caption)
-            done += 1
-            if on_progress is not None:
-                on_progress(done, len(todo))
-            return result
-
-        try:
-            return await asyncio.gather(*[one(item, caption) for item, caption in todo])
-        finally:
-            await caller.aclose()
-
-    scored = asyncio.run(run_all())
-    rows = []
-    for (item, caption), result in zip(todo, scored, strict=True):
+    async def one(pair: tuple[DeCapBenchItem, str]) -> dict[str, Any]:
+        nonlocal done
+        item, caption = pair
+        result = await run.score(item, caption)
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(todo))
         row: dict[str, Any] = {"key": item.key, "caption": caption, "failure": result.failure,
                                "valid": result.scores is not None}  # fmt: skip
         if result.failure is not None:
@@ -701,8 +691,12 @@ def run_dcscore(
         row["extraction_attempts"] = result.attempts
         row["facts"] = result.facts
         row["trials"] = result.trials
-        rows.append(row)
-    write_items(Path(out_dir) / "items.jsonl", rows)
+        return row
+
+    path = Path(out_dir) / "items.jsonl"
+    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    # the figures below read each row's scores, never its facts and trials (the bulk of a row)
+    rows = [{k: v for k, v in r.items() if k not in ("facts", "trials")} for r in read_items(path)]
     ok = [r for r in rows if r["valid"]]
     invalid = [r for r in rows if r.get("invalid")]
     names = ("dcscore", "precision", "recall", "f1", "precision_relevant", "recall_relevant", "f1_relevant")

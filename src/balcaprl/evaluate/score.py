@@ -26,15 +26,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError, OutputError
+from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import summarise_scores
 from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
 from balcaprl.judge.accounting import JudgeStats
@@ -168,8 +167,8 @@ def score_captions(
     Raises :class:`~balcaprl.errors.OutputError` before any call when ``out`` cannot be written.
 
     Rows stream to disk: the captions are judged in spans of twice the judge's concurrency, at most two
-    spans at a time (the second queues behind the first, so the judge never idles between them), and a
-    span's rows and verdicts are written, in input order, as soon as it and the spans before it are done.
+    at a time (:func:`~balcaprl.evaluate.results.in_spans`), and a span's rows and verdicts are written,
+    in input order, as soon as it and the spans before it are done.
     """
     caption_rows = read_caption_file(captions, keys=("caption",))
     reference_rows = read_caption_file(references, keys=("reference", "caption"))
@@ -188,8 +187,8 @@ def score_captions(
     span = 2 * max(1, judge.config.concurrency)
     with (
         JsonlLog(out / RECORD_FILE, sync_every=1 << 62) as record,  # fsynced once a second (below)
-        _Output(scores_path) as scores,
-        _Output(out / VERDICTS_FILE) as verdict_lines,
+        RowsFile(scores_path, out / PART_DIR) as scores,
+        RowsFile(out / VERDICTS_FILE, out / PART_DIR) as verdict_lines,
     ):
         wanted = set(keys)
         known = {
@@ -204,10 +203,10 @@ def score_captions(
             on_start(len(keys), resumed)
         synced = time.monotonic()
 
-        async def judge_span(start: int) -> dict[int, tuple[dict[str, Any], Any]]:
+        async def judge_span(part: range) -> dict[int, tuple[dict[str, Any], Any]]:
             """Rows and verdicts of the span's captions that the record does not hold."""
             done: dict[int, tuple[dict[str, Any], Any]] = {}
-            todo = [i for i in range(start, min(start + span, len(keys))) if keys[i] not in known]
+            todo = [i for i in part if keys[i] not in known]
 
             def finished(j: int, outcome: JudgeOutcome) -> None:
                 i = todo[j]
@@ -234,9 +233,9 @@ def score_captions(
                 stats.merge((await judge.judge_batch_with_stats(requests, on_outcome=finished)).stats)
             return done
 
-        def write(start: int, done: dict[int, tuple[dict[str, Any], Any]]) -> None:
+        def write(part: range, done: dict[int, tuple[dict[str, Any], Any]]) -> None:
             nonlocal synced
-            for i in range(start, min(start + span, len(keys))):
+            for i in part:
                 if i in done:
                     row, verdict = done[i]
                 else:
@@ -252,21 +251,10 @@ def score_captions(
                 record.sync()
                 synced = time.monotonic()
 
-        async def judge_all() -> None:  # returns nothing: asyncio.run would build the repr of a result
-            spans: deque[tuple[int, asyncio.Task]] = deque()
+        async def judge_all() -> None:
             try:
-                for start in range(0, len(keys), span):
-                    spans.append((start, asyncio.create_task(judge_span(start))))
-                    if len(spans) == 2:
-                        first, task = spans.popleft()
-                        write(first, await task)
-                while spans:
-                    first, task = spans.popleft()
-                    write(first, await task)
+                await in_spans(len(keys), span, judge_span, write)
             finally:
-                for _, task in spans:
-                    task.cancel()
-                await asyncio.gather(*(task for _, task in spans), return_exceptions=True)
                 await judge.aclose()
 
         stats = JudgeStats()
@@ -288,31 +276,3 @@ def score_captions(
     summary["image_root"] = None if judge.images.root is None else str(judge.images.root)
     atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return ScoreRun(summary, scores_path, summary_path, resumed=resumed)
-
-
-class _Output:
-    """A JSONL file written line by line as ``.score/NAME.part``, renamed onto ``NAME`` on :meth:`commit`
-    (left unfinished, the part is removed)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._tmp = path.parent / PART_DIR / f"{path.name}.part"
-        self._tmp.parent.mkdir(exist_ok=True)
-        self._handle = self._tmp.open("w", encoding="utf-8")
-
-    def write(self, row: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-    def commit(self) -> None:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._handle.close()
-        os.replace(self._tmp, self.path)
-
-    def __enter__(self) -> _Output:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._handle.closed:
-            self._handle.close()
-            self._tmp.unlink(missing_ok=True)
