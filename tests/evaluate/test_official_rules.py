@@ -19,9 +19,9 @@ from evaluate_testkit import CAPTIONQA_ROWS, ProtocolJudge, judge_config, png, w
 from official_fakes import FAKE_SYSTEM, fake_caparena, fake_captionqa_repo, fake_decapbench, fake_lmms_eval
 from PIL import Image
 
-from balcaprl.errors import ConfigError
+from balcaprl.errors import ConfigError, InputError
 from balcaprl.evaluate.caparena import CapArenaSection, read_official_judgment, run_caparena
-from balcaprl.evaluate.captioning import CaptionError, caption_items, collect_items
+from balcaprl.evaluate.captioning import caption_items, collect_items
 from balcaprl.evaluate.captionqa import CaptionQASection, prepare_questions, run_captionqa
 from balcaprl.evaluate.dcscore import (
     DCScoreSection,
@@ -417,7 +417,7 @@ def test_captionqa_multi_image_entries_are_captioned_from_all_images(tmp_path):
         )
         caption_items(items, recorder, tmp_path / mode / "caps.jsonl", benchmark="captionqa")
         assert recorder.got == got, mode
-    with pytest.raises(CaptionError, match="--official-captionqa-repo"):
+    with pytest.raises(InputError, match="--official-captionqa-repo"):
         collect_items(None, benchmark="captionqa", annotations=path, multi_image="captionqa")
     with pytest.raises(ConfigError, match="found 0"):  # not CaptionQA's script
         load_captionqa_multi_image_line(fake_captionqa_repo(tmp_path / "other", "x = 1\n"))

@@ -370,7 +370,7 @@ def report(
     """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
     from balcaprl.evaluate.report import build_report
 
-    result = build_report(  # ReportError (a UserError) says what is wrong
+    result = build_report(  # an InputError (a UserError) says what is wrong
         runs or [], out, baseline=baseline, published=published, human_ranking=human_ranking, title=title
     )
     typer.echo(result.markdown)

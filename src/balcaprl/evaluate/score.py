@@ -49,7 +49,6 @@ __all__ = [
     "SCORES_FILE",
     "SUMMARY_FILE",
     "VERDICTS_FILE",
-    "CaptionFileError",
     "ScoreRun",
     "read_caption_file",
     "score_captions",
@@ -69,10 +68,6 @@ def score_results(folder: Path) -> list[str]:
     return [name for name in names if (Path(folder) / name).exists()]
 
 
-class CaptionFileError(InputError):
-    """A caption or reference file that cannot be read as JSONL or as a JSON object."""
-
-
 def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[tuple[str, str]]:
     """``[(image, text), ...]`` in file order. ``keys``: the accepted names of the text field."""
     raw = read_utf8_text(path)  # InputError naming the file (and the byte offset of non-UTF-8)
@@ -85,7 +80,7 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
         if isinstance(whole, dict) and not ({"image"} & set(whole)):
             bad = [k for k, v in whole.items() if not isinstance(v, str)]
             if bad:
-                raise CaptionFileError(f"{path}: values must be strings; not for {bad[:3]}")
+                raise InputError(f"{path}: values must be strings; not for {bad[:3]}")
             return list(whole.items())
     rows: list[tuple[str, str]] = []
     for number, line in enumerate(jsonl_lines(raw), 1):
@@ -94,14 +89,12 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
         try:
             item = json.loads(line)
         except json.JSONDecodeError as error:
-            raise CaptionFileError(f"{path}:{number}: not JSON ({error.msg})") from None
+            raise InputError(f"{path}:{number}: not JSON ({error.msg})") from None
         if not isinstance(item, dict) or not isinstance(item.get("image"), str):
-            raise CaptionFileError(f"{path}:{number}: expected an object with a string 'image'")
+            raise InputError(f"{path}:{number}: expected an object with a string 'image'")
         text = next((item[k] for k in keys if k in item), None)
         if not isinstance(text, str):
-            raise CaptionFileError(
-                f"{path}:{number}: expected a string field {' or '.join(repr(k) for k in keys)}"
-            )
+            raise InputError(f"{path}:{number}: expected a string field {' or '.join(repr(k) for k in keys)}")
         rows.append((item["image"], text))
     return rows
 
@@ -175,7 +168,7 @@ def score_captions(
     by_image: dict[str, str] = {}
     for image, text in reference_rows:
         if image in by_image and by_image[image] != text:
-            raise CaptionFileError(f"{references}: image {image!r} has two different references")
+            raise InputError(f"{references}: image {image!r} has two different references")
         by_image[image] = text
     del reference_rows
     out = ensure_writable_dir(out, "--out")
