@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +39,6 @@ from balcaprl.evaluate.summary import summarise_scores
 from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.client import OpenAICompatibleJudge
-from balcaprl.judge.images import ImageError
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.outputs import ensure_writable_dir
@@ -125,10 +125,11 @@ class ScoreRun:
 
 def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: str) -> str:
     """Everything that decides one row's verdict: the image file as it is now, the texts, the judge."""
+    root = judge.images.root  # the file as the judge will find it (one that escapes the root fails)
     try:
-        stat = judge.images.resolve(image).stat()
+        stat = os.stat(image if root is None else os.path.join(root, image))
         file = [stat.st_size, stat.st_mtime_ns]
-    except (ImageError, OSError):
+    except OSError:
         file = None  # such a row fails as bad_input and is never recorded
     cfg = judge.config
     identity = {
