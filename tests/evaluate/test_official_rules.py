@@ -175,7 +175,9 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     captions.captions["blank.jpg"] = "   "
     items.append(type(items[0])("blank.jpg", "ref", ("a fact",)))
     cfg = judge_config(server.base_url, cache_path=tmp_path / "cache.sqlite")
-    result = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out", prompts=prompts)
+    result = run_dcscore(
+        JudgeCaller(cfg), items, captions, tmp_path / "out", DCScoreSection(images=images), prompts=prompts
+    )
 
     assert result.score == pytest.approx(100 * DC1, rel=1e-6)  # 60.61: only the valid caption counts
     assert result.metrics["recall"] == pytest.approx(50.0) and result.metrics["f1_relevant"] == pytest.approx(
@@ -207,12 +209,14 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
 
     # A re-run is free (every sample, the unusable one included, is cached) and scores the same.
     handler.calls.clear()
-    again = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out2", prompts=prompts)
+    again = run_dcscore(
+        JudgeCaller(cfg), items, captions, tmp_path / "out2", DCScoreSection(images=images), prompts=prompts
+    )
     assert handler.calls == {} and again.score == result.score
 
     # our stricter rule: invalid captions score 0 and stay in the mean: (20/33 + 0 + 0) / 3 = 20.20
-    strict = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out3",
-                         DCScoreSection(degenerate_captions="zero"), prompts=prompts)  # fmt: skip
+    strict = run_dcscore(JudgeCaller(cfg), items, captions, tmp_path / "out3",
+                         DCScoreSection(images=images, degenerate_captions="zero"), prompts=prompts)  # fmt: skip
     assert strict.score == pytest.approx(100 * DC1 / 3, rel=1e-6) and strict.n_scored == 3
 
 
@@ -365,7 +369,7 @@ def test_captionqa_with_lmms_eval_task(tmp_path, eval_server):
     server = eval_server(handler)
     captions = read_caption_sets([_json(tmp_path / "c.json", {"nat_011": "A round <b>thing</b>."})])[None]
     result = run_captionqa(
-        JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / "out", task=task
+        JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / "out", prompts=task
     )
     assert result.score == 100.0 and result.settings["prompts"]["kind"] == "official"
     text = seen[0].text  # their layout, our escaped block, their cannot-answer option
@@ -488,8 +492,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
 
     server = eval_server(handler)
     captions = read_caption_sets([_json(tmp_path / "c.json", ours)])[None]
-    result = run_caparena(JudgeCaller(judge_config(server.base_url)), read_caparena(annotations), captions, images,
-                          tmp_path / "out", prompts=prompts)  # fmt: skip
+    result = run_caparena(JudgeCaller(judge_config(server.base_url)), read_caparena(annotations), captions,
+                          tmp_path / "out", CapArenaSection(images=images), prompts=prompts)  # fmt: skip
     per = result.metrics["per_baseline"]
     # GPT-4o: a win -> (1 - 0) / 2 = 0.5; CogVLM: a loss -> -0.5; MiniCPM: unrecognised -> 0
     assert [per[b]["score"] for b in ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")] == [
@@ -507,8 +511,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     assert call.temperature == 0.1 and call.body["top_p"] == 0.9 and call.max_tokens == 1500
     assert result.settings["images_sent"] == "official" and result.settings["prompts"]["kind"] == "official"
     # with our prompts the judge config's size applies and no detail is sent (unless asked for)
-    paraphrase = run_caparena(JudgeCaller(judge_config(server.base_url)), [], captions, images, tmp_path / "p",
-                              CapArenaSection())  # fmt: skip
+    paraphrase = run_caparena(JudgeCaller(judge_config(server.base_url)), [], captions, tmp_path / "p",
+                              CapArenaSection(images=images))  # fmt: skip
     assert (
         paraphrase.settings["images_sent"] == "judge"
         and paraphrase.settings["prompts"]["kind"] == "paraphrase"

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem, read_decapbench
 from balcaprl.evaluate.official import PromptSource
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.evaluate.score import score_captions
 from balcaprl.files import atomic_write_text as _write_atomic
@@ -44,9 +44,15 @@ def run_bcapscore(
     items: Sequence[DeCapBenchItem],
     captions: CaptionSet,
     out_dir: Path,
+    settings: BCapScoreSection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
+    prompts: None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
-    """Score the DeCapBench images that have a caption; ``judge`` resolves images in the image folder."""
+    """Score the DeCapBench images that have a caption; ``judge`` resolves images in the image folder
+    (b-CapScore has no options and no official prompts: ``settings``, ``prompts`` and ``label`` are
+    there for the one signature of every protocol)."""
     out_dir = Path(out_dir)
     chosen = [(item, captions.lookup(item.key)) for item in items]
     missing = [item.key for item, caption in chosen if caption is None]
@@ -99,12 +105,8 @@ def run_bcapscore(
     )
 
 
-def _evaluate(task: ProtocolTask) -> ProtocolResult:
-    judge = build_judge(task.judge, image_root=task.section.images, http_client=task.http_client)
-    return run_bcapscore(judge, task.data, task.captions, task.out_dir, on_progress=task.on_progress)
-
-
 PROTOCOL = Protocol(
     name="bcapscore", benchmark="decapbench", title="b-CapScore (DeCapBench).", section=BCapScoreSection,
-    read=lambda section: read_decapbench(section.annotations), run=_evaluate,
+    read=lambda section: read_decapbench(section.annotations), run=run_bcapscore,
+    client=build_judge,
 )  # fmt: skip

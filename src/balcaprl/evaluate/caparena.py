@@ -52,7 +52,7 @@ from balcaprl.evaluate.official import (
     load_caparena_prompts,
     paraphrase_source,
 )
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
@@ -212,12 +212,12 @@ def run_caparena(
     caller: JudgeCaller,
     items: Sequence[CapArenaItem],
     captions: CaptionSet,
-    image_root: Path,
     out_dir: Path,
     settings: CapArenaSection | None = None,
-    model_name: str | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
     prompts: CapArenaPrompts | None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
     """Battle every image that has a caption against its baseline; write ``items.jsonl``; summarise.
     ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_caparena_prompts`);
@@ -228,12 +228,12 @@ def run_caparena(
         settings.image_mode == "auto" and prompts is not None
     )
     images = (
-        ImageLoader(OFFICIAL_IMAGE_SIDE, root=image_root)
+        ImageLoader(OFFICIAL_IMAGE_SIDE, root=settings.images)
         if official_images
-        else ImageLoader(caller.config.max_image_side, root=image_root)
+        else ImageLoader(caller.config.max_image_side, root=settings.images)
     )
     detail = "high" if official_images else None
-    skipped = [i.image for i in items if model_name is not None and i.ref_model == model_name]
+    skipped = [i.image for i in items if label is not None and i.ref_model == label]
     todo = [(i, captions.lookup(i.image)) for i in items if i.image not in skipped]
     missing = [i.image for i, c in todo if c is None]
     todo = [(i, c) for i, c in todo if c is not None]
@@ -341,17 +341,9 @@ def run_caparena(
     )
 
 
-def _evaluate(task: ProtocolTask) -> ProtocolResult:
-    caller = JudgeCaller(task.judge, image_root=task.section.images, http_client=task.http_client)
-    return run_caparena(
-        caller, task.data, task.captions, task.section.images, task.out_dir, task.section,
-        model_name=task.label, on_progress=task.on_progress, prompts=task.prompts,
-    )  # fmt: skip
-
-
 PROTOCOL = Protocol(
     name="caparena", benchmark="caparena", title="CapArena-Auto.", section=CapArenaSection,
-    read=lambda section: read_caparena(section.annotations), run=_evaluate,
+    read=lambda section: read_caparena(section.annotations), run=run_caparena,
     official_prompts=lambda o: None if o.caparena is None else load_caparena_prompts(o.caparena),
     official_options=OFFICIAL_OPTIONS,
 )  # fmt: skip

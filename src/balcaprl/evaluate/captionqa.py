@@ -60,7 +60,7 @@ from pydantic import Field
 
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
 from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, paraphrase_source
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
@@ -276,13 +276,15 @@ def run_captionqa(
     captions: CaptionSet,
     out_dir: Path,
     settings: CaptionQASection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
-    task: CaptionQATask | None = None,
+    prompts: CaptionQATask | None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
     """Answer every usable question whose image has a caption; write ``items.jsonl``; summarise.
-    ``task``: lmms-eval's official task (:func:`~balcaprl.evaluate.official.load_captionqa_task`);
+    ``prompts``: lmms-eval's official task (:func:`~balcaprl.evaluate.official.load_captionqa_task`);
     None runs our paraphrase."""
-    settings = settings or CaptionQASection()
+    settings, task = settings or CaptionQASection(), prompts
     caption_of = {e.id: captions.lookup(e.id) for e in entries}
     only = (lambda i: caption_of[i] is not None) if settings.shuffle_over == "captioned" else None
     questions = prepare_questions(
@@ -382,16 +384,9 @@ def run_captionqa(
     )
 
 
-def _evaluate(task: ProtocolTask) -> ProtocolResult:
-    caller = JudgeCaller(task.judge, http_client=task.http_client)
-    return run_captionqa(
-        caller, task.data, task.captions, task.out_dir, task.section, task.on_progress, task.prompts
-    )
-
-
 PROTOCOL = Protocol(
     name="captionqa", benchmark="captionqa", title="CaptionQA.", section=CaptionQASection,
-    read=lambda section: read_captionqa(section.questions), run=_evaluate,
+    read=lambda section: read_captionqa(section.questions), run=run_captionqa,
     official_prompts=lambda o: None if o.captionqa is None else load_captionqa_task(o.captionqa),
     official_options=OFFICIAL_OPTIONS,
 )  # fmt: skip

@@ -74,7 +74,7 @@ from balcaprl.evaluate.official import (
     load_decapbench_prompts,
     paraphrase_source,
 )
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection, ProtocolTask
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
@@ -431,7 +431,7 @@ class _Run:
     """One DCScore run: settings, prompts (ours or official) and images."""
 
     def __init__(self, caller: JudgeCaller, settings: DCScoreSection, prompts: DeCapBenchPrompts | None,
-                 image_root: Path):  # fmt: skip
+                 image_root: Path | None):  # fmt: skip
         self.caller, self.settings, self.prompts = caller, settings, prompts
         official_images = settings.image_mode == "official" or (
             settings.image_mode == "auto" and prompts is not None
@@ -654,17 +654,18 @@ def run_dcscore(
     caller: JudgeCaller,
     items: Sequence[DeCapBenchItem],
     captions: CaptionSet,
-    image_root: Path,
     out_dir: Path,
     settings: DCScoreSection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
     prompts: DeCapBenchPrompts | None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
     """Score every DeCapBench image that has a caption; write ``items.jsonl`` and return the summary.
     ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_decapbench_prompts`);
     None runs our paraphrase."""
     settings = settings or DCScoreSection()
-    run = _Run(caller, settings, prompts, Path(image_root))
+    run = _Run(caller, settings, prompts, settings.images)
     todo = [(item, captions.lookup(item.key)) for item in items]
     missing = [item.key for item, caption in todo if caption is None]
     todo = [(item, caption) for item, caption in todo if caption is not None]
@@ -721,17 +722,9 @@ def run_dcscore(
     )
 
 
-def _evaluate(task: ProtocolTask) -> ProtocolResult:
-    caller = JudgeCaller(task.judge, image_root=task.section.images, http_client=task.http_client)
-    return run_dcscore(
-        caller, task.data, task.captions, task.section.images, task.out_dir, task.section, task.on_progress,
-        task.prompts,
-    )  # fmt: skip
-
-
 PROTOCOL = Protocol(
     name="dcscore", benchmark="decapbench", title="DCScore (DeCapBench).", section=DCScoreSection,
-    read=lambda section: read_decapbench(section.annotations), run=_evaluate,
+    read=lambda section: read_decapbench(section.annotations), run=run_dcscore,
     official_prompts=lambda o: None if o.decapbench is None else load_decapbench_prompts(o.decapbench),
     official_options=OFFICIAL_OPTIONS,
 )  # fmt: skip

@@ -3,10 +3,12 @@
 A protocol (b-CapScore, DCScore, CaptionQA, CapArena-Auto) is one object in its own module:
 
     PROTOCOL = Protocol(name="dcscore", benchmark="decapbench", title="DCScore (DeCapBench).",
-                        section=DCScoreSection, read=lambda s: read_decapbench(s.annotations), run=evaluate)
+                        section=DCScoreSection, read=lambda s: read_decapbench(s.annotations), run=run_dcscore)
 
-and ``evaluate(task: ProtocolTask) -> ProtocolResult`` is its one signature, whatever the protocol
-needs (a judge client or a raw caller, official prompts, the run's label) being read from the task.
+and ``run_dcscore(judge, rows, captions, out_dir, section, *, on_progress, prompts, label)`` has the
+one signature every protocol's ``run`` has: the judge is what ``client`` makes of the protocol's
+judge config (a :class:`~balcaprl.judge.JudgeCaller`, or b-CapScore's verdict judge), the section
+carries the input files and options, ``prompts`` the official prompts when configured.
 The table of protocols is :data:`balcaprl.evaluate.config.PROTOCOLS`; the evaluation config, the
 suite and ``balcaprl evaluate`` read it, so a new protocol is its own module plus its line in that
 table (as verl's ``register_adv_est`` keeps its estimators behind one signature).
@@ -23,10 +25,10 @@ from pydantic import Field
 
 from balcaprl.config import Section
 from balcaprl.errors import InputError
-from balcaprl.evaluate.formats import CaptionSet
 from balcaprl.evaluate.official import OfficialSources
 from balcaprl.evaluate.results import ProtocolResult
-from balcaprl.judge.config import JudgeConfig, JudgeSection
+from balcaprl.judge.calls import JudgeCaller
+from balcaprl.judge.config import JudgeSection
 
 
 class ProtocolSection(Section):
@@ -47,28 +49,17 @@ class ProtocolSection(Section):
 
 
 @dataclass(frozen=True)
-class ProtocolTask:
-    """Everything one protocol run is given, checked before any judge call."""
-
-    judge: JudgeConfig  # the protocol's judge, its cache already chosen
-    section: Any  # the protocol's ProtocolSection subclass
-    data: Any  # the benchmark rows, as the protocol's ``read`` returned them
-    captions: CaptionSet
-    out_dir: Path
-    label: str  # the evaluated model's name in reports
-    prompts: Any = None  # the official prompts, when the config names where they are
-    on_progress: Callable[[int, int], None] | None = None
-    http_client: Any = None
-
-
-@dataclass(frozen=True)
 class Protocol:
     name: str
     benchmark: str  # whose captions it scores (``--captions BENCHMARK=FILE``)
     title: str  # the config section's description
     section: type[ProtocolSection]
     read: Callable[[Any], Any]  # section -> benchmark rows; a FormatError names the bad row
-    run: Callable[[ProtocolTask], ProtocolResult]
+    # run(judge, rows, captions, out_dir, section, *, on_progress, prompts, label) -> ProtocolResult
+    run: Callable[..., ProtocolResult]
+    client: Callable[..., Any] = (
+        JudgeCaller  # (judge config, image_root=, http_client=) -> the judge `run` takes
+    )
     official_prompts: Callable[[OfficialSources], Any] = lambda official: None  # None: our paraphrase
     official_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from balcaprl.errors import InputError
 from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
 from balcaprl.evaluate.formats import CaptionSet, read_caption_sets
 from balcaprl.evaluate.official import departures, paper_comparability
-from balcaprl.evaluate.protocols import ProtocolTask
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text
 
@@ -161,31 +159,30 @@ def run_suite(
     record["label"] = label or record.get("label") or out_dir.name
     # Check everything first: a bad path found after an hour of paid calls is an expensive mistake.
     prompts = {name: PROTOCOLS[name].official_prompts(config.official) for name in suite}
-    tasks = [
-        ProtocolTask(captions=_captions_for(sets, name), judge=judge_config(name), section=getattr(config, name),
-                     data=PROTOCOLS[name].load(getattr(config, name)), out_dir=out_dir / name,
-                     label=record["label"], prompts=prompts[name], http_client=http_client)
-        for name in suite
-    ]  # fmt: skip
+    plan = [(name, _captions_for(sets, name), judge_config(name), PROTOCOLS[name].load(getattr(config, name)))
+            for name in suite]  # fmt: skip
     record.setdefault("results", {})
     record["captions"] = sorted({s for c in sets.values() for s in c.sources})
     record["model"] = next((c.model for c in sets.values() if c.model), record.get("model"))
     results: dict[str, ProtocolResult] = {}
-    for protocol, task in zip(suite, tasks, strict=True):
-        task.out_dir.mkdir(parents=True, exist_ok=True)
+    for name, chosen, cfg, data in plan:
+        protocol, section = PROTOCOLS[name], getattr(config, name)
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
         if on_start is not None:
-            on_start(protocol, len(task.data))
-        if on_progress is not None:
-            task = replace(task, on_progress=lambda d, t, p=protocol: on_progress(p, d, t))
-        result = PROTOCOLS[protocol].run(task)
-        result.refused = [row.as_dict() for row in getattr(task.data, "refused", [])]
-        results[protocol] = result
+            on_start(name, len(data))
+        judge = protocol.client(cfg, image_root=getattr(section, "images", None), http_client=http_client)
+        result = protocol.run(
+            judge, data, chosen, out_dir / name, section, prompts=prompts[name], label=record["label"],
+            on_progress=None if on_progress is None else lambda d, t, p=name: on_progress(p, d, t),
+        )  # fmt: skip
+        result.refused = [row.as_dict() for row in getattr(data, "refused", [])]
+        results[name] = result
         entry = result.as_dict()
         reasons = comparability(result)
         entry["comparable_with_paper"] = not reasons
         entry["not_comparable"] = reasons
-        entry["captions"] = task.captions.sources
+        entry["captions"] = chosen.sources
         entry["finished"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        record["results"][protocol] = entry
+        record["results"][name] = entry
         _write_eval(out_dir, record)
     return results
