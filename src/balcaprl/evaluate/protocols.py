@@ -57,9 +57,8 @@ class Protocol:
     read: Callable[[Any], Any]  # section -> benchmark rows; a FormatError names the bad row
     # run(judge, rows, captions, out_dir, section, *, on_progress, prompts, label) -> ProtocolResult
     run: Callable[..., ProtocolResult]
-    client: Callable[..., Any] = (
-        JudgeCaller  # (judge config, image_root=, http_client=) -> the judge `run` takes
-    )
+    # (judge config, image_root=, http_client=) -> the judge that `run` is given
+    client: Callable[..., Any] = JudgeCaller
     official_prompts: Callable[[OfficialSources], Any] = lambda official: None  # None: our paraphrase
     official_options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
