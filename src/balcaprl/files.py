@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -128,23 +129,36 @@ class JsonlLog:
 
     def read(self) -> list[dict[str, Any]]:
         """Every complete record in the file, in order (none if the file does not exist)."""
+        return [record for _, record in self.scan()]
+
+    def scan(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(byte offset, record)`` of every complete record, in order, read line by line (a long
+        record stays on disk: :meth:`at` reads one back by its offset)."""
         try:
-            data = self.path.read_bytes()
+            handle = self.path.open("r+b")
         except FileNotFoundError:
-            return []
-        if data and not data.endswith(b"\n"):  # a line cut by an interruption
-            data = data[: data.rfind(b"\n") + 1]
-            with self.path.open("r+b") as handle:
-                handle.truncate(len(data))
-        records = []
-        for line in jsonl_lines(data.decode("utf-8", errors="replace")):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+            return
+        with handle:
+            offset = 0
+            for line in handle:
+                if not line.endswith(b"\n"):  # a line cut by an interruption
+                    handle.truncate(offset)
+                    return
+                try:
+                    record = json.loads(line.decode("utf-8", errors="replace"))
+                except json.JSONDecodeError:
+                    record = None
+                if isinstance(record, dict):
+                    yield offset, record
+                offset += len(line)
+
+    def at(self, offset: int) -> dict[str, Any]:
+        """The record that starts at byte ``offset`` (one :meth:`scan` gave)."""
+        if self._handle is not None:
+            self._handle.flush()
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            return json.loads(handle.readline().decode("utf-8", errors="replace"))
 
     def append(self, record: dict[str, Any]) -> None:
         if self._handle is None:

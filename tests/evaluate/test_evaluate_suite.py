@@ -210,6 +210,31 @@ def test_the_evaluation_config_resolves_paths_and_validates_judges_when_it_loads
         load_evaluation_config(config_file)
 
 
+def test_the_protocol_table_is_what_the_config_and_the_command_line_read():
+    import inspect
+
+    import typer
+
+    from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig
+
+    assert list(PROTOCOLS) == ["bcapscore", "dcscore", "captionqa", "caparena"]
+    POSITIONAL, KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    command = typer.main.get_command(app).commands["evaluate"]  # type: ignore[attr-defined]
+    flags = {option for param in command.params for option in param.opts}
+    for name, protocol in PROTOCOLS.items():
+        assert protocol.name == name
+        assert EvaluationConfig.model_fields[name].annotation is protocol.section  # its config section
+        section = protocol.section()
+        for key, (_, flag) in protocol.section.INPUTS.items():
+            assert flag in flags  # every input file has its flag
+            assert key not in section.options()  # the recorded settings are the options only
+        assert set(protocol.official_options) - {"images_sent"} <= set(section.options())
+        parameters = inspect.signature(protocol.run).parameters.values()  # the one signature
+        assert [p.kind for p in parameters] == [POSITIONAL] * 5 + [KEYWORD] * 3
+        assert [p.name for p in parameters][4:] == ["settings", "on_progress", "prompts", "label"]
+    assert set(EvaluationConfig.model_fields) == {"judge", "official", *PROTOCOLS}
+
+
 def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_server):
     from official_fakes import fake_caparena
 

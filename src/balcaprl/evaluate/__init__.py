@@ -29,7 +29,6 @@ from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.evaluate.suite import (
     PROTOCOLS,
     EvaluationConfig,
-    EvaluationError,
     load_evaluation_config,
     read_eval,
     run_suite,
@@ -42,7 +41,6 @@ __all__ = [
     "CaptionSet",
     "DeCapBenchItem",
     "EvaluationConfig",
-    "EvaluationError",
     "FormatError",
     "ProtocolResult",
     "load_evaluation_config",

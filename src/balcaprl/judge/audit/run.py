@@ -60,7 +60,7 @@ def read_audit_items(
     the dataset folder (either split) by row id, by image path relative to the dataset, or by the
     image's absolute path; then a seeded sample of ``sample`` of them, in file order."""
     from balcaprl.data.format import read_split_rows
-    from balcaprl.judge.score import read_caption_file
+    from balcaprl.evaluate.score import read_caption_file
 
     root = Path(dataset)
     try:
