@@ -7,7 +7,6 @@ CapArena's free-text judgments, and the official image handling."""
 from __future__ import annotations
 
 import ast
-import html
 import io
 import json
 import random
@@ -87,10 +86,14 @@ def test_decapbench_is_read_as_published_and_bad_rows_are_refused_one_by_one(tmp
 # ----------------------------------------------------------------------------------------- DCScore, official
 
 
-def _fenced(text: str, tag: str) -> list[dict]:
-    """A JSON fact list from a request: the block's content, unescaped, read as the official layout."""
-    body = html.unescape(re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.S).group(1))
-    return ast.literal_eval(body.removeprefix("```json").removesuffix("```"))
+def _between(text: str, before: str, after: str) -> str:
+    """What the (placeholder) official template put between two of its lines: a slot's value as it is."""
+    return re.search(re.escape(before) + "\n(.*?)\n" + re.escape(after), text, re.S).group(1)
+
+
+def _fenced(text: str, before: str, after: str) -> list[dict]:
+    """A JSON fact list from a request, read as the official layout."""
+    return ast.literal_eval(_between(text, before, after).removeprefix("```json").removesuffix("```"))
 
 
 class OfficialDCScoreJudge:
@@ -108,7 +111,7 @@ class OfficialDCScoreJudge:
         assert call.system == FAKE_SYSTEM and call.schema_name is None  # free text, as the script asks
         if call.text.startswith("PLACEHOLDER-EXTRACT"):
             self.calls["extract"] += 1
-            caption = html.unescape(re.search(r"<caption>\n(.*?)\n</caption>", call.text, re.S).group(1))
+            caption = _between(call.text, "### Caption", "### Atomic Facts")
             if caption in self.garbled:
                 self.garbled.discard(caption)
                 return "Sorry, here are the facts: fact one, fact two."
@@ -116,15 +119,15 @@ class OfficialDCScoreJudge:
             return f"```json\n{items!r}\n```"  # a Python literal, as the official parser reads it first
         if call.text.startswith("PLACEHOLDER-MATCH"):
             self.calls["match"] += 1
-            predicted = _fenced(call.text, "predicted_atomic_facts")
-            oracle = _fenced(call.text, "oracle_atomic_facts")
+            predicted = _fenced(call.text, ">>> Set of Atomic Facts:", ">>> Oracle Set of Atomic Facts:")
+            oracle = _fenced(call.text, ">>> Oracle Set of Atomic Facts:", ">>> Matching Result:")
             assert oracle == [{"id": i, "fact": f} for i, f in enumerate(ORACLE)]  # 0-based, unstripped
             assert all("relevance" not in p for p in predicted)  # sent without relevance, as the script does
             answer = [{**p, "matched_oracle_id": self.matches.get(p["fact"])} for p in predicted]
             return "Matching:\n```json\n" + json.dumps(answer) + "\n```"  # null: the JSON fallback
         if call.text.startswith("PLACEHOLDER-VERIFY"):
             self.calls["verify"] += 1
-            facts = _fenced(call.text, "atomic_facts")
+            facts = _fenced(call.text + "<end>", ">>> Atomic Facts:", "<end>")
             return (
                 "```json\n"
                 + json.dumps([{**f, "verification": self.verified[f["fact"]]} for f in facts])
@@ -204,7 +207,7 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     assert image.format == "JPEG" and image.size == (1500, 40)
     assert verify.messages[1]["content"][0]["image_url"]["detail"] == "high"
     assert verify.temperature == 0.3 and verify.max_tokens == 2000
-    assert "<reference_caption>\nA red door.\nIt is on the left. \n</reference_caption>" in verify.text
+    assert ">>> Reference Caption:\nA red door.\nIt is on the left. \n>>> Atomic Facts:" in verify.text
     assert not next(c for c in handler.seen if c.text.startswith("PLACEHOLDER-MATCH")).images  # text only
 
     # A re-run is free (every sample, the unusable one included, is cached) and scores the same.
@@ -372,10 +375,8 @@ def test_captionqa_with_lmms_eval_task(tmp_path, eval_server):
         JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / "out", prompts=task
     )
     assert result.score == 100.0 and result.settings["prompts"]["kind"] == "official"
-    text = seen[0].text  # their layout, our escaped block, their cannot-answer option
-    assert text.startswith(
-        "PLACEHOLDER-QA caption:\n<caption>\nA round &lt;b&gt;thing&lt;/b&gt;.\n</caption>\n"
-    )
+    text = seen[0].text  # their layout, the caption as it is, their cannot-answer option
+    assert text.startswith("PLACEHOLDER-QA caption:\nA round <b>thing</b>.\nPLACEHOLDER question")
     assert "PLACEHOLDER none of these" in text and seen[0].max_tokens == 4
 
 
@@ -478,8 +479,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     def handler(call):
         seen.append(call)
         assert call.system.startswith("PLACEHOLDER-ARENA") and call.schema_name is None
-        first = html.unescape(re.search(r"<caption_1>\n(.*?)\n</caption_1>", call.text, re.S).group(1))
-        second = html.unescape(re.search(r"<caption_2>\n(.*?)\n</caption_2>", call.text, re.S).group(1))
+        first = _between(call.text, "PLACEHOLDER first:", "second:")
+        second = _between(call.text, "second:", "reference:")
         mine = next(k for k, v in ours.items() if v in (first, second))
         turns[mine] += 1
         if mine == "test_00000.jpg":  # a win for ours

@@ -257,6 +257,7 @@ class JudgeCaller:
         identity: dict[str, Any] | None = None,
         check: Callable[[Any], None] | None = None,
         extra_body: dict[str, Any] | None = None,
+        token_field: str = "max_completion_tokens",
     ) -> CallResult:
         """A structured answer validated against ``schema`` (strict json_schema ``response_format``
         named ``balcaprl_<kind>``). ``check(value)`` may raise ``ValueError`` for answers that
@@ -265,6 +266,7 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, schema=schema, check=check, temperature=temperature,
             max_tokens=max_tokens, trial=trial, identity=identity, extra_body=extra_body,
+            token_field=token_field,
         )  # fmt: skip
         return self._counted(result)
 
@@ -280,6 +282,7 @@ class JudgeCaller:
         accept: Callable[[str], None] | None = None,
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
+        token_field: str = "max_completion_tokens",
     ) -> CallResult:
         """A free-text answer (stripped; no ``response_format`` is sent). ``accept(text)`` may raise
         ``ValueError`` to have an unusable answer re-asked once (a ``schema_violation`` if it fails
@@ -290,6 +293,7 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, check=accept, temperature=temperature, max_tokens=max_tokens,
             trial=trial, identity=identity, extra_body=extra_body, truncated_ok=truncated_ok,
+            token_field=token_field,
         )  # fmt: skip
         return self._counted(result)
 
@@ -315,13 +319,17 @@ class JudgeCaller:
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
         stats: JudgeStats | None = None,
+        token_field: str = "max_completion_tokens",
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
         :attr:`stats`); the request itself is not counted (see :meth:`call_json`).
 
         ``messages`` may be a function that builds them, together with an ``identity``: it is called
-        only when a call is made (a cache hit or a shared call never needs the messages)."""
+        only when a call is made (a cache hit or a shared call never needs the messages).
+
+        ``token_field``: the name the answer's token budget goes under; ``max_tokens`` where a
+        benchmark's official request sends that older name (a server may read only one of them)."""
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
@@ -344,7 +352,7 @@ class JudgeCaller:
                 except (KeyError, TypeError, ValueError, ValidationError):
                     log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
             conversation = messages() if callable(messages) else messages
-            body = {"model": cfg.model, "messages": conversation, "max_completion_tokens": max_tokens}
+            body = {"model": cfg.model, "messages": conversation, token_field: max_tokens}
             if schema is not None:
                 body["response_format"] = json_response_format(schema, kind)
             if temperature is not None:
@@ -531,7 +539,7 @@ class Endpoint:
         classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
         runtime = self.runtime()
         cfg = self.config
-        max_tokens = body["max_completion_tokens"]
+        max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
         if runtime.rpm is not None:
             await runtime.rpm.acquire(1)
