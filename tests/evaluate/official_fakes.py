@@ -70,24 +70,24 @@ def format_json_input(input_list):
 
 
 extract_prompt = """PLACEHOLDER-EXTRACT: list the facts as {{"fact": ..., "relevance": 1}}.
-### Caption
+%% PLACEHOLDER caption:
 {caption}
-### Atomic Facts
+%% PLACEHOLDER list:
 """
 
 verify_prompt = """PLACEHOLDER-VERIFY: mark each fact's verification 1 or 0.
->>> Reference Caption:
+%% PLACEHOLDER reference:
 {reference_caption}
->>> Atomic Facts:
+%% PLACEHOLDER facts:
 {atomic_facts}
 """
 
 match_prompt = """PLACEHOLDER-MATCH: give each fact its matched_oracle_id or None.
->>> Set of Atomic Facts:
+%% PLACEHOLDER ours:
 {predicted_atomic_facts}
->>> Oracle Set of Atomic Facts:
+%% PLACEHOLDER theirs:
 {oracle_atomic_facts}
->>> Matching Result:
+%% PLACEHOLDER result:
 """
 
 raise SystemExit("this placeholder module must never be run")

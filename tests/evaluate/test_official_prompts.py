@@ -39,13 +39,13 @@ def test_decapbench_prompts_are_read_without_running_the_file(tmp_path):
     assert prompts.match.slots == ("predicted_atomic_facts", "oracle_atomic_facts")
     assert prompts.verify.slots == ("reference_caption", "atomic_facts")
     # the template keeps the official text and takes the value as it is, as the script's .format does
-    head = 'PLACEHOLDER-EXTRACT: list the facts as {"fact": ..., "relevance": 1}.\n### Caption\n'
+    head = 'PLACEHOLDER-EXTRACT: list the facts as {"fact": ..., "relevance": 1}.\n%% PLACEHOLDER caption:\n'
     assert prompts.extract.fill(caption=" A dog <b>& a cat</b>.\n") == (
-        head + " A dog <b>& a cat</b>.\n\n### Atomic Facts\n"
+        head + " A dog <b>& a cat</b>.\n\n%% PLACEHOLDER list:\n"
     )
     # with the guard, the value becomes an escaped data block
     assert prompts.extract.fill(caption="A dog <b>& a cat</b>.", guard=True) == (
-        head + "<caption>\nA dog &lt;b&gt;&amp; a cat&lt;/b&gt;.\n</caption>\n### Atomic Facts\n"
+        head + "<caption>\nA dog &lt;b&gt;&amp; a cat&lt;/b&gt;.\n</caption>\n%% PLACEHOLDER list:\n"
     )
     with pytest.raises(ValueError, match="needs exactly"):
         prompts.match.fill(predicted_atomic_facts="x")

@@ -194,7 +194,10 @@ def test_the_guard_is_an_option_recorded_and_not_comparable(tmp_path, capture):
                          prompts=prompts)  # fmt: skip
     extract = _user_text(_one(server.bodies(), "PLACEHOLDER-EXTRACT"))
     # cleaned, stripped and escaped in a data block
-    assert "### Caption\n<caption>\nA red &lt;b&gt;door&lt;/b&gt; &amp; an old cat.\n</caption>\n" in extract
+    assert (
+        "%% PLACEHOLDER caption:\n<caption>\nA red &lt;b&gt;door&lt;/b&gt; &amp; an old cat.\n</caption>\n"
+        in extract
+    )
     assert result.settings["guard"] is True and result.settings["prompts"]["change"] == OFFICIAL_TEXT_CHANGE
     assert departures(result.settings, {"guard": (False,)}) == ["guard=True (official: False)"]
 

@@ -111,7 +111,7 @@ class OfficialDCScoreJudge:
         assert call.system == FAKE_SYSTEM and call.schema_name is None  # free text, as the script asks
         if call.text.startswith("PLACEHOLDER-EXTRACT"):
             self.calls["extract"] += 1
-            caption = _between(call.text, "### Caption", "### Atomic Facts")
+            caption = _between(call.text, "%% PLACEHOLDER caption:", "%% PLACEHOLDER list:")
             if caption in self.garbled:
                 self.garbled.discard(caption)
                 return "Sorry, here are the facts: fact one, fact two."
@@ -119,15 +119,15 @@ class OfficialDCScoreJudge:
             return f"```json\n{items!r}\n```"  # a Python literal, as the official parser reads it first
         if call.text.startswith("PLACEHOLDER-MATCH"):
             self.calls["match"] += 1
-            predicted = _fenced(call.text, ">>> Set of Atomic Facts:", ">>> Oracle Set of Atomic Facts:")
-            oracle = _fenced(call.text, ">>> Oracle Set of Atomic Facts:", ">>> Matching Result:")
+            predicted = _fenced(call.text, "%% PLACEHOLDER ours:", "%% PLACEHOLDER theirs:")
+            oracle = _fenced(call.text, "%% PLACEHOLDER theirs:", "%% PLACEHOLDER result:")
             assert oracle == [{"id": i, "fact": f} for i, f in enumerate(ORACLE)]  # 0-based, unstripped
             assert all("relevance" not in p for p in predicted)  # sent without relevance, as the script does
             answer = [{**p, "matched_oracle_id": self.matches.get(p["fact"])} for p in predicted]
             return "Matching:\n```json\n" + json.dumps(answer) + "\n```"  # null: the JSON fallback
         if call.text.startswith("PLACEHOLDER-VERIFY"):
             self.calls["verify"] += 1
-            facts = _fenced(call.text + "<end>", ">>> Atomic Facts:", "<end>")
+            facts = _fenced(call.text + "<end>", "%% PLACEHOLDER facts:", "<end>")
             return (
                 "```json\n"
                 + json.dumps([{**f, "verification": self.verified[f["fact"]]} for f in facts])
@@ -207,7 +207,7 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     assert image.format == "JPEG" and image.size == (1500, 40)
     assert verify.messages[1]["content"][0]["image_url"]["detail"] == "high"
     assert verify.temperature == 0.3 and verify.max_tokens == 2000
-    assert ">>> Reference Caption:\nA red door.\nIt is on the left. \n>>> Atomic Facts:" in verify.text
+    assert "%% PLACEHOLDER reference:\nA red door.\nIt is on the left. \n%% PLACEHOLDER facts:" in verify.text
     assert not next(c for c in handler.seen if c.text.startswith("PLACEHOLDER-MATCH")).images  # text only
 
     # A re-run is free (every sample, the unusable one included, is cached) and scores the same.
