@@ -38,10 +38,12 @@ import asyncio
 import inspect
 import io
 import itertools
+import math
+import random
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,8 +66,10 @@ __all__ = [
     "FAULTS",
     "FaultScript",
     "GenericCall",
+    "AttemptTiming",
     "GenericHandler",
     "JudgeServer",
+    "LatencyModel",
     "ServerCounters",
     "create_app",
     "serve_forever",
@@ -388,9 +392,11 @@ def create_app(
     api_key: str | None = None,
     counters: ServerCounters | None = None,
     handler: GenericHandler | None = None,
+    latency: LatencyModel | None = None,
 ):
     """The FastAPI app serving ``judge`` (verdict calls) and ``handler`` (generic calls; see the
-    module docstring). ``api_key``: when set, requests must carry it (else 401)."""
+    module docstring). ``api_key``: when set, requests must carry it (else 401). ``latency``: answer
+    at a real endpoint's speed (:class:`LatencyModel`; ``POST /latency/reset``, ``GET /latency``)."""
     faults = faults or FaultScript()
     counters = counters or ServerCounters()
     app = FastAPI(title="balcaprl judge server", docs_url=None, redoc_url=None, openapi_url=None)
@@ -421,10 +427,27 @@ def create_app(
 
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
+    if latency is not None:
+
+        @app.get("/latency")
+        async def latency_counts() -> dict[str, int]:
+            return latency.as_dict()
+
+        @app.post("/latency/reset")
+        async def latency_reset() -> dict[str, int]:
+            latency.reset()
+            return latency.as_dict()
+
+    async def _timed(text: str, response: Response) -> Response:
+        return response if latency is None else await latency.deliver(text, response)
+
     async def _handle(request: Request):
         authorization = request.headers.get("authorization", "")
         if api_key is not None and authorization != f"Bearer {api_key}":
             return _error(401, "invalid API key", "invalid_request_error")
+        over_rate = latency.admit() if latency is not None else None
+        if over_rate is not None:
+            return over_rate
         try:
             body = orjson.loads(await request.body())  # orjson's errors are ValueErrors
             if not isinstance(body, dict):
@@ -442,7 +465,7 @@ def create_app(
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
         if call is not None:
-            return await _handle_generic(call, authorization)
+            return await _timed(call.text, await _handle_generic(call, authorization))
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
@@ -458,7 +481,7 @@ def create_app(
 
         answer = await _answer(judge, kind, rubric, parsed, body["messages"])
         if isinstance(answer, JudgeFailure):
-            return _failure_response(answer, model, prompt_tokens)
+            return await _timed(text, _failure_response(answer, model, prompt_tokens))
         if name == "schema_violation":
             if "clarity" in answer:
                 answer["clarity"] = 11
@@ -470,7 +493,9 @@ def create_app(
         if name == "skip_ids" and "reference_coverage" in answer:
             marks = answer["reference_coverage"]
             answer["reference_coverage"] = marks[: len(marks) // 2]
-        return _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
+        return await _timed(
+            text, _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
+        )
 
     async def _handle_generic(call: GenericCall, authorization: str):
         counters.by_kind[call.kind or "generic"] += 1
@@ -540,6 +565,117 @@ def create_app(
     return app
 
 
+# ----------------------------------------------------------------------------------------------------
+# The latency model: a judge at a real endpoint's speed (issue 24; kept apart from the fault script).
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptTiming:
+    """When one attempt's answer arrives: nothing for ``first_byte_s``, then the body in pieces until
+    ``total_s``; a ``stalled`` attempt sends nothing at all (the client must give up on it)."""
+
+    first_byte_s: float
+    total_s: float
+    stalled: bool
+
+
+@dataclass
+class LatencyModel:
+    """How long a judge takes, per attempt, deterministically from ``(seed, text, attempt number)``.
+
+    The time to the first byte is ``first_byte_s``; the answer then trickles in ``chunks`` pieces for
+    ``per_char_s`` per character of the caption (a judge's answer restates the caption's assertions,
+    so its decode time grows with the caption); both are multiplied by one lognormal factor
+    ``exp(sigma * z)`` (``sigma`` 0.7: p99 about 5x the median). With probability ``stall_p`` an
+    attempt stalls: nothing is sent for ``stall_s`` (longer than any timeout). Above ``rpm_cap``
+    requests in the last minute the answer is 429 with ``retry-after`` (the request is not served and
+    draws no latency). ``time_scale`` divides every duration, and the minute of ``rpm_cap`` too, so
+    a benchmark runs a real endpoint's shape 10x faster. ``trickle_bytes_per_s`` instead sends the
+    body at that rate after the first byte (an answer that trickles in forever).
+
+    The n-th attempt at a text (counted here, :meth:`reset` between benchmark runs) always gets the
+    n-th draw, so two schedules that send the same captions see the same first-attempt latencies.
+    """
+
+    seed: int = 0
+    time_scale: float = 1.0
+    first_byte_s: float = 1.0
+    per_char_s: float = 0.008
+    sigma: float = 0.7
+    stall_p: float = 0.0
+    stall_s: float = 3600.0
+    rpm_cap: int | None = None
+    chunks: int = 8
+    trickle_bytes_per_s: float | None = None
+    served: int = 0
+    stalls: int = 0
+    rate_limited: int = 0
+    _attempts: Counter = field(default_factory=Counter, repr=False)
+    _admitted: deque = field(default_factory=deque, repr=False)
+
+    def timing(self, text: str, attempt: int) -> AttemptTiming:
+        """The ``attempt``-th (0-based) attempt at ``text``: a pure function of the model's fields."""
+        draw = random.Random(f"{self.seed}|{attempt}|{text}")
+        factor = math.exp(self.sigma * draw.gauss(0.0, 1.0))
+        stalled = draw.random() < self.stall_p
+        first = self.first_byte_s * factor / self.time_scale
+        total = first + self.per_char_s * len(text) * factor / self.time_scale
+        return AttemptTiming(first, total, stalled)
+
+    def reset(self) -> None:
+        self._attempts.clear()
+        self._admitted.clear()
+        self.served = self.stalls = self.rate_limited = 0
+
+    def admit(self) -> Response | None:
+        """None when the request is within ``rpm_cap``, else the 429 to answer."""
+        if self.rpm_cap is None:
+            return None
+        now, minute = time.monotonic(), 60.0 / self.time_scale
+        while self._admitted and self._admitted[0] <= now - minute:
+            self._admitted.popleft()
+        if len(self._admitted) < self.rpm_cap:
+            self._admitted.append(now)
+            return None
+        self.rate_limited += 1
+        wait = self._admitted[0] + minute - now
+        return _error(
+            429, "rate limit reached for requests per minute (latency model)", "rate_limit_error",
+            {"retry-after-ms": str(max(1, int(wait * 1000)))},
+        )  # fmt: skip
+
+    async def deliver(self, text: str, response: Response) -> Response:
+        """``response`` (a ready, non-streamed one) as this model sends it for the next attempt at
+        ``text``: held until its first byte, then its body trickled."""
+        timing = self.timing(text, self._attempts[text])
+        self._attempts[text] += 1
+        self.served += 1
+        if timing.stalled:
+            self.stalls += 1
+            await asyncio.sleep(self.stall_s)
+        await asyncio.sleep(timing.first_byte_s)
+        body = bytes(response.body)
+        if self.trickle_bytes_per_s is not None:
+            pieces, gap = [body[i : i + 1] for i in range(len(body))], 1.0 / self.trickle_bytes_per_s
+        else:
+            size = -(-len(body) // max(1, self.chunks))
+            pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+            gap = (timing.total_s - timing.first_byte_s) / max(1, len(pieces) - 1)
+
+        async def trickle():
+            for i, piece in enumerate(pieces):
+                if i:
+                    await asyncio.sleep(gap)
+                yield piece
+
+        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+        return StreamingResponse(trickle(), status_code=response.status_code, headers=headers)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"served": self.served, "stalls": self.stalls, "rate_limited": self.rate_limited}
+
+
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -574,10 +710,14 @@ class JudgeServer:
         api_key: str | None = None,
         log_level: str = "critical",
         handler: GenericHandler | None = None,
+        latency: LatencyModel | None = None,
     ):
         self.counters = ServerCounters()
         self.faults = faults or FaultScript()
-        self._app = create_app(judge, self.faults, api_key=api_key, counters=self.counters, handler=handler)
+        self.latency = latency
+        self._app = create_app(
+            judge, self.faults, api_key=api_key, counters=self.counters, handler=handler, latency=latency
+        )
         self._host, self._port, self._log_level = host, port, log_level
         self._server = None
         self._thread: threading.Thread | None = None
@@ -625,11 +765,13 @@ def serve_forever(
     on_ready: Callable[[str], None] = print,
     log_level: str = "warning",
     handler: GenericHandler | None = None,
+    latency: LatencyModel | None = None,
 ) -> None:
     """Serve in the foreground until interrupted (the `judge serve` command); ``on_ready(base_url)``
     is called once the socket is bound, so scripts can read the port when 0 was asked for."""
     sock = _bind(host, port)
     base_url = f"http://{host}:{sock.getsockname()[1]}/v1"
-    server = _uvicorn_server(create_app(judge, faults, api_key=api_key, handler=handler), log_level)
+    app = create_app(judge, faults, api_key=api_key, handler=handler, latency=latency)
+    server = _uvicorn_server(app, log_level)
     on_ready(base_url)
     server.run(sockets=[sock])
