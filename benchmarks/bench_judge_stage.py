@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -326,14 +327,15 @@ def main() -> None:
         "--concurrency", type=int, default=256, help="judge calls in flight, whole run (recipe)"
     )
     parser.add_argument(
-        "--overlap-concurrency", type=int, default=2048,
-        help="judge calls in flight for the overlapped schedules (all of a step's calls)",
+        "--overlap-concurrency", type=int, default=512,
+        help="judge calls in flight for the overlapped schedules, whole run",
     )  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=60.0, help="per attempt, real seconds (recipe)")
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server too (the finally below)
     scale = args.time_scale
     model = LatencyModel(seed=24, time_scale=scale, stall_p=args.stall_p, rpm_cap=args.rpm_cap)
     server, base_url = _start_server(model)

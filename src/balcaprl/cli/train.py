@@ -92,6 +92,7 @@ def train(
         judge_config,
         image_root=Path(recipe.data.path).expanduser().resolve(),
         processes=processes.num_processes,
+        rollouts=True,
     )
     # Before any model is loaded: the model's path, the data, and a run folder that may be written.
     from balcaprl.model_paths import check_model_path

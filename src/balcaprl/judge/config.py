@@ -121,6 +121,14 @@ class JudgeConfig(Section):
         None, description="USD per 1M prompt/completion tokens, for cost estimates; null = no estimate."
     )
 
+    # -- the judge in training (issue 24, judge-speed) --
+    cache_rollouts: bool = Field(
+        False,
+        description="Use the verdict cache for RL rollouts too. Off by default: sampled rollouts almost never "
+        "repeat, so a training run would pay a cache write per call for no hits (and a cache on a shared "
+        "filesystem is unsafe for SQLite across hosts). Evaluation and re-scoring always use the cache.",
+    )
+
     @field_validator("cache_path")
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:

@@ -13,7 +13,7 @@ import asyncio
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import openai
@@ -24,7 +24,7 @@ from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.config import JudgeConfig
 from balcaprl.judge.connections import http_client, retire
 from balcaprl.judge.inflight import InFlight
-from balcaprl.judge.tokens import approx_prompt_tokens
+from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
 from balcaprl.judge.transport import CallAnswer, call_endpoint
 
 __all__ = ["Endpoint"]
@@ -43,6 +43,7 @@ class _Runtime:
     tpm: AsyncLimiter | None
     inflight: InFlight
     calls_started: int = 0
+    completion_budget: CompletionBudget = field(default_factory=CompletionBudget)
 
     def next_client(self) -> openai.AsyncOpenAI:
         self.calls_started += 1
@@ -127,8 +128,10 @@ class Endpoint:
         if runtime.rpm is not None:
             await runtime.rpm.acquire(1)
         if runtime.tpm is not None:
-            # Providers count max_tokens against the token budget up front; so do we.
-            await runtime.tpm.acquire(min(self.estimate_tokens(messages) + max_tokens, cfg.tokens_per_minute))
+            # What a call really uses: its prompt at the model's image rate and a realistic answer
+            # (reserving the whole max_tokens paced the client at a fraction of its budget).
+            reserve = runtime.completion_budget.reserve(max_tokens)
+            await runtime.tpm.acquire(min(self.estimate_tokens(messages) + reserve, cfg.tokens_per_minute))
         async with runtime.semaphore:
             start = time.perf_counter()
             answer = await call_endpoint(
@@ -146,12 +149,13 @@ class Endpoint:
             )
             latency = time.perf_counter() - start
         stats.record_call(latency, answer.prompt_tokens, answer.completion_tokens)
+        runtime.completion_budget.observe(answer.completion_tokens)
         return answer
 
     def estimate_tokens(self, messages: list[dict[str, Any]]) -> int:
         """The prompt tokens the token limiter budgets for ``messages`` (every image at most
-        ``max_image_side`` on each side, see :mod:`balcaprl.judge.tokens`)."""
-        return approx_prompt_tokens(messages, self.config.max_image_side)
+        ``max_image_side`` on each side, at the model's image rate: see :mod:`balcaprl.judge.tokens`)."""
+        return approx_prompt_tokens(messages, self.config.max_image_side, self.config.model)
 
     async def aclose(self) -> None:
         if self._finalizer is not None:

@@ -271,8 +271,9 @@ def _completion(
     }
 
 
-def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes]) -> int:
-    """The client's own estimate (:mod:`balcaprl.judge.tokens`), with the largest image received."""
+def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes], model: str | None = None) -> int:
+    """The client's own estimate (:mod:`balcaprl.judge.tokens`), with the largest image received, at
+    the requested model's image rate."""
     side = 0
     for data in images:
         try:
@@ -280,7 +281,7 @@ def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes]) -> int:
                 side = max(side, *image.size)
         except (UnidentifiedImageError, OSError, ValueError):
             continue
-    return approx_prompt_tokens(messages, side)
+    return approx_prompt_tokens(messages, side, model)
 
 
 def _rubric(parsed: ParsedJudgeMessages, named: str | None) -> str:
@@ -471,7 +472,7 @@ def create_app(
         counters.by_text[text] += 1
         if kind == "coverage_missing":
             counters.followup_ids.append(followup_ids(body["messages"]))
-        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image] if parsed.image else [])
+        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image] if parsed.image else [], model)
 
         fault = faults.next_fault(text)
         name, _, arg = fault.partition(":")
@@ -500,7 +501,7 @@ def create_app(
     async def _handle_generic(call: GenericCall, authorization: str):
         counters.by_kind[call.kind or "generic"] += 1
         counters.by_text[call.text] += 1
-        prompt_tokens = _prompt_tokens(call.messages, call.images)
+        prompt_tokens = _prompt_tokens(call.messages, call.images, call.model)
         fault = faults.next_fault(call.text)
         name, _, arg = fault.partition(":")
         early = await _transport_fault(name, arg, call.model, prompt_tokens, authorization)

@@ -17,15 +17,20 @@ asked to the rewards ready (the part of the judge the step waits for).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from collections import defaultdict, deque
-from collections.abc import Hashable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest
+from balcaprl.train.rewards import caption_text, judge_usage
 
-__all__ = ["EarlyJudge", "StepTimes", "request_key"]
+__all__ = ["EarlyJudge", "JudgeOverlapMixin", "StepTimes", "request_key", "requests_for"]
+
+logger = logging.getLogger(__name__)
 
 
 def request_key(request: JudgeRequest) -> Hashable:
@@ -59,21 +64,29 @@ class EarlyJudge:
     ``loop``: the event loop the reward functions run on (TRL's ``async_loop``); :meth:`start` hands
     requests to it thread-safely. The requests started since the last loop iteration go to the
     wrapped judge as one batch (a rollout engine finishing rollouts one by one makes small batches).
-    ``stats``: the accounting of the answers handed out (when the wrapped judge has
-    ``judge_batch_with_stats``), so a step's usage counts the calls it used, whenever they ran.
+    :meth:`usage`: the accounting of the answers handed out, so a step's usage deltas count the
+    calls it used, whenever they ran (exact for a judge with ``judge_batch_with_stats``; for another
+    judge, each batch's difference of its cumulative ``usage``).
     """
 
     def __init__(self, judge: Judge, loop: asyncio.AbstractEventLoop | None = None):
         self.judge = judge
         self.loop = loop
         self.stats = JudgeStats()
-        self.config = getattr(judge, "config", None)  # prices for judge_usage
+        self._usage: Counter[str] = Counter()  # judges without judge_batch_with_stats
+        self.config = getattr(judge, "config", None)  # its prices, for judge_usage
         self._started: dict[Hashable, deque[asyncio.Future]] = defaultdict(deque)
         self._first_start: float | None = None
         self._last_times = StepTimes(0.0, 0.0)
 
     def __repr__(self) -> str:
         return f"EarlyJudge({self.judge!r})"
+
+    def usage(self) -> dict[str, float]:
+        if self._usage:
+            return dict(self._usage)
+        prices = getattr(self.config, "price_per_million_tokens", None)
+        return {k: float(v) for k, v in self.stats.as_dict(prices).items() if isinstance(v, int | float)}
 
     # -- starting calls early ---------------------------------------------------------------------
 
@@ -85,7 +98,14 @@ class EarlyJudge:
             raise RuntimeError("EarlyJudge.start needs the reward functions' event loop (loop=...)")
         if self._first_start is None:
             self._first_start = time.perf_counter()
-        self.loop.call_soon_threadsafe(self._launch, list(requests))
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:  # another thread (the trainer's): no running loop there
+            on_loop = False
+        if on_loop:  # at once, so a judge_batch right after finds them
+            self._launch(list(requests))
+        else:  # before anything submitted to the loop after this call (TRL's reward functions)
+            self.loop.call_soon_threadsafe(self._launch, list(requests))
 
     def _launch(self, requests: list[JudgeRequest]) -> None:
         futures = [self.loop.create_future() for _ in requests]  # type: ignore[union-attr]
@@ -95,23 +115,32 @@ class EarlyJudge:
 
     async def _judge_into(self, requests: list[JudgeRequest], futures: list[asyncio.Future]) -> None:
         try:
-            outcomes, stats = await self._judge(requests)
-        except BaseException as error:  # the reward functions see the judge's exception, as without overlap
+            outcomes, spent = await self._judge(requests)
+        except Exception as error:  # the reward functions see the judge's exception, as without overlap
             for future in futures:
                 if not future.done():
                     future.set_exception(error)
-            if not isinstance(error, Exception):
-                raise
             return
         for future, outcome in zip(futures, outcomes, strict=True):
-            future.set_result((outcome, stats))
+            if not future.done():  # a future dropped by forget_started is cancelled
+                future.set_result((outcome, spent))
+                spent = None  # a batch's cost, counted once
 
-    async def _judge(self, requests: list[JudgeRequest]) -> tuple[list[JudgeOutcome], JudgeStats | None]:
+    async def _judge(self, requests: list[JudgeRequest]) -> tuple[list[JudgeOutcome], JudgeStats | Counter]:
         with_stats = getattr(self.judge, "judge_batch_with_stats", None)
         if with_stats is not None:
             result = await with_stats(requests)
             return list(result.outcomes), result.stats
-        return list(await self.judge.judge_batch(requests)), None
+        before = judge_usage(self.judge)
+        outcomes = list(await self.judge.judge_batch(requests))
+        after = judge_usage(self.judge)
+        return outcomes, Counter({k: v - before.get(k, 0.0) for k, v in after.items()})
+
+    def _account(self, spent: JudgeStats | Counter | None) -> None:
+        if isinstance(spent, JudgeStats):
+            self.stats.merge(spent)
+        elif spent is not None:
+            self._usage.update(spent)
 
     # -- the Judge protocol -----------------------------------------------------------------------
 
@@ -128,20 +157,16 @@ class EarlyJudge:
                 fresh.append(request)
         fresh_outcomes: list[JudgeOutcome] = []
         if fresh:
-            fresh_outcomes, stats = await self._judge(fresh)
-            if stats is not None:
-                self.stats.merge(stats)
-        merged: set[int] = set()
+            fresh_outcomes, spent = await self._judge(fresh)
+            self._account(spent)
         outcomes: list[JudgeOutcome] = []
         next_fresh = iter(fresh_outcomes)
         for future in waiting:
             if future is None:
                 outcomes.append(next(next_fresh))
                 continue
-            outcome, stats = await future
-            if stats is not None and id(stats) not in merged:  # one batch's stats, once
-                merged.add(id(stats))
-                self.stats.merge(stats)
+            outcome, spent = await future
+            self._account(spent)
             outcomes.append(outcome)
         done = time.perf_counter()
         self._last_times = StepTimes(done - first, done - asked)
@@ -153,8 +178,89 @@ class EarlyJudge:
         return self._last_times
 
     def forget_started(self) -> int:
-        """Drop calls started but never asked for (a step that failed before its rewards); how many."""
-        dropped = sum(len(queue) for queue in self._started.values())
+        """Drop the calls started but never asked for (a step that failed before its rewards, or
+        requests the reward functions built differently); how many. Called before each batch."""
+        dropped = 0
+        for queue in self._started.values():
+            for future in queue:
+                dropped += 1
+                future.cancel()
         self._started.clear()
         self._first_start = None
         return dropped
+
+
+# ------------------------------------------------------------------------------------------------
+# The TRL trainer's side: a mixin for GRPOTrainer subclasses (BalancedGRPOTrainer).
+# ------------------------------------------------------------------------------------------------
+
+
+def requests_for(
+    scorer: Any, inputs: Sequence[Mapping[str, Any]], completions: Sequence[Any]
+) -> list[JudgeRequest]:
+    """The requests the scorer's reward functions will send for these rows and completions (the same
+    columns TRL passes them, the same caption text and rubric)."""
+    return [
+        JudgeRequest(
+            image=row[scorer.image_column],
+            caption=caption_text(completion),
+            reference=row[scorer.reference_column],
+            rubric=scorer.rubric,
+        )  # fmt: skip
+        for row, completion in zip(inputs, completions, strict=True)
+    ]
+
+
+class JudgeOverlapMixin:
+    """Judging overlapped with TRL's generation, and the judge's share of each step in the metrics.
+
+    With ``judge_overlap`` on, the scorer's judge is wrapped in an :class:`EarlyJudge` and the batch's
+    judge calls start as soon as ``_generate`` returns the completions: before the old-log-prob
+    forward, the reference model and the padding that ``_generate_and_score_completions`` does next.
+    Off, nothing changes but the metrics. Either way each step logs ``judge/wall_s`` (first call
+    started to rewards ready) and ``judge/exposed_s`` (reward functions called to rewards ready).
+    """
+
+    scorer: Any
+    _judge_inputs: Sequence[Mapping[str, Any]] | None = None
+    early_judge: EarlyJudge | None = None
+
+    def _install_judge_overlap(self, enabled: bool) -> None:
+        """Call after ``GRPOTrainer.__init__`` (it starts the reward event loop)."""
+        loop = getattr(self, "async_loop", None)
+        if enabled and loop is not None:
+            self.early_judge = EarlyJudge(self.scorer.judge, loop)
+            self.scorer.judge = self.early_judge
+
+    def _generate_and_score_completions(self, inputs):
+        if self.early_judge is not None:
+            dropped = self.early_judge.forget_started()
+            if dropped:
+                logger.warning(
+                    "judge overlap: %d calls started for the previous batch were never used", dropped
+                )
+        self._judge_inputs = inputs
+        try:
+            return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
+        finally:
+            self._judge_inputs = None
+
+    def _generate(self, prompts):
+        output = super()._generate(prompts)  # type: ignore[misc]
+        inputs, completions = self._judge_inputs, output[3]
+        if self.early_judge is not None and inputs is not None and len(inputs) == len(completions):
+            self.early_judge.start(requests_for(self.scorer, inputs, completions))
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        asked = time.perf_counter()
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+        if self.early_judge is not None:
+            times = self.early_judge.step_times()
+        else:
+            elapsed = time.perf_counter() - asked
+            times = StepTimes(elapsed, elapsed)
+        metrics = self._metrics["train" if self.model.training else "eval"]  # type: ignore[attr-defined]
+        metrics["judge/wall_s"].append(times.wall_s)
+        metrics["judge/exposed_s"].append(times.exposed_s)
+        return rewards

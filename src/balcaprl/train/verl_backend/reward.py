@@ -178,7 +178,7 @@ def _build_judge(settings: RewardSettings):
                 "tokens_per_minute": share(config.tokens_per_minute),
             }
         )
-    return build_judge(config, image_root=settings.image_root)
+    return build_judge(config, image_root=settings.image_root, rollouts=True)
 
 
 class _RolloutScorer(SharedVerdictScorer):
