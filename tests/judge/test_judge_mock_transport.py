@@ -1,5 +1,5 @@
-"""Unit cases through the SDK with an ``httpx2.MockTransport``: what goes on the wire, and how each
-kind of answer is classified."""
+"""Unit cases over real HTTP against a loopback server that answers from a script: what goes on the
+wire, and how each kind of answer is classified."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import json
 import time
 
-import httpx2
 import pytest
+from aiohttp import web
 from judge_testkit import CAPTION, REFERENCE, config, request
 
 from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
@@ -44,40 +44,58 @@ def completion(content=None, finish_reason="stop", refusal=None, usage=(120, 30)
     }
 
 
-def judge_with(responses, **overrides):
-    """A judge whose HTTP calls are answered in order by ``responses`` (dicts, or (status, headers, body))."""
-    seen: list[dict] = []
-    queue = list(responses)
+class ScriptedAnswers:
+    """A loopback HTTP server answering chat completions in order from ``responses`` (dicts, raw
+    bytes, or (status, headers, body)); it records every request body it receives."""
 
-    def handler(req: httpx2.Request) -> httpx2.Response:
-        seen.append(json.loads(req.content))
-        item = queue.pop(0)
+    def __init__(self, responses):
+        self.queue, self.seen, self.runner = list(responses), [], None
+
+    async def handle(self, req: web.Request) -> web.Response:
+        self.seen.append(json.loads(await req.read()))
+        item = self.queue.pop(0)
         if isinstance(item, bytes):
-            return httpx2.Response(200, content=item, headers={"content-type": "application/json"})
+            return web.Response(body=item, content_type="application/json")
         if isinstance(item, tuple):
             status, headers, body = item
-            return httpx2.Response(status, headers=headers, json=body)
-        return httpx2.Response(200, json=item)
+            return web.json_response(body, status=status, headers=headers)
+        return web.json_response(item)
 
-    client = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
-    judge = OpenAICompatibleJudge(config("http://judge.invalid/v1", **overrides), http_client=client)
-    return judge, seen
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
 
 
-def judge_one(judge, req=None):
+def judge_with(responses, **overrides):
+    """A judge factory and the server whose scripted answers it will get (see :func:`judge_one`)."""
+    server = ScriptedAnswers(responses)
+    return (lambda base_url: OpenAICompatibleJudge(config(base_url, **overrides))), server
+
+
+def judge_one(judge_and_server, req=None):
+    make_judge, server = judge_and_server
+
     async def go():
+        judge = make_judge(await server.start())
         try:
             return await judge.judge_batch_with_stats([req or request()])
         finally:
             await judge.aclose()
+            await server.runner.cleanup()
 
     return asyncio.run(go())
 
 
 def test_request_body_structured_output_sampling_and_layout():
-    judge, seen = judge_with([completion(json.dumps(VERDICT))], temperature=0.0, max_tokens=777)
-    result = judge_one(judge)
-    (body,) = seen
+    scripted = judge_with([completion(json.dumps(VERDICT))], temperature=0.0, max_tokens=777)
+    result = judge_one(scripted)
+    (body,) = scripted[1].seen
     assert body["model"] == "scripted"
     assert body["temperature"] == 0.0 and body["max_completion_tokens"] == 777
     fmt = body["response_format"]
@@ -101,17 +119,17 @@ def test_request_body_structured_output_sampling_and_layout():
 
 
 def test_null_temperature_is_omitted():
-    judge, seen = judge_with([completion(json.dumps(VERDICT))], temperature=None)
-    judge_one(judge)
-    assert "temperature" not in seen[0]
+    scripted = judge_with([completion(json.dumps(VERDICT))], temperature=None)
+    judge_one(scripted)
+    assert "temperature" not in scripted[1].seen[0]
 
 
 def test_reask_carries_the_rejected_answer_and_the_problem():
     bad = dict(VERDICT, clarity=0)
-    judge, seen = judge_with([completion(json.dumps(bad)), completion(json.dumps(VERDICT))])
-    result = judge_one(judge)
+    scripted = judge_with([completion(json.dumps(bad)), completion(json.dumps(VERDICT))])
+    result = judge_one(scripted)
     assert isinstance(result.outcomes[0], Judgement)
-    first, second = seen
+    first, second = scripted[1].seen
     assert len(second["messages"]) == len(first["messages"]) + 2
     assert second["messages"][-2] == {"role": "assistant", "content": json.dumps(bad)}
     assert (
@@ -141,22 +159,22 @@ def test_reask_carries_the_rejected_answer_and_the_problem():
     ],
 )
 def test_answers_are_classified(answers, reason):
-    judge, seen = judge_with(answers)
-    result = judge_one(judge)
+    scripted = judge_with(answers)
+    result = judge_one(scripted)
     (outcome,) = result.outcomes
     assert isinstance(outcome, JudgeFailure) and outcome.reason == reason
-    assert len(seen) == len(answers)  # exactly one re-ask for invalid answers, none otherwise
+    assert len(scripted[1].seen) == len(answers)  # exactly one re-ask for invalid answers, none otherwise
 
 
-def test_retry_after_is_honoured_by_the_sdk():
-    judge, seen = judge_with(
+def test_retry_after_is_honoured():
+    scripted = judge_with(
         [(429, {"retry-after": "0.3"}, {"error": {"message": "slow down"}}), completion(json.dumps(VERDICT))],
         max_retries=1,
     )
     start = time.perf_counter()
-    result = judge_one(judge)
+    result = judge_one(scripted)
     assert isinstance(result.outcomes[0], Judgement)
-    assert len(seen) == 2 and time.perf_counter() - start >= 0.3
+    assert len(scripted[1].seen) == 2 and time.perf_counter() - start >= 0.3
 
 
 def test_rate_limiters_are_acquired_per_call(monkeypatch):
@@ -169,10 +187,10 @@ def test_rate_limiters_are_acquired_per_call(monkeypatch):
         async def acquire(self, amount=1):
             acquired.append((self.max_rate, amount))
 
-    monkeypatch.setattr("balcaprl.judge.endpoint.AsyncLimiter", RecordingLimiter)
-    judge, _ = judge_with([completion(json.dumps(VERDICT))], requests_per_minute=500, tokens_per_minute=3000,
+    monkeypatch.setattr("balcaprl.judge.calls.AsyncLimiter", RecordingLimiter)
+    scripted = judge_with([completion(json.dumps(VERDICT))], requests_per_minute=500, tokens_per_minute=3000,
                           max_tokens=1000)  # fmt: skip
-    judge_one(judge)
+    judge_one(scripted)
     rpm = [a for a in acquired if a[0] == 500]
     tpm = [a for a in acquired if a[0] == 3000]
     assert rpm == [(500, 1)]

@@ -158,7 +158,7 @@ def test_a_schema_that_contradicts_the_system_message_is_refused(judge_server):
     async def go(rubric):
         async with JudgeCaller(config(server.base_url)) as caller:
             return await caller.call_json(
-                messages, verdict_schema(rubric), kind=judge_call_kind("verdict", rubric)
+                messages, verdict_schema(rubric), kind=judge_call_kind("verdict", rubric), temperature=0.0
             )
 
     assert asyncio.run(go("training")).ok

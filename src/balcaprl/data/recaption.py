@@ -14,7 +14,7 @@ that removes the route by which non-pointable inferences earn recall (docs/rubri
 Everything about the call comes from ``balcaprl.judge`` (nothing of it is rewritten here): the judge
 config (endpoint, API-key variable, concurrency, rate limits, timeouts, SDK retries, sampling,
 ``max_image_side``, cache path, prices) and :class:`~balcaprl.judge.calls.JudgeCaller`, whose free-text
-``call_text`` brings the SDK clients, the concurrency bound, the rate limiters, the sqlite cache, the
+``call_text`` brings the HTTP session, the concurrency bound, the rate limiters, the sqlite cache, the
 accounting (:class:`~balcaprl.judge.JudgeStats`) and the classification of failures into
 :class:`~balcaprl.judge.JudgeFailure` reasons; :class:`~balcaprl.judge.images.ImageLoader`
 (downscaling, hashing, refusing paths out of the dataset), the ``recaption`` rubric and
@@ -137,7 +137,8 @@ class Recaptioner:
 
     def key(self, image_sha256: str, prompt: str) -> str:
         """The cache key of one call: everything that changes the answer."""
-        return self.caller.key("recaption", identity=self._identity(image_sha256, prompt))
+        identity = self._identity(image_sha256, prompt)
+        return self.caller.key("recaption", identity=identity, temperature=self.config.temperature)
 
     async def recaption(
         self, image: Path | str, prompt: str, image_sha256: str | None = None
@@ -166,6 +167,7 @@ class Recaptioner:
             build_recaption_messages(self.rubric, prepared, prompt),
             kind="recaption",
             identity=self._identity(prepared.sha256, prompt),
+            temperature=self.config.temperature,
         )
         return result.key, RecaptionOutcome(
             result.value,

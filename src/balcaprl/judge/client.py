@@ -39,7 +39,7 @@ import torch
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache
-from balcaprl.judge.calls import USE_CONFIG, JudgeCaller, prompt_identity
+from balcaprl.judge.calls import JudgeCaller, prompt_identity, redact
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError
 from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
@@ -56,7 +56,6 @@ from balcaprl.judge.schemas import (
     to_verdict,
     verdict_schema,
 )
-from balcaprl.judge.transport import redact
 from balcaprl.rewards import Verdict
 from balcaprl.rewards.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 
@@ -83,9 +82,8 @@ class OpenAICompatibleJudge:
     """A :class:`~balcaprl.judge.protocol.Judge` backed by any OpenAI-compatible chat endpoint.
 
     ``image_root``: resolve relative image paths against it and refuse paths that leave it.
-    ``cache``: a :class:`JudgeCache`, ``None`` for no cache, or (default) the one ``config.cache_path``
-    names; closed with the judge. ``http_client``: an ``httpx2.AsyncClient`` for the SDK (tests use a
-    mock transport).
+    The cache is the one ``config.cache_path`` names (none when it is null), closed with the judge.
+    ``http_client``: an ``aiohttp.ClientSession`` to send through (its owner closes it).
     """
 
     def __init__(
@@ -93,11 +91,10 @@ class OpenAICompatibleJudge:
         config: JudgeConfig,
         *,
         image_root: Path | str | None = None,
-        cache: JudgeCache | None | Any = USE_CONFIG,
         http_client: Any = None,
     ):
         self.config = config
-        self._calls = JudgeCaller(config, cache=cache, image_root=image_root, http_client=http_client)
+        self._calls = JudgeCaller(config, image_root=image_root, http_client=http_client)
         self._endpoint = self._calls.endpoint
         self.cache: JudgeCache | None = self._calls.cache
         self.images = self._calls.images
@@ -234,6 +231,7 @@ class OpenAICompatibleJudge:
         result = await self._calls.call(
             lambda: build_judge_messages(rubric, image, reference=reference, caption=caption),
             kind=judge_call_kind("verdict", rubric.name), schema=verdict_schema(rubric.name), stats=stats,
+            temperature=self.config.temperature,
             identity=self._identity(rubric, image, reference=reference, caption=caption),
         )  # fmt: skip
         stats.record_answer(cached=result.cached, shared=result.shared)
@@ -259,7 +257,7 @@ class OpenAICompatibleJudge:
         identity = self._identity(rubric, image, reference_assertions=assertions, caption=caption)
         result = await self._calls.call(
             messages, kind=judge_call_kind("coverage", rubric.name), schema=coverage_schema(rubric.name),
-            check=check, stats=stats, identity=identity,
+            check=check, stats=stats, identity=identity, temperature=self.config.temperature,
         )  # fmt: skip
         stats.record_answer(cached=result.cached, shared=result.shared)
         if not result.ok:
@@ -282,6 +280,7 @@ class OpenAICompatibleJudge:
         followup = await self._calls.call(
             lambda: build_coverage_followup(messages(), answer_json, wanted),
             kind="coverage_missing", schema=CoverageMarks, check=check_followup, stats=stats,
+            temperature=self.config.temperature,
             identity={**identity, "missing_ids": missing, "answer": answer_json},
         )  # fmt: skip
         if not followup.ok:
@@ -311,6 +310,7 @@ class OpenAICompatibleJudge:
         result = await self._calls.call(
             lambda: build_judge_messages(rubric, sent_image, reference=reference),
             kind=judge_call_kind("reference_assertions"), schema=ReferenceAssertions, stats=stats,
+            temperature=self.config.temperature,
             identity=self._identity(rubric, sent_image, reference=reference),
         )  # fmt: skip
         stats.reference_calls += result.calls

@@ -37,6 +37,7 @@ FailureReason = Literal[
     "refused",
     "truncated_output",
     "bad_input",
+    "oversized_answer",  # past a bound on what an answer may be: bytes, decompressed bytes, lengths
 ]
 
 

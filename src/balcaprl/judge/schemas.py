@@ -22,7 +22,9 @@ evaluation protocols' own schemas), named ``balcaprl_<kind>``. The wire schema i
 of JSON schema that strict structured outputs accept everywhere (OpenAI, vLLM/xgrammar, SGLang): every
 field required, no extra properties, and no length or numeric bounds (some servers reject them). The
 bounds still hold: every answer is validated locally with pydantic, and a violation is a
-``schema_violation`` after one re-ask.
+``schema_violation`` after one re-ask -- except the length bounds below, whose violation is an
+``oversized_answer`` at once (a judge that writes 10,000 assertions or an essay of an explanation is
+not asked to write it again).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from balcaprl.rewards.verdict import LinguisticScore
 
 __all__ = [
     "CALL_KINDS",
+    "MAX_ASSERTIONS",
+    "MAX_ASSERTION_CHARS",
+    "MAX_EXPLANATION_CHARS",
     "JUDGE_CALL_KINDS",
     "CallKind",
     "CoverageMark",
@@ -62,7 +67,13 @@ __all__ = [
 ]
 
 CallKind = Literal["verdict", "reference_assertions", "coverage", "coverage_missing"]
-_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+# How big a verdict may be. A caption is cut at caption_char_cap (4,000 characters) and a detailed
+# reference runs to a few hundred words: a few hundred atomic claims at most, each a short clause.
+MAX_ASSERTIONS = 512  # per list: caption assertions, reference assertions, coverage marks
+MAX_ASSERTION_CHARS = 1000
+MAX_EXPLANATION_CHARS = 4000  # "one or two sentences" asked for
+_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ASSERTION_CHARS)]
 
 
 class _Strict(BaseModel):
@@ -122,7 +133,9 @@ class ReferenceAssertions(_Strict):
     """The reference, split into atomic claims."""
 
     reference_assertions: list[ReferenceText] = Field(
-        min_length=1, description="Every atomic claim of the reference, in order (never empty)."
+        min_length=1,
+        max_length=MAX_ASSERTIONS,
+        description="Every atomic claim of the reference, in order (never empty).",
     )
 
 
@@ -144,7 +157,8 @@ class CoverageMarks(_Strict):
     """Coverage marks for the numbers the follow-up lists, and only those."""
 
     reference_coverage: list[CoverageMark] = Field(
-        description="One mark for each reference assertion number the follow-up lists."
+        max_length=MAX_ASSERTIONS,
+        description="One mark for each reference assertion number the follow-up lists.",
     )
 
 
@@ -153,7 +167,7 @@ def _linguistic_fields() -> dict[str, Any]:
         "clarity": (LinguisticScore, Field(description=_CLARITY)),
         "fluency": (LinguisticScore, Field(description=_FLUENCY)),
         "coherency": (LinguisticScore, Field(description=_COHERENCY)),
-        "explanation": (str, Field(description=_EXPLANATION)),
+        "explanation": (str, Field(max_length=MAX_EXPLANATION_CHARS, description=_EXPLANATION)),
     }
 
 
@@ -185,11 +199,15 @@ def verdict_schema(rubric: str) -> type[BaseModel]:
         __base__=_Strict,
         caption_assertions=(
             list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
-            Field(description=_CAPTION_ASSERTIONS),
+            Field(max_length=MAX_ASSERTIONS, description=_CAPTION_ASSERTIONS),
         ),
         reference_assertions=(
             list[_ReferenceMark],
-            Field(min_length=1, description="Every atomic claim of the reference in order, each marked."),
+            Field(
+                min_length=1,
+                max_length=MAX_ASSERTIONS,
+                description="Every atomic claim of the reference in order, each marked.",
+            ),
         ),
         **_linguistic_fields(),
     )
@@ -204,11 +222,14 @@ def coverage_schema(rubric: str) -> type[BaseModel]:
         __base__=_Strict,
         caption_assertions=(
             list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
-            Field(description=_CAPTION_ASSERTIONS),
+            Field(max_length=MAX_ASSERTIONS, description=_CAPTION_ASSERTIONS),
         ),
         reference_coverage=(
             list[CoverageMark],
-            Field(description="One mark for every numbered reference assertion, in order."),
+            Field(
+                max_length=MAX_ASSERTIONS,
+                description="One mark for every numbered reference assertion, in order.",
+            ),
         ),
         **_linguistic_fields(),
     )
