@@ -136,6 +136,36 @@ class JudgeConfig(Section):
         "filesystem is unsafe for SQLite across hosts). Evaluation and re-scoring always use the cache.",
     )
 
+    # -- tail control (issue 24, judge-speed; judge/tail.py) --
+    stream: bool = Field(
+        False,
+        description="Ask for a streamed answer (stream: true, usage in its last chunk), so the time to the first "
+        "byte is the time to the first token: what tells a stalled call from a long one. For endpoints that "
+        "stream (OpenAI, vLLM, SGLang).",
+    )
+    first_byte_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Time limit to an attempt's first byte of answer (streamed: its first token); null = "
+        "timeout_s alone. Unstreamed, the first byte comes with the whole answer: keep it near timeout_s.",
+    )
+    chunk_gap_timeout_s: float | None = Field(
+        None, gt=0, description="Longest silence between two chunks of an answer being read; null = no limit."
+    )
+    hedge: bool = Field(
+        True,
+        description="An attempt with no first byte after hedge_quantile of the observed times to first byte "
+        "(at least hedge_floor_s) gets one duplicate; the first answer wins, the other is cancelled.",
+    )
+    hedge_quantile: float = Field(0.95, gt=0, lt=1, description="See hedge.")
+    hedge_floor_s: float = Field(5.0, gt=0, description="The shortest wait before a duplicate (see hedge).")
+    hedge_max_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Duplicates at most this share of the attempts started (counted in the cost).",
+    )
+
     @field_validator("cache_path")
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
