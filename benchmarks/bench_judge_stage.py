@@ -182,11 +182,11 @@ def _server_counts(base_url: str, reset: bool = False) -> dict[str, int]:
         return json.loads(answer.read())
 
 
-def _hedging_config(config: JudgeConfig) -> JudgeConfig | None:
-    """The config with the client's hedging on, or None where the client has no hedging."""
-    if "hedge" not in JudgeConfig.model_fields:
-        return None
-    return config.model_copy(update={"hedge": True})
+def _hedging_config(config: JudgeConfig, scale: float) -> JudgeConfig:
+    """The config with the client's tail control: streamed answers (the first byte is the first
+    token) and hedging, its floor scaled like every other time."""
+    floor = JudgeConfig.model_fields["hedge_floor_s"].default / scale
+    return config.model_copy(update={"hedge": True, "stream": True, "hedge_floor_s": floor})
 
 
 async def run_schedule(
@@ -339,12 +339,13 @@ def main() -> None:
     scale = args.time_scale
     model = LatencyModel(seed=24, time_scale=scale, stall_p=args.stall_p, rpm_cap=args.rpm_cap)
     server, base_url = _start_server(model)
+    # Today's client: the recipe's limits, no tail control (the default before hedging).
     base = JudgeConfig(
         base_url=base_url, model="balcaprl-local-judge", api_key_env=None, cache_path=None,
-        concurrency=args.concurrency, timeout_s=args.timeout_s / scale, max_retries=4,
+        concurrency=args.concurrency, timeout_s=args.timeout_s / scale, max_retries=4, hedge=False,
     )  # fmt: skip
     overlapped = base.model_copy(update={"concurrency": args.overlap_concurrency})
-    hedged = _hedging_config(overlapped)
+    hedged = _hedging_config(overlapped, scale)
     configs = {
         "today": base,
         "after_generation": overlapped,
@@ -354,9 +355,6 @@ def main() -> None:
     schedules = [s for s in args.schedules.split(",") if s]
     if "today" not in schedules:
         parser.error("--schedules must include today (the baseline)")
-    if hedged is None and "per_rollout_hedged" in schedules:
-        print("per_rollout_hedged: skipped, the judge client has no hedging (JudgeConfig.hedge)")
-        schedules.remove("per_rollout_hedged")
     per_process = args.rollouts // args.processes
     results: list[StepResult] = []
     try:

@@ -439,8 +439,8 @@ def create_app(
             latency.reset()
             return latency.as_dict()
 
-    async def _timed(text: str, response: Response) -> Response:
-        return response if latency is None else await latency.deliver(text, response)
+    async def _timed(text: str, response: Response, streamed: bool = False) -> Response:
+        return response if latency is None else await latency.deliver(text, response, streamed)
 
     async def _handle(request: Request):
         authorization = request.headers.get("authorization", "")
@@ -466,7 +466,9 @@ def create_app(
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
         if call is not None:
-            return await _timed(call.text, await _handle_generic(call, authorization))
+            return await _timed(
+                call.text, await _handle_generic(call, authorization), bool(body.get("stream"))
+            )
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
@@ -494,9 +496,8 @@ def create_app(
         if name == "skip_ids" and "reference_coverage" in answer:
             marks = answer["reference_coverage"]
             answer["reference_coverage"] = marks[: len(marks) // 2]
-        return await _timed(
-            text, _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
-        )
+        content = _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
+        return await _timed(text, content, bool(body.get("stream")))
 
     async def _handle_generic(call: GenericCall, authorization: str):
         counters.by_kind[call.kind or "generic"] += 1
@@ -585,15 +586,19 @@ class AttemptTiming:
 class LatencyModel:
     """How long a judge takes, per attempt, deterministically from ``(seed, text, attempt number)``.
 
-    The time to the first byte is ``first_byte_s``; the answer then trickles in ``chunks`` pieces for
-    ``per_char_s`` per character of the caption (a judge's answer restates the caption's assertions,
-    so its decode time grows with the caption); both are multiplied by one lognormal factor
-    ``exp(sigma * z)`` (``sigma`` 0.7: p99 about 5x the median). With probability ``stall_p`` an
-    attempt stalls: nothing is sent for ``stall_s`` (longer than any timeout). Above ``rpm_cap``
+    The time to the first token is ``first_byte_s``; decoding the answer then takes ``per_char_s``
+    per character of the caption (a judge's answer restates the caption's assertions, so its decode
+    time grows with the caption); both are multiplied by one lognormal factor ``exp(sigma * z)``
+    (``sigma`` 0.7: p99 about 5x the median). A streamed request (``"stream": true``) gets its answer
+    as server-sent events in ``chunks`` pieces from the first token on (usage in the last event, as
+    ``stream_options.include_usage`` asks); an unstreamed one gets nothing until the whole answer is
+    ready, as from a real endpoint. With probability ``stall_p`` an attempt stalls -- and the first
+    attempt at a text containing one of ``stall_first`` always does: nothing is sent for ``stall_s``
+    (longer than any timeout). Above ``rpm_cap``
     requests in the last minute the answer is 429 with ``retry-after`` (the request is not served and
     draws no latency). ``time_scale`` divides every duration, and the minute of ``rpm_cap`` too, so
     a benchmark runs a real endpoint's shape 10x faster. ``trickle_bytes_per_s`` instead sends the
-    body at that rate after the first byte (an answer that trickles in forever).
+    body at that rate from the first token on (an answer that trickles in forever).
 
     The n-th attempt at a text (counted here, :meth:`reset` between benchmark runs) always gets the
     n-th draw, so two schedules that send the same captions see the same first-attempt latencies.
@@ -609,6 +614,7 @@ class LatencyModel:
     rpm_cap: int | None = None
     chunks: int = 8
     trickle_bytes_per_s: float | None = None
+    stall_first: list[str] = field(default_factory=list)
     served: int = 0
     stalls: int = 0
     rate_limited: int = 0
@@ -646,22 +652,27 @@ class LatencyModel:
             {"retry-after-ms": str(max(1, int(wait * 1000)))},
         )  # fmt: skip
 
-    async def deliver(self, text: str, response: Response) -> Response:
+    async def deliver(self, text: str, response: Response, streamed: bool = False) -> Response:
         """``response`` (a ready, non-streamed one) as this model sends it for the next attempt at
-        ``text``: held until its first byte, then its body trickled."""
-        timing = self.timing(text, self._attempts[text])
+        ``text``: at its first token as events (``streamed``), else whole when it is all decoded."""
+        attempt = self._attempts[text]
+        timing = self.timing(text, attempt)
         self._attempts[text] += 1
         self.served += 1
-        if timing.stalled:
+        if timing.stalled or (attempt == 0 and any(needle in text for needle in self.stall_first)):
             self.stalls += 1
             await asyncio.sleep(self.stall_s)
-        await asyncio.sleep(timing.first_byte_s)
         body = bytes(response.body)
+        events = _as_events(body) if streamed and response.status_code == 200 else None
         if self.trickle_bytes_per_s is not None:
+            await asyncio.sleep(timing.first_byte_s)
             pieces, gap = [body[i : i + 1] for i in range(len(body))], 1.0 / self.trickle_bytes_per_s
+        elif events is None:  # unstreamed: nothing until the answer is whole
+            await asyncio.sleep(timing.total_s)
+            return response
         else:
-            size = -(-len(body) // max(1, self.chunks))
-            pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+            await asyncio.sleep(timing.first_byte_s)
+            pieces = events(self.chunks)
             gap = (timing.total_s - timing.first_byte_s) / max(1, len(pieces) - 1)
 
         async def trickle():
@@ -670,11 +681,45 @@ class LatencyModel:
                     await asyncio.sleep(gap)
                 yield piece
 
-        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
-        return StreamingResponse(trickle(), status_code=response.status_code, headers=headers)
+        headers = {
+            k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")
+        }
+        media_type = "text/event-stream" if events is not None else response.media_type
+        return StreamingResponse(
+            trickle(), status_code=response.status_code, headers=headers, media_type=media_type
+        )
 
     def as_dict(self) -> dict[str, int]:
         return {"served": self.served, "stalls": self.stalls, "rate_limited": self.rate_limited}
+
+
+def _as_events(body: bytes) -> Callable[[int], list[bytes]] | None:
+    """A chat completion as server-sent events in n pieces (content deltas, then finish_reason and
+    usage, then ``[DONE]``), as a function of n; None for a body that is not a completion."""
+    try:
+        completion = orjson.loads(body)
+        choice = completion["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+    def events(n: int) -> list[bytes]:
+        head = {k: completion.get(k) for k in ("id", "created", "model")} | {
+            "object": "chat.completion.chunk"
+        }
+        text = message.get("content") or ""
+        size = max(1, -(-len(text) // max(1, n)))
+        deltas = [{"content": text[i : i + size]} for i in range(0, len(text), size)] or [{"content": text}]
+        if message.get("refusal"):
+            deltas.append({"refusal": message["refusal"]})
+        chunks = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        chunks.append(
+            {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+        )
+        chunks.append({**head, "choices": [], "usage": completion.get("usage")})
+        return [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+
+    return events
 
 
 def _bind(host: str, port: int) -> socket.socket:
