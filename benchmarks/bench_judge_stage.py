@@ -130,7 +130,7 @@ def plan_step(seed: int, processes: int, per_process: int, group_size: int, gene
             reference = ". ".join(facts) + "."
             image = _png(seed * 1000 + group)
             for r in range(group_size):
-                n = max(2, min(40, round(rng.lognormvariate(2.0, 0.6))))  # clauses: median 7, long tail
+                n = max(3, min(60, round(rng.lognormvariate(3.0, 0.5))))  # clauses: median 20, long tail
                 clauses = [rng.choice(facts) if rng.random() < 0.7 else f"a {rng.choice(_COLOURS)} "
                            f"{rng.choice(_OBJECTS)} {rng.choice(_PLACES)}" for _ in range(n)]  # fmt: skip
                 caption = f"Step {seed} rollout {group}-{r}. " + ". ".join(clauses) + "."
@@ -190,11 +190,13 @@ def _hedging_config(config: JudgeConfig, scale: float) -> JudgeConfig:
 
 
 async def run_schedule(
-    schedule: str, step: int, plan: StepPlan, config: JudgeConfig, processes: int, logprob_s: float,
-    model: LatencyModel, base_url: str,
+    schedule: str, step: int, plan: StepPlan, judges: list[Any], logprob_s: float, model: LatencyModel,
+    base_url: str,
 ) -> StepResult:  # fmt: skip
+    """One step under one schedule; ``judges``: one client per process, kept from step to step as a
+    training run keeps them (their connections and the hedging's observed times)."""
     _server_counts(base_url, reset=True)
-    judges = [build_judge(config, processes=processes, no_cache=True) for _ in range(processes)]
+    processes = len(judges)
     loop = asyncio.get_running_loop()
     early = [EarlyJudge(judge, loop) for judge in judges]
     t0 = time.perf_counter()
@@ -229,8 +231,6 @@ async def run_schedule(
 
     await asyncio.gather(*(process(p) for p in range(processes)))
     counts = _server_counts(base_url)
-    for judge in judges:
-        await judge.aclose()
     rewards = rewards_tensor(outcomes, dtype=torch.float64)
     groups = torch.tensor([r.group for r in plan.rollouts])
     advantages = c_gdpo_advantages(rewards, groups, (1.0, 1.0, 1.0))
@@ -357,21 +357,20 @@ def main() -> None:
         parser.error("--schedules must include today (the baseline)")
     per_process = args.rollouts // args.processes
     results: list[StepResult] = []
-    try:
+
+    async def run_all() -> None:
+        judges = {
+            s: [
+                build_judge(configs[s], processes=args.processes, no_cache=True)
+                for _ in range(args.processes)
+            ]
+            for s in schedules
+        }
         for step in range(args.steps):
             plan = plan_step(step, args.processes, per_process, args.group_size, args.generation_s / scale)
             for schedule in schedules:
-                result = asyncio.run(
-                    run_schedule(
-                        schedule,
-                        step,
-                        plan,
-                        configs[schedule],
-                        args.processes,
-                        args.logprob_s / scale,
-                        model,
-                        base_url,
-                    )
+                result = await run_schedule(
+                    schedule, step, plan, judges[schedule], args.logprob_s / scale, model, base_url
                 )
                 results.append(result)
                 print(
@@ -381,6 +380,12 @@ def main() -> None:
                     f"stalls {result.stalls_served} 429s {result.rate_limited_served}",
                     flush=True,
                 )
+        for clients in judges.values():
+            for judge in clients:
+                await judge.aclose()
+
+    try:
+        asyncio.run(run_all())
     finally:
         server.terminate()
         server.wait(timeout=10)

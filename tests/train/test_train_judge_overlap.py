@@ -17,7 +17,7 @@ from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.recipe import recipe_from_dict
-from balcaprl.train.judge_overlap import EarlyJudge
+from balcaprl.train.judge_overlap import EarlyJudge, judge_stage_metrics, stamped
 from balcaprl.train.metrics import read_jsonl
 
 
@@ -153,3 +153,17 @@ def test_a_request_started_twice_is_answered_twice_and_unused_ones_are_dropped()
     early, first = asyncio.run(go())
     assert len(first) == 1 and inner.calls == 1
     assert early.forget_started() == 2  # the second "x" and "y" were never asked for
+
+
+def test_stage_metrics_from_stamps_by_hand():
+    rows = [
+        {"judge_started_s": 10.0, "judge_finished_s": 12.0},
+        {"judge_started_s": 11.0, "judge_finished_s": 15.0},
+        {"judge_started_s": 14.0, "judge_finished_s": 14.5},
+        {"judge_started_s": float("nan"), "judge_finished_s": float("nan")},  # not stamped
+        {},
+    ]
+    assert judge_stage_metrics(rows) == {"judge/wall_s": 5.0, "judge/exposed_s": 1.0}
+    assert judge_stage_metrics([{}]) == {}
+    result = stamped({"score": 1.0}, started=5.0)
+    assert result["judge_started_s"] == 5.0 and result["judge_finished_s"] >= 5.0

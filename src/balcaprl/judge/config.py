@@ -157,7 +157,9 @@ class JudgeConfig(Section):
         description="An attempt with no first byte after hedge_quantile of the observed times to first byte "
         "(at least hedge_floor_s) gets one duplicate; the first answer wins, the other is cancelled.",
     )
-    hedge_quantile: float = Field(0.95, gt=0, lt=1, description="See hedge.")
+    hedge_quantile: float = Field(
+        0.98, gt=0, lt=1, description="See hedge; well above 1 - hedge_max_share, so the cap is kept for the tail."
+    )
     hedge_floor_s: float = Field(5.0, gt=0, description="The shortest wait before a duplicate (see hedge).")
     hedge_max_share: float = Field(
         0.05,

@@ -41,18 +41,23 @@ class Hedging:
     ):
         self.quantile, self.floor_s, self.max_share, self.min_seen = quantile, floor_s, max_share, min_seen
         self._seen: deque[float] = deque(maxlen=window)
+        self.waiting: dict[int, float] = {}  # attempts without a first byte yet: when each started
         self.started = 0  # attempts started (duplicates not counted)
         self.hedges = 0
 
     def observe(self, seconds: float) -> None:
         self._seen.append(seconds)
 
-    def threshold_s(self) -> float | None:
+    def threshold_s(self, now: float | None = None) -> float | None:
         """The wait after which an attempt without a first byte gets a duplicate: the quantile of
-        the observed times, at least the floor; None until ``min_seen`` have been observed."""
+        the observed times, at least the floor; None until ``min_seen`` have been observed. The
+        attempts still waiting count with the time they have waited so far (a lower bound of their
+        own): early in a batch only the fast ones have answered, and a quantile of those alone would
+        be far too low."""
         if len(self._seen) < self.min_seen:
             return None
-        ordered = sorted(self._seen)
+        now = time.perf_counter() if now is None else now
+        ordered = sorted([*self._seen, *(now - start for start in self.waiting.values())])
         return max(self.floor_s, ordered[min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)])
 
     def allow(self) -> bool:
@@ -74,25 +79,29 @@ async def first_answer(
     hedging.started += 1
     started = time.perf_counter()
     first_byte = asyncio.Event()
+    token = id(first_byte)
+    hedging.waiting[token] = started
 
     def seen() -> None:
         if not first_byte.is_set():
             first_byte.set()
+            hedging.waiting.pop(token, None)
             hedging.observe(time.perf_counter() - started)
 
     primary = asyncio.ensure_future(attempt(seen))
     byte_seen = asyncio.ensure_future(first_byte.wait())
     try:
-        while not primary.done() and not first_byte.is_set():
+        while True:
+            if primary.done() or first_byte.is_set():
+                return await primary
             threshold = hedging.threshold_s()
             due = None if threshold is None else started + threshold - time.perf_counter()
-            if due is not None and due <= 0:
+            if due is not None and due <= 0 and hedging.allow():
                 break
-            # Until enough first bytes are seen, look again every floor_s (the threshold may appear).
-            await asyncio.wait({primary, byte_seen}, timeout=hedging.floor_s if due is None else due,
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        if primary.done() or first_byte.is_set() or not hedging.allow():
-            return await primary
+            # Not yet due, too few first bytes seen to tell, or the cap spent for now (it grows with
+            # the calls started): look again then, or every floor_s.
+            wait = hedging.floor_s if due is None or due <= 0 else due
+            await asyncio.wait({primary, byte_seen}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         hedging.hedges += 1
         duplicate = asyncio.ensure_future(attempt(lambda: None))
         pending = {primary, duplicate}
@@ -108,6 +117,11 @@ async def first_answer(
         return primary.result()  # both failed: the first attempt's failure
     finally:
         byte_seen.cancel()
+        hedging.waiting.pop(token, None)
+        if not first_byte.is_set():
+            # A slow attempt cut short still tells something: its first byte took at least this long.
+            # Leaving it out would bias the quantile towards the fast attempts, and hedge ever more.
+            hedging.observe(time.perf_counter() - started)
         if not primary.done():
             primary.cancel()
 

@@ -586,10 +586,12 @@ class AttemptTiming:
 class LatencyModel:
     """How long a judge takes, per attempt, deterministically from ``(seed, text, attempt number)``.
 
-    The time to the first token is ``first_byte_s``; decoding the answer then takes ``per_char_s``
-    per character of the caption (a judge's answer restates the caption's assertions, so its decode
-    time grows with the caption); both are multiplied by one lognormal factor ``exp(sigma * z)``
-    (``sigma`` 0.7: p99 about 5x the median). A streamed request (``"stream": true``) gets its answer
+    The time to the first token is ``first_byte_s`` times a lognormal factor ``exp(sigma * z)``
+    (queueing and prefill at a loaded endpoint: the heavy tail); decoding the answer then takes
+    ``per_char_s`` per character of the caption (a judge's answer restates the caption's assertions,
+    so its decode time grows with the caption) times a milder factor ``exp(decode_sigma * z')``. With
+    the defaults a call with a typical caption (700 characters) has a median about 6 s and a p99
+    about 30 s, as measured against a hosted judge. A streamed request (``"stream": true``) gets its answer
     as server-sent events in ``chunks`` pieces from the first token on (usage in the last event, as
     ``stream_options.include_usage`` asks); an unstreamed one gets nothing until the whole answer is
     ready, as from a real endpoint. With probability ``stall_p`` an attempt stalls -- and the first
@@ -606,9 +608,10 @@ class LatencyModel:
 
     seed: int = 0
     time_scale: float = 1.0
-    first_byte_s: float = 1.0
-    per_char_s: float = 0.008
-    sigma: float = 0.7
+    first_byte_s: float = 1.8
+    per_char_s: float = 0.006
+    sigma: float = 1.12
+    decode_sigma: float = 0.25
     stall_p: float = 0.0
     stall_s: float = 3600.0
     rpm_cap: int | None = None
@@ -624,10 +627,13 @@ class LatencyModel:
     def timing(self, text: str, attempt: int) -> AttemptTiming:
         """The ``attempt``-th (0-based) attempt at ``text``: a pure function of the model's fields."""
         draw = random.Random(f"{self.seed}|{attempt}|{text}")
-        factor = math.exp(self.sigma * draw.gauss(0.0, 1.0))
+        queue, decode = (
+            math.exp(self.sigma * draw.gauss(0.0, 1.0)),
+            math.exp(self.decode_sigma * draw.gauss(0.0, 1.0)),
+        )
         stalled = draw.random() < self.stall_p
-        first = self.first_byte_s * factor / self.time_scale
-        total = first + self.per_char_s * len(text) * factor / self.time_scale
+        first = self.first_byte_s * queue / self.time_scale
+        total = first + self.per_char_s * len(text) * decode / self.time_scale
         return AttemptTiming(first, total, stalled)
 
     def reset(self) -> None:

@@ -28,7 +28,15 @@ from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest
 from balcaprl.train.rewards import caption_text, judge_usage
 
-__all__ = ["EarlyJudge", "JudgeOverlapMixin", "StepTimes", "request_key", "requests_for"]
+__all__ = [
+    "EarlyJudge",
+    "JudgeOverlapMixin",
+    "StepTimes",
+    "judge_stage_metrics",
+    "request_key",
+    "requests_for",
+    "stamped",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,32 @@ class StepTimes(tuple):
     @property
     def exposed_s(self) -> float:
         return self[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# The judge's share of a step from per-rollout timestamps (verl: compute_score stamps each rollout).
+# ------------------------------------------------------------------------------------------------
+
+STARTED, FINISHED = "judge_started_s", "judge_finished_s"
+
+
+def stamped(result: dict[str, Any], started: float) -> dict[str, Any]:
+    """A per-rollout result with when its judging started and finished (``time.time()``)."""
+    result[STARTED], result[FINISHED] = started, time.time()
+    return result
+
+
+def judge_stage_metrics(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``judge/wall_s`` (first judging started to last finished) and ``judge/exposed_s`` (last
+    started to last finished: verl judges each rollout as soon as it is generated, so the last start
+    is the end of generation and what follows it is the part of the judge the step waits for), from
+    the rollouts' stamps; {} without any."""
+    stamps = [(float(r[STARTED]), float(r[FINISHED])) for r in results if STARTED in r and FINISHED in r]
+    stamps = [(s, f) for s, f in stamps if s == s and f == f]  # NaN: not stamped
+    if not stamps:
+        return {}
+    starts, ends = zip(*stamps, strict=True)
+    return {"judge/wall_s": max(ends) - min(starts), "judge/exposed_s": max(ends) - max(starts)}
 
 
 class EarlyJudge:
