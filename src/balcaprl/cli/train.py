@@ -149,3 +149,8 @@ def _print_plan(
         chosen = Launcher("single", 1, description="one process on one GPU")
     result = plan_memory(recipe, chosen, gpu_memory)
     typer.echo(result.to_text())
+    from balcaprl.train.judge_plan import plan_judge
+
+    judge_plan = plan_judge(recipe)  # the judge's calls, tokens, dollars and minutes
+    if judge_plan is not None:
+        typer.echo(judge_plan.to_text())

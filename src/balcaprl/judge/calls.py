@@ -68,6 +68,7 @@ from balcaprl.judge.images import ImageLoader, PreparedImage
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
 from balcaprl.judge.schemas import json_response_format, schema_digest
 from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
+from balcaprl.judge.throughput import AdaptiveLimit, auto_concurrency
 from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
 from balcaprl.rewards.rubrics import Rubric
 
@@ -452,7 +453,7 @@ class _Runtime:
 
     loop: asyncio.AbstractEventLoop
     session: aiohttp.ClientSession
-    semaphore: asyncio.Semaphore
+    semaphore: asyncio.Semaphore | AdaptiveLimit
     rpm: AsyncLimiter | None
     tpm: AsyncLimiter | None
     in_flight: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -506,7 +507,10 @@ class Endpoint:
         self.state = _Runtime(
             loop=loop,
             session=session,
-            semaphore=asyncio.Semaphore(cfg.concurrency),
+            # concurrency: auto -- a bound that follows the rate limits and the observed latency
+            semaphore=AdaptiveLimit(cfg.concurrency)
+            if cfg.concurrency_auto
+            else asyncio.Semaphore(cfg.concurrency),
             rpm=AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None,
             tpm=AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None,
             hedging=Hedging(cfg.hedge_quantile, cfg.hedge_floor_s, cfg.hedge_max_share)
@@ -567,6 +571,15 @@ class Endpoint:
         if extra_body:
             body.update(extra_body)
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
+        if isinstance(runtime.semaphore, AdaptiveLimit):
+            tokens = self.estimate_tokens(messages) + runtime.completion_budget.reserve(max_tokens)
+            runtime.semaphore.limit = auto_concurrency(
+                cfg.requests_per_minute,
+                cfg.tokens_per_minute,
+                tokens,
+                runtime.semaphore.latency_s(),
+                cfg.concurrency,
+            )
         if runtime.rpm is not None:
             await runtime.rpm.acquire(1)
         if runtime.tpm is not None:
@@ -600,6 +613,8 @@ class Endpoint:
                     break
                 await asyncio.sleep(backoff_s(retry, wait))
             latency = time.perf_counter() - start
+        if isinstance(runtime.semaphore, AdaptiveLimit):
+            runtime.semaphore.observe(latency)
         stats.record_call(latency, answer.prompt_tokens, answer.completion_tokens)
         runtime.completion_budget.observe(answer.completion_tokens)
         return answer

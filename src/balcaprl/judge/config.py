@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
@@ -158,7 +158,10 @@ class JudgeConfig(Section):
         "(at least hedge_floor_s) gets one duplicate; the first answer wins, the other is cancelled.",
     )
     hedge_quantile: float = Field(
-        0.98, gt=0, lt=1, description="See hedge; well above 1 - hedge_max_share, so the cap is kept for the tail."
+        0.98,
+        gt=0,
+        lt=1,
+        description="See hedge; well above 1 - hedge_max_share, so the cap is kept for the tail.",
     )
     hedge_floor_s: float = Field(5.0, gt=0, description="The shortest wait before a duplicate (see hedge).")
     hedge_max_share: float = Field(
@@ -167,6 +170,21 @@ class JudgeConfig(Section):
         le=1,
         description="Duplicates at most this share of the attempts started (counted in the cost).",
     )
+
+    # -- concurrency: auto (issue 24, judge-speed; judge/throughput.py) --
+    concurrency_auto: bool = Field(
+        False,
+        description="Set by `concurrency: auto`: as many calls in flight as requests_per_minute and "
+        f"tokens_per_minute can feed at the observed latency (Little's law), at most {MAX_CONCURRENCY} "
+        "for the run; all of them without rate limits.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _concurrency_auto(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("concurrency") == "auto":
+            data = {**data, "concurrency": MAX_CONCURRENCY, "concurrency_auto": True}
+        return data
 
     @field_validator("cache_path")
     @classmethod
