@@ -71,3 +71,10 @@ def test_train_plan_prints_the_judge_plan_after_the_memory_plan():
     assert memory < judge
     recipe = load_recipe(ROOT / "configs" / "qwen2_5_vl_3b.yaml", [])
     assert f"{plan_judge(recipe).calls_per_step:,}" in result.output[judge:]
+
+
+def test_concurrency_auto_plans_with_the_calls_the_limits_allow(tmp_path):
+    plan = plan_judge(_recipe(tmp_path, concurrency="auto", requests_per_minute=600))
+    # 10 calls a second x 6 s x 1.25 = 75 in flight: 28 waves; 2,048 calls at 600 a minute take longer
+    assert "auto: 75" in plan.bound_by or plan.bound_by.startswith("requests_per_minute")
+    assert math.isclose(plan.minutes_per_step, max(2048 / 600, math.ceil(2048 / 75) * CALL_LATENCY_S / 60))

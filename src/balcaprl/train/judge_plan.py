@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from balcaprl.judge.config import JudgeConfig
+from balcaprl.judge.throughput import auto_concurrency
 from balcaprl.judge.tokens import approx_tokens, image_cost_rule
 from balcaprl.recipe import Recipe
 
@@ -138,12 +139,14 @@ def plan_judge(recipe: Recipe, judge: JudgeConfig | None = None) -> JudgePlan | 
     if cfg.tokens_per_minute:
         tokens = calls * (prompt + completion)
         rate_minutes[f"tokens_per_minute ({cfg.tokens_per_minute:,})"] = tokens / cfg.tokens_per_minute
-    waves = math.ceil(calls / cfg.concurrency)
+    concurrency = cfg.concurrency
+    if cfg.concurrency_auto:
+        rpm, tpm = cfg.requests_per_minute, cfg.tokens_per_minute
+        concurrency = auto_concurrency(rpm, tpm, prompt + completion, CALL_LATENCY_S, cfg.concurrency)
+    waves = math.ceil(calls / concurrency)
     latency_minutes = waves * CALL_LATENCY_S / 60
-    bound, minutes = (
-        f"concurrency ({cfg.concurrency}: {waves} waves of {CALL_LATENCY_S:g} s calls)",
-        latency_minutes,
-    )
+    name = f"auto: {concurrency}" if cfg.concurrency_auto else str(concurrency)
+    bound, minutes = f"concurrency ({name}: {waves} waves of {CALL_LATENCY_S:g} s calls)", latency_minutes
     for name, value in rate_minutes.items():
         if value > minutes:
             bound, minutes = name, value
