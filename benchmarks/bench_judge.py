@@ -91,8 +91,8 @@ async def _bare_loop(base_url: str, n: int, concurrency: int, clock: _CpuClock) 
 
     from balcaprl.judge.images import ImageLoader
     from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.judge.schemas import json_response_format, verdict_schema
-    from balcaprl.rewards.rubrics import load_rubric
 
     rubric, loader = load_rubric("training"), ImageLoader(1024)
     bodies = [

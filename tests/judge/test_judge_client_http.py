@@ -419,8 +419,8 @@ def test_the_server_tells_the_rubric_from_the_text_alone(judge_server, mode):
 
 
 def test_an_edited_rubric_never_reuses_cached_verdicts(judge_server, tmp_path, monkeypatch):
-    import balcaprl.rewards.rubrics as rubrics
-    from balcaprl.rewards.rubrics import load_rubric
+    import balcaprl.judge.rubrics as rubrics
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.testing import rubrics as lookup
 
     server = judge_server()
@@ -449,8 +449,8 @@ def test_an_edited_rubric_never_reuses_cached_verdicts(judge_server, tmp_path, m
 def test_verdict_calls_and_generic_calls_share_one_path_and_one_key_scheme(judge_server, tmp_path):
     from balcaprl.judge.calls import prompt_identity
     from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.judge.schemas import judge_call_kind, to_verdict, verdict_schema
-    from balcaprl.rewards.rubrics import load_rubric
 
     server = judge_server()
     judge = OpenAICompatibleJudge(config(server.base_url, cache_path=tmp_path / "judge.sqlite"))
@@ -478,8 +478,8 @@ def test_verdict_calls_and_generic_calls_share_one_path_and_one_key_scheme(judge
 def test_the_server_reports_the_clients_own_token_estimate(judge_server):
     from balcaprl.judge.images import ImageLoader
     from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.judge.tokens import approx_image_tokens, approx_prompt_tokens, approx_tokens
-    from balcaprl.rewards.rubrics import load_rubric
 
     server = judge_server()
     judge = OpenAICompatibleJudge(config(server.base_url, max_image_side=32))  # IMAGE is 32 x 32

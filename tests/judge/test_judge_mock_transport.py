@@ -4,16 +4,21 @@ wire, and how each kind of answer is classified."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
+import zlib
+from datetime import UTC
 
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 from judge_testkit import CAPTION, REFERENCE, config, request
 
 from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
+from balcaprl.judge.rubrics import load_rubric
 from balcaprl.rewards import score_verdict
-from balcaprl.rewards.rubrics import load_rubric
 
 VERDICT = {
     "caption_assertions": [
@@ -54,10 +59,16 @@ class ScriptedAnswers:
     async def handle(self, req: web.Request) -> web.Response:
         self.seen.append(json.loads(await req.read()))
         item = self.queue.pop(0)
+        if callable(item):  # a handler of its own: (request) -> response
+            return await item(req)
         if isinstance(item, bytes):
             return web.Response(body=item, content_type="application/json")
         if isinstance(item, tuple):
             status, headers, body = item
+            if isinstance(body, bytes):
+                return web.Response(
+                    body=body, status=status, headers=headers, content_type="application/json"
+                )
             return web.json_response(body, status=status, headers=headers)
         return web.json_response(item)
 
@@ -90,6 +101,17 @@ def judge_one(judge_and_server, req=None):
             await server.runner.cleanup()
 
     return asyncio.run(go())
+
+
+def test_the_length_bounds_admit_what_they_name():
+    at_bounds = {
+        **VERDICT,
+        "explanation": "x" * 4000,
+        "caption_assertions": [VERDICT["caption_assertions"][0]] * 512,
+        "reference_assertions": [{"text": "a" * 1000, "covered": True}],
+    }
+    result = judge_one(judge_with([completion(json.dumps(at_bounds))]))
+    assert isinstance(result.outcomes[0], Judgement)
 
 
 def test_request_body_structured_output_sampling_and_layout():
@@ -156,6 +178,24 @@ def test_reask_carries_the_rejected_answer_and_the_problem():
         ([completion(None, finish_reason="content_filter")], "refused"),
         ([(400, {}, {"error": {"message": "image too large"}})], "bad_input"),
         ([(422, {}, {"error": {"message": "bad"}})], "bad_input"),
+        # past a length bound of the schema: a failure at once, not re-asked (schemas.MAX_*)
+        ([completion(json.dumps({**VERDICT, "explanation": "x" * 4001}))], "oversized_answer"),
+        (
+            [
+                completion(
+                    json.dumps({**VERDICT, "caption_assertions": [VERDICT["caption_assertions"][0]] * 513})
+                )
+            ],
+            "oversized_answer",
+        ),  # fmt: skip
+        (
+            [
+                completion(
+                    json.dumps({**VERDICT, "reference_assertions": [{"text": "a" * 1001, "covered": True}]})
+                )
+            ],
+            "oversized_answer",
+        ),  # fmt: skip
     ],
 )
 def test_answers_are_classified(answers, reason):
@@ -197,3 +237,81 @@ def test_rate_limiters_are_acquired_per_call(monkeypatch):
     # estimate = prompt text (~4 chars a token) + image + max_tokens, capped at the per-minute budget
     (amount,) = [a[1] for a in tpm]
     assert 1000 < amount <= 3000
+
+
+@pytest.mark.parametrize(
+    ("answers", "reason", "hits"),
+    [
+        # the server's x-should-retry decides first, either way
+        ([(500, {"x-should-retry": "false"}, {"error": {"message": "no"}})], "server_error", 1),
+        (
+            [
+                (400, {"x-should-retry": "true"}, {"error": {"message": "again"}}),
+                completion(json.dumps(VERDICT)),
+            ],
+            "ok",
+            2,
+        ),  # fmt: skip
+        # a server asking for a wait longer than RETRY_AFTER_CAP_S is not retried at all
+        ([(429, {"retry-after": "600"}, {"error": {"message": "come back later"}})], "rate_limited", 1),
+        (
+            [(409, {"retry-after-ms": "1"}, {"error": {"message": "busy"}}), completion(json.dumps(VERDICT))],
+            "ok",
+            2,
+        ),
+    ],
+)
+def test_which_statuses_are_retried(answers, reason, hits):
+    scripted = judge_with(answers, max_retries=1)
+    (outcome,) = judge_one(scripted).outcomes
+    assert getattr(outcome, "reason", "ok") == reason, outcome
+    assert len(scripted[1].seen) == hits
+
+
+def test_the_wait_a_server_asks_for_is_read_in_every_form():
+    from datetime import datetime, timedelta
+    from email.utils import format_datetime
+
+    from balcaprl.judge.calls import _retry_after_s
+
+    assert _retry_after_s({"retry-after-ms": "250", "retry-after": "9"}) == 0.25  # milliseconds first
+    assert _retry_after_s({"retry-after": "1.5"}) == 1.5
+    in_a_minute = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
+    assert 55 < _retry_after_s({"retry-after": in_a_minute}) <= 60
+    assert _retry_after_s({"retry-after": "soon"}) is None and _retry_after_s({}) is None
+
+
+@given(retry=st.integers(0, 40), asked=st.one_of(st.none(), st.floats(-10, 1000)))
+def test_backoff_follows_the_server_or_doubles_to_a_cap(retry, asked):
+    from balcaprl.judge.calls import RETRY_AFTER_CAP_S, backoff_s
+
+    wait = backoff_s(retry, asked)
+    if asked is not None and 0 < asked <= RETRY_AFTER_CAP_S:
+        assert wait == asked
+    else:  # 0.5 s doubling per retry up to 8 s, less a random 0-25%
+        full = min(0.5 * 2**retry, 8.0)
+        assert 0.75 * full <= wait <= full
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_answer_is_read(encoding):
+    raw = json.dumps(completion(json.dumps(VERDICT))).encode()
+    packed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    (outcome,) = judge_one(judge_with([(200, {"Content-Encoding": encoding}, packed)])).outcomes
+    assert isinstance(outcome, Judgement) and score_verdict(outcome.verdict).precision == 0.5
+
+
+def test_timeout_s_bounds_a_whole_attempt_even_a_trickling_one():
+    # a byte every 50 ms: no gap between bytes ever reaches timeout_s, the whole answer would take 20 s
+    async def trickle(req):
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(req)
+        for _ in range(400):
+            await response.write(b" ")
+            await asyncio.sleep(0.05)
+        return response
+
+    scripted = judge_with([trickle], timeout_s=0.5)
+    (outcome,) = judge_one(scripted).outcomes
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == "timeout", outcome
+    assert "timeout_s (0.5 s)" in outcome.detail and len(scripted[1].seen) == 1

@@ -9,9 +9,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
+from balcaprl.judge.rubrics import load_rubric
 from balcaprl.judge.tokens import approx_tokens
 from balcaprl.recipe import load_recipe, recipe_from_dict
-from balcaprl.rewards.rubrics import load_rubric
 from balcaprl.train.judge_plan import ANSWER_TOKENS, CALL_LATENCY_S, REFERENCE_TOKENS, plan_judge
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,18 +24,10 @@ Authentication, permission and not-found errors (401/403/404) are not failures o
 a broken configuration that would fail every request: they raise :class:`JudgeConfigError` instead
 of filling a training run with NaN rewards.
 
-The HTTP client is aiohttp, directly: one session per event loop, no SDK in between. At 128+ calls in
-flight the client's CPU per call bounds the judge's throughput (a wave's answers come back together
-and are handled one after another); the numbers are in ``docs/measurements.md``.
-
-Accounting: :meth:`JudgeCaller.call` records its endpoint calls (with their tokens and latency) in
-the stats it is given and leaves counting the *request* to its caller, who knows what one is:
-:meth:`JudgeCaller.call_json` and :meth:`JudgeCaller.call_text` count each call as one request in
-``caller.stats``; the verdict judge counts its ``JudgeRequest``\\ s.
-
-Repeated trials of one sampled question (DCScore asks its matching and verification three times at
-temperature > 0) differ only in ``trial``: each trial has its own cache entry, so a resumed run
-re-uses every trial it already paid for and asks only for the missing ones.
+The HTTP client is aiohttp, directly, one session per event loop: at 128+ calls in flight the
+client's CPU per call bounds the judge's throughput (``docs/measurements.md``). Repeated trials of one
+sampled question differ only in ``trial``, so each has its own cache entry and a resumed run asks only
+for the missing ones.
 """
 
 from __future__ import annotations
@@ -43,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import functools
 import hashlib
 import json
 import logging
@@ -66,27 +59,20 @@ from balcaprl.judge.cache import JudgeCache, cache_key
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError, load_judge_config
 from balcaprl.judge.images import ImageLoader, PreparedImage
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
+from balcaprl.judge.rubrics import Rubric
 from balcaprl.judge.schemas import json_response_format, schema_digest
 from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
 from balcaprl.judge.throughput import AdaptiveLimit, auto_concurrency
 from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
-from balcaprl.rewards.rubrics import Rubric
 
 __all__ = [
+    "AttemptFailed",
     "CallAnswer",
     "CallResult",
     "Endpoint",
     "JudgeCaller",
-    "AttemptFailed",
-    "answer_byte_limit",
-    "backoff_s",
-    "classify",
-    "messages_sha256",
     "prompt_identity",
-    "read_answer",
-    "reask_messages",
     "redact",
-    "status_failure",
 ]
 
 log = logging.getLogger("balcaprl.judge")
@@ -165,16 +151,12 @@ def _fail(reason: FailureReason, detail: str, secret: str | None = None, **usage
     return CallAnswer(None, JudgeFailure(reason, redact(detail, secret)[:_DETAIL_CHARS]), **usage)
 
 
-def _encode(value: Any, schema: type[BaseModel] | None) -> dict[str, Any]:
-    return {"text": value} if schema is None else {"json": value.model_dump(mode="json")}
-
-
 def _decode(
     stored: dict[str, Any], schema: type[BaseModel] | None, check: Callable[[Any], None] | None
 ) -> Any:
     """A cached answer, validated again as a fresh one would be (``ValueError`` and friends if not)."""
     if schema is None:
-        value = stored.get("text", stored.get("caption"))  # "caption": rows of the old re-captioner
+        value = stored.get("text")
         if not isinstance(value, str) or not value.strip():
             raise ValueError("not a text answer")
     else:
@@ -220,10 +202,6 @@ class JudgeCaller:
 
     def __repr__(self) -> str:  # never the key
         return f"JudgeCaller(base_url={self.config.base_url!r}, model={self.config.model!r})"
-
-    @property
-    def model(self) -> str:
-        return self.config.model
 
     # ----------------------------------------------------------------------------- keys and cache
 
@@ -368,18 +346,24 @@ class JudgeCaller:
                 except (KeyError, TypeError, ValueError, ValidationError):
                     log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
             conversation = messages() if callable(messages) else messages
-            send = dict(
-                temperature=temperature, max_tokens=max_tokens, schema=schema, check=check,
-                response_format=None if schema is None else json_response_format(schema, kind),
-                extra_body=extra_body, truncated_ok=truncated_ok,
+            body = {"model": cfg.model, "messages": conversation, "max_completion_tokens": max_tokens}
+            if schema is not None:
+                body["response_format"] = json_response_format(schema, kind)
+            if temperature is not None:
+                body["temperature"] = temperature
+            body.update(extra_body or {})
+            read = functools.partial(
+                classify, schema=schema, check=check, max_tokens=max_tokens, truncated_ok=truncated_ok,
+                secret=self.endpoint.api_key, where=cfg.base_url,
             )  # fmt: skip
-            answer = await self.endpoint.send(conversation, stats, **send)
+            answer = await self.endpoint.send(body, stats, read)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
-                answer = await self.endpoint.send(reask_messages(conversation, answer), stats, **send)
+                body = {**body, "messages": reask_messages(conversation, answer)}
+                answer = await self.endpoint.send(body, stats, read)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:
@@ -388,7 +372,12 @@ class JudgeCaller:
                 )
                 return CallResult(None, answer.failure, key, **paid)
             if self.cache is not None:
-                self.cache.put(key, {**_encode(answer.parsed, schema), "kind": kind, "model": cfg.model})
+                value = (
+                    {"text": answer.parsed}
+                    if schema is None
+                    else {"json": answer.parsed.model_dump(mode="json")}
+                )
+                self.cache.put(key, {**value, "kind": kind, "model": cfg.model})
             return CallResult(answer.parsed, None, key, **paid)
 
         result, shared = await self.endpoint.coalesce(key, compute)
@@ -545,34 +534,21 @@ class Endpoint:
         return approx_prompt_tokens(messages, self.config.max_image_side, self.config.model)
 
     async def send(
-        self,
-        messages: list[dict[str, Any]],
-        stats: JudgeStats,
-        *,
-        temperature: float | None,
-        max_tokens: int,
-        response_format: dict[str, Any] | None = None,
-        schema: type[BaseModel] | None = None,
-        check: Callable[[Any], None] | None = None,
-        extra_body: dict[str, Any] | None = None,
-        truncated_ok: bool = False,
+        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer]
     ) -> CallAnswer:
-        """One call: the rate limits, the concurrency bound, then attempts until one is final or
-        ``max_retries`` retries are spent. Recorded in ``stats`` (latency: retries included)."""
+        """One call of a chat-completions ``body``: the rate limits, the concurrency bound, then
+        attempts until one is final or ``max_retries`` retries are spent; ``read(status, body)``
+        classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
         runtime = self.runtime()
         cfg = self.config
-        body: dict[str, Any] = {"model": cfg.model, "messages": messages, "max_completion_tokens": max_tokens}
-        if response_format is not None:
-            body["response_format"] = response_format
-        if temperature is not None:
-            body["temperature"] = temperature
+        max_tokens = body["max_completion_tokens"]
         if cfg.stream:  # the first byte is then the first token (tail.py)
-            body.update(stream=True, stream_options={"include_usage": True})
-        if extra_body:
-            body.update(extra_body)
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
+        # What a call really uses: its prompt at the model's image rate and a realistic answer
+        # (reserving the whole max_tokens paced the client at a fraction of its budget).
+        tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
         if isinstance(runtime.semaphore, AdaptiveLimit):
-            tokens = self.estimate_tokens(messages) + runtime.completion_budget.reserve(max_tokens)
             runtime.semaphore.limit = auto_concurrency(
                 cfg.requests_per_minute,
                 cfg.tokens_per_minute,
@@ -583,21 +559,15 @@ class Endpoint:
         if runtime.rpm is not None:
             await runtime.rpm.acquire(1)
         if runtime.tpm is not None:
-            # What a call really uses: its prompt at the model's image rate and a realistic answer
-            # (reserving the whole max_tokens paced the client at a fraction of its budget).
-            reserve = runtime.completion_budget.reserve(max_tokens)
-            await runtime.tpm.acquire(min(self.estimate_tokens(messages) + reserve, cfg.tokens_per_minute))
+            await runtime.tpm.acquire(min(tokens, cfg.tokens_per_minute))
         async with runtime.semaphore:
             start = time.perf_counter()
             for retry in range(cfg.max_retries + 1):
                 try:
-                    status, headers, raw = await self._attempt_hedged(
-                        runtime, payload, max_tokens, messages, stats
+                    status, raw = await self._attempt_hedged(
+                        runtime, payload, max_tokens, body["messages"], stats
                     )
-                    answer = classify(
-                        status, headers, raw, schema=schema, check=check, max_tokens=max_tokens,
-                        truncated_ok=truncated_ok, secret=self.api_key, where=self.config.base_url,
-                    )  # fmt: skip
+                    answer = read(status, raw)
                     break
                 except AttemptFailed as failed:
                     answer, wait = failed.answer, failed.retry_after_s
@@ -626,11 +596,11 @@ class Endpoint:
         max_tokens: int,
         messages: list[dict[str, Any]],
         stats: JudgeStats,
-    ) -> tuple[int, Mapping[str, str], bytes]:
+    ) -> tuple[int, bytes]:
         """One attempt, each copy under ``timeout_s`` as a whole (it holds against a trickle), with a
         duplicate when it stalls (:func:`~balcaprl.judge.tail.first_answer`)."""
 
-        async def deadlined(on_first_byte: Callable[[], None]) -> tuple[int, Mapping[str, str], bytes]:
+        async def deadlined(on_first_byte: Callable[[], None]) -> tuple[int, bytes]:
             async with asyncio.timeout(self.config.timeout_s):
                 return await self.attempt(runtime.session, payload, max_tokens, on_first_byte=on_first_byte)
 
@@ -645,8 +615,8 @@ class Endpoint:
         payload: bytes,
         max_tokens: int,
         on_first_byte: Callable[[], None] = lambda: None,
-    ) -> tuple[int, Mapping[str, str], bytes]:
-        """One HTTP exchange: ``(status, headers, body)``, the body read up to its limit (an error's
+    ) -> tuple[int, bytes]:
+        """One HTTP exchange: ``(status, body)``, the body read up to its limit (an error's
         to 16 KiB). Raises ``aiohttp.ClientError`` (the connection), ``TimeoutError``, or
         :class:`AttemptFailed` (an oversized or undecodable body; a status worth another attempt; no
         first byte within ``first_byte_timeout_s``, or a silence longer than ``chunk_gap_timeout_s``).
@@ -685,7 +655,7 @@ class Endpoint:
             if status >= 400 and _should_retry(status, response.headers):
                 failure = status_failure(status, raw, self.api_key, self.config.base_url)
                 raise AttemptFailed(failure, retry=True, retry_after_s=_retry_after_s(response.headers))
-            return status, response.headers, raw
+            return status, raw
 
     async def aclose(self) -> None:
         if self._finalizer is not None:
@@ -694,14 +664,11 @@ class Endpoint:
         state, self.state = self.state, None
         if state is None or self._session is not None:
             return
-        if state.loop is not asyncio.get_running_loop():
-            # Used on another loop (a trainer's reward loop, closed from the main thread): a session can
-            # only be closed on its own loop, else it logs "Unclosed client session".
-            pending = retire(state.loop, state.session)
-            if pending is not None and state.loop.is_running():
-                await asyncio.wrap_future(pending)
-            return
-        await state.session.close()
+        # On its own loop, which may be another one (a trainer's reward loop, closed from the main
+        # thread): a session closed elsewhere logs "Unclosed client session".
+        pending = retire(state.loop, state.session)
+        if pending is not None and state.loop.is_running():
+            await asyncio.wrap_future(pending)
 
 
 def _final(reason: FailureReason, detail: str) -> AttemptFailed:
@@ -758,7 +725,7 @@ async def read_answer(
         if len(body) > limit or read > limit:
             if truncate:
                 return bytes(body[:limit])
-            what = "decompressed to" if len(body) > limit else "read"
+            what = "read" if read > limit else "decompressed to"
             raise _final(
                 "oversized_answer",
                 f"the answer {what} more than {limit:,} bytes; a judge answer may have {limit:,}",
@@ -828,42 +795,22 @@ def status_failure(status: int, raw: bytes, secret: str | None, where: str) -> C
 _NO_CHOICE: Any = object()
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def _completion_fields(raw: bytes) -> tuple[Any, str | None, str | None, dict[str, int]] | None:
     """``(content, refusal, finish_reason, token usage)`` of a chat-completion body; None when it is
-    not one. ``content`` is ``_NO_CHOICE`` when the answer has no choices. Fields of the wrong type
-    read as absent (a lenient reading)."""
+    not one; ``content`` is ``_NO_CHOICE`` without choices. Fields of the wrong type read as absent."""
     try:
-        data = json.loads(raw)
-    except ValueError:  # invalid JSON or invalid UTF-8
+        data = json.loads(raw)  # ValueError: invalid JSON or invalid UTF-8
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}  # AttributeError: no dict
+    except (ValueError, AttributeError):
         return None
-    if not isinstance(data, dict):
-        return None
-    usage = data.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
-    tokens = {
-        "prompt_tokens": _count(usage.get("prompt_tokens")),
-        "completion_tokens": _count(usage.get("completion_tokens")),
-    }
+    count = {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")}
+    tokens = {k: v if type(v) is int and v >= 0 else 0 for k, v in count.items()}
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return _NO_CHOICE, None, None, tokens
-    choice = choices[0]
-    message = choice.get("message")
-    message = message if isinstance(message, dict) else {}
-
-    def text(value: Any) -> str | None:
-        return value if isinstance(value, str) else None
-
-    return (
-        text(message.get("content")),
-        text(message.get("refusal")),
-        text(choice.get("finish_reason")),
-        tokens,
-    )
+    message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
+    fields = (message.get("content"), message.get("refusal"), choices[0].get("finish_reason"))
+    return (*(v if isinstance(v, str) else None for v in fields), tokens)
 
 
 def _schema_failure(error: ValidationError) -> tuple[FailureReason, str]:
@@ -879,7 +826,6 @@ def _schema_failure(error: ValidationError) -> tuple[FailureReason, str]:
 
 def classify(
     status: int,
-    headers: Mapping[str, str],
     raw: bytes,
     *,
     schema: type[BaseModel] | None,

@@ -2,10 +2,9 @@
 
 Per request, in order: clean the texts (empty caption -> scored 0 without a call; empty reference or
 unreadable image -> ``bad_input``), load the image once per batch, then make the call through the
-package's one call path (:meth:`~balcaprl.judge.calls.JudgeCaller.call`: identical calls in flight
-share one, then the sqlite cache, then the endpoint under its concurrency bound and rate limits, one
-re-ask of an invalid answer). Every request ends as a ``Judgement`` or a ``JudgeFailure``; no single
-failure fails the batch (only a configuration the endpoint rejects outright, 401/403/404, raises).
+package's one call path (:mod:`balcaprl.judge.calls`). Every request ends as a ``Judgement`` or a
+``JudgeFailure``; no single failure fails the batch (only a configuration the endpoint rejects
+outright, 401/403/404, raises).
 
 Reference modes (``config.reference_mode``):
 - ``joint``: one call per rollout decomposes both caption and reference (the paper).
@@ -45,6 +44,7 @@ from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
 from balcaprl.judge.prompt import build_coverage_followup, build_judge_messages, clean_caption, clean_text
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
+from balcaprl.judge.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 from balcaprl.judge.schemas import (
     CoverageMarks,
     ReferenceAssertions,
@@ -57,7 +57,6 @@ from balcaprl.judge.schemas import (
     verdict_schema,
 )
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 
 __all__ = ["BatchResult", "OpenAICompatibleJudge", "build_judge"]
 

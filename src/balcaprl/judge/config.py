@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 
 from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
-from balcaprl.rewards.rubrics import ReferenceMode
+from balcaprl.judge.rubrics import ReferenceMode
 
 __all__ = [
     "MAX_CONCURRENCY",
@@ -104,7 +104,9 @@ class JudgeConfig(Section):
         gt=0,
         description="Time limit of one attempt (sending, waiting, reading the answer), in seconds.",
     )
-    max_retries: int = Field(4, ge=0, description="The SDK's retries on timeouts, 408/409/429 and 5xx.")
+    max_retries: int = Field(
+        4, ge=0, description="Retries on timeouts, dropped connections, 408/409/429 and 5xx."
+    )
     temperature: float | None = Field(0.0, ge=0, description="Sampling temperature; null omits it.")
     max_tokens: int = Field(4096, ge=16, description="Most completion tokens per call.")
     requests_per_minute: int | None = Field(

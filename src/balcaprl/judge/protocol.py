@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from balcaprl.judge.rubrics import VerdictRubric
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import VerdictRubric
 
 __all__ = [
     "FailureReason",

@@ -111,7 +111,7 @@ def _run_batches(recipe: Recipe) -> int | None:
 def plan_judge(recipe: Recipe, judge: JudgeConfig | None = None) -> JudgePlan | None:
     """The judge's cost plan for ``recipe`` (with ``judge``, else the recipe's own judge section);
     None when there is no judge config to plan with."""
-    from balcaprl.rewards.rubrics import load_rubric, training_rubric_name
+    from balcaprl.judge.rubrics import load_rubric, training_rubric_name
 
     cfg = judge if judge is not None else recipe.judge
     if cfg is None:
