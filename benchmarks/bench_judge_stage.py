@@ -404,7 +404,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "command": " ".join(["benchmarks/bench_judge_stage.py", *sys.argv[1:]]),
-        "settings": {k: str(v) for k, v in vars(args).items()},
+        "settings": {k: str(v) for k, v in vars(args).items() if k != "out"},
         "latency_model": {k: v for k, v in asdict(model).items() if not k.startswith("_")},
         "summary": summary,
         "steps": [r.row() for r in results],

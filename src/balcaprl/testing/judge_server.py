@@ -706,8 +706,9 @@ class LatencyModel:
 
 
 def _as_events(body: bytes) -> Callable[[int], list[bytes]] | None:
-    """A chat completion as server-sent events in n pieces (content deltas, then finish_reason and
-    usage, then ``[DONE]``), as a function of n; None for a body that is not a completion."""
+    """A chat completion as server-sent events written in n pieces (content deltas; the finish_reason,
+    usage and ``[DONE]`` events with the last), as a function of n; None for a body that is not a
+    completion."""
     try:
         completion = orjson.loads(body)
         choice = completion["choices"][0]
@@ -729,7 +730,10 @@ def _as_events(body: bytes) -> Callable[[int], list[bytes]] | None:
             {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
         )
         chunks.append({**head, "choices": [], "usage": completion.get("usage")})
-        return [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+        events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+        pieces = events[: len(deltas)]  # one write per piece of content; the end rides with the last
+        pieces[-1] += b"".join(events[len(deltas) :])
+        return pieces
 
     return events
 
