@@ -1,9 +1,9 @@
 """The judge stage of a training step at a real judge's speed, under four schedules, in one run.
 
 A loopback judge server (separate process, the scripted judge) answers at a real endpoint's speed
-(:class:`~balcaprl.testing.judge_server.LatencyModel`: time to first byte and decode time growing
-with the caption, times a lognormal; stalls longer than any timeout; 429s above an RPM cap; answers
-trickled in pieces). A simulated generator plays a step of ``--processes`` GPU processes: each
+(:class:`~balcaprl.testing.judge_server.LatencyModel`: a heavy-tailed, lognormal time to the first
+token, then a decode time growing with the caption; stalls longer than any timeout; 429s above an
+RPM cap; streamed answers trickled in pieces). A simulated generator plays a step of ``--processes`` GPU processes: each
 finishes its rollouts at staggered times (longer captions later), its generation ends, then its
 old-log-prob forward runs ``--logprob-s``. The project's real judge client
 (:class:`~balcaprl.judge.client.OpenAICompatibleJudge`, one per process with its share of the
@@ -13,7 +13,7 @@ rollouts under each schedule:
 - ``today``: judging starts after generation and the old-log-prob forward (TRL 1.16);
 - ``after_generation``: judging starts when the process's completions exist;
 - ``per_rollout``: each rollout is judged as soon as it finishes;
-- ``per_rollout_hedged``: the same with the client's hedging (when the client has it).
+- ``per_rollout_hedged``: the same with the client's hedging (``judge/tail.py``).
 
 Per step (``--steps`` seeded steps): generation time, rewards-ready time, the exposed judge time
 (rewards ready minus the end of generation and old log-probs, over all processes: TRL gathers the
@@ -25,7 +25,7 @@ and no stall: the latency model's own draw). In the same run, every schedule's r
 Times are a real endpoint's divided by ``--time-scale`` (default 10: median call about 0.6 s, p99
 about 3 s, generation 6 s). Results: ``benchmarks/results/judge_stage.json`` (and a printed table).
 Run: ``nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py`` (the full shape, 2,048 rollouts
-over 8 processes x 20 steps x 4 schedules, takes several minutes of both cores);
+over 8 processes x 20 steps x 4 schedules, took 22 minutes on 2 shared cores);
 ``--steps 2 --rollouts 256`` for a quick look. Not a timed test: every figure is a ratio against
 a baseline of the same run, or a count.
 """
