@@ -288,3 +288,33 @@ def test_captionqa_with_our_prompts_sends_max_tokens_too(tmp_path, capture):
                   read_caption_sets([captions_file])[None], tmp_path / "out")  # fmt: skip
     assert {b["max_tokens"] for b in server.bodies()} == {4}
     assert all("max_completion_tokens" not in b for b in server.bodies())
+
+
+def test_a_text_that_is_no_valid_unicode_is_sent_escaped(tmp_path, capture):
+    # A lone surrogate (a caption file may hold "\ud83d" alone) cannot be encoded as UTF-8: the body
+    # then goes with every non-ASCII character escaped, as ``requests`` sends it (the official code).
+    questions = tmp_path / "captionqa.jsonl"
+    questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    captions_file = tmp_path / "ours.json"
+    captions_file.write_text('{"nat_1": "A cat \\ud83d and a caf\\u00e9."}')
+    captions = read_caption_sets([captions_file])[None]
+    server = capture(lambda body: "(A)")
+    task = load_captionqa_task(str(fake_lmms_eval(tmp_path / "lmms-eval")))
+    result = run_captionqa(JudgeCaller(judge_config(server.base_url)), read_captionqa(questions), captions,
+                           tmp_path / "out", prompts=task)  # fmt: skip
+    assert result.n_scored == 2 and not result.failures
+    assert all(b"A cat \\ud83d and a caf\\u00e9." in raw for raw in server.raw)
+
+
+def test_dcscore_rows_keep_a_caption_that_is_no_valid_unicode(tmp_path, capture):
+    items, _, images = _dcscore_setup(tmp_path)
+    caption = "A red door \ud83d."
+    captions_file = tmp_path / "odd.json"
+    captions_file.write_text(json.dumps({"img.png": caption}))  # written with the surrogate escaped
+    server = capture(_dcscore_answer)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    result = run_dcscore(JudgeCaller(judge_config(server.base_url)), items, read_caption_sets([captions_file])[None],
+                         tmp_path / "out", DCScoreSection(images=images), prompts=prompts)  # fmt: skip
+    assert result.n_scored == 1
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
+    assert row["caption"] == caption

@@ -90,10 +90,18 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def json_bytes(value: Any, **options: Any) -> bytes:
+    """``value`` as UTF-8 JSON; one holding a text that is no valid Unicode (a lone surrogate, which
+    UTF-8 cannot encode) goes with every non-ASCII character escaped, as ``json.dumps`` writes by default."""
+    try:
+        return json.dumps(value, ensure_ascii=False, **options).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, **options).encode("ascii")
+
+
 def messages_sha256(messages: list[dict[str, Any]]) -> str:
     """sha256 of the canonical JSON of a conversation (images included, as their data URLs)."""
-    canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(json_bytes(messages, sort_keys=True, separators=(",", ":"))).hexdigest()
 
 
 def prompt_identity(
@@ -552,7 +560,7 @@ class Endpoint:
         max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
         if cfg.stream:  # the first byte is then the first token (tail.py)
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
+        payload = json_bytes(body)  # once, for every attempt
         # What a call really uses: its prompt at the model's image rate and a realistic answer
         # (reserving the whole max_tokens paced the client at a fraction of its budget).
         tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
