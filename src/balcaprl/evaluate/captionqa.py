@@ -3,7 +3,8 @@ multiple-choice questions about each image from the caption alone.
 
 As the official ``qa.py`` (and lmms-eval's ``captionqa`` task) does it:
 
-- a question is used when it has at least two choices and its ``answer`` is the text of one of them;
+- a question is used when it has at least two options (qa.py counts the cannot-answer option below)
+  and its ``answer`` is the text of one of its choices;
 - every question that is not a yes/no question gets one more option, "Cannot answer from the
   caption". Yes/no means: some choice contains "yes" and some choice contains "no" (substrings,
   lower-cased, as the official code tests them), or the question starts with an auxiliary verb
@@ -30,9 +31,11 @@ questions of images that have a caption, in the question file's order, and a que
 options counting the cannot-answer one; ``all``, lmms-eval: over every usable question of the file,
 whatever has a caption, each with two choices of its own — lmms-eval always uses the whole ``all``
 split, so give that file), ``cannot_answer`` (``text``, qa.py: the chosen option's text is the
-cannot-answer text; ``position``, lmms-eval: the chosen option is the one added last) and ``rounding`` (``question``, qa.py: each question's score rounded to 4
-decimals, then the mean; ``mean``, lmms-eval: unrounded, the mean rounded to 4 decimals). With a
-complete caption file of the ``all`` split the two differ only by rounding. Not taken from lmms-eval:
+cannot-answer text; ``position``, lmms-eval: the chosen option is the one added last) and
+``rounding`` (``question``, qa.py: each question's score rounded to 4 decimals, then the mean;
+``mean``, lmms-eval: unrounded, the mean rounded to 4 decimals). With a complete caption file of the
+``all`` split, no one-choice question and no cannot-answer text among a question's own choices, the
+two differ only by rounding. Not taken from lmms-eval:
 it reads the judge's answer unstripped (``"A\n"`` is unreadable there; qa.py and we strip it) and
 scores an HTTP error as an empty answer (here a failed call is a failure: reported, left out of the
 means and asked again by a re-run; answers are cached). Our stricter choice for empty answers,
@@ -42,7 +45,7 @@ means and asked again by a re-run; answers are cached). Our stricter choice for 
 and the official user-message layout, the caption an escaped data block. With ``official.captionqa``
 set, the system message, the prompt builder, the letter reader and the cannot-answer option come from
 lmms-eval's task (:func:`~balcaprl.evaluate.official.load_captionqa_task`), and the request is the
-task's, byte for byte: the caption as it is, ``temperature`` 0, ``max_tokens`` 4 (qa.py's own vLLM
+task's: the caption as it is, ``temperature`` 0, ``max_tokens`` 4 (qa.py's own vLLM
 path sends the same system and user messages). The ``guard`` option escapes and cleans the caption
 instead.
 
