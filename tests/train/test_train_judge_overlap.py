@@ -17,6 +17,7 @@ import threading
 import pytest
 import torch
 from train_testkit import ScriptedJudge, tiny_recipe_dict
+from trl.generation.vllm_client import VLLMClient
 
 from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.recipe import recipe_from_dict
@@ -291,3 +292,69 @@ def test_settle_keeps_early_calls_by_index_and_judges_a_mismatch_once_more():
     assert [o.verdict.caption_assertions[0].text for o in outcomes] == ["a", "b", "c"]
     assert [r.caption for r in inner.requests] == ["b", "a", "stale", "c"]  # one call each, "c" after settle
     assert early.forget_started() == 0
+
+
+# ------------------------------------------------------------------ server mode: per-prompt responses
+
+
+class ScriptedServerClient:
+    """A stand-in for TRL's ``VLLMClient`` in front of a vLLM server: TRL's own
+    ``_generate_from_features`` (one request per prompt from a thread pool) over a ``_post`` that
+    answers the prompts last first (prompt ``j`` waits for ``j + 1``), ``n`` completions each."""
+
+    _generate_from_features = VLLMClient._generate_from_features
+    base_url, model = "http://vllm.invalid", "policy"
+
+    def __init__(self, prompts: int, n: int, vocab: list[int]):
+        self.n, self.vocab = n, vocab
+        self.answered = [threading.Event() for _ in range(prompts)]
+        self.order: list[int] = []
+
+    def _post(self, url, json):
+        j = int(json["token_ids"][0])  # the stand-in's prompts start with their own index
+        if j + 1 < len(self.answered):
+            assert self.answered[j + 1].wait(timeout=30), "deadlock guard: the thread pool did not run"
+        self.order.append(j)
+        self.answered[j].set()
+        tokens = [[self.vocab[(j * self.n + k) % len(self.vocab)], self.vocab[k]] for k in range(self.n)]
+        return {"choices": [{"token_ids": ids, "logprobs": None} for ids in tokens]}
+
+
+def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_policy):
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from balcaprl.train.judge_overlap import JudgeOverlapMixin
+
+    processor = AutoTokenizer.from_pretrained(tiny_policy)  # what the processor's batch_decode uses
+    vocab = [i for i in range(len(processor)) if i not in processor.all_special_ids]
+    prompts, n = 3, 2
+    client = ScriptedServerClient(prompts, n, vocab)
+    started: list[dict[int, JudgeRequest]] = []
+    trainer = SimpleNamespace(
+        judge_overlap="per_rollout",
+        early_judge=SimpleNamespace(start_rollouts=started.append),
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_generation=SimpleNamespace(vllm_client=client),
+        accelerator=SimpleNamespace(is_main_process=True),
+        num_generations=n,
+        processing_class=processor,
+        scorer=SimpleNamespace(image_column="image", reference_column="reference", rubric="training"),
+        _decoding=threading.Lock(),
+    )
+    trainer._judge_finished = lambda *a: JudgeOverlapMixin._judge_finished(trainer, *a)
+    inputs = [{"image": f"/img/{i // n}.png", "reference": "a red door"} for i in range(prompts * n)]
+    chat = [[{"role": "user", "content": "describe"}]] * len(inputs)
+    prompt_ids = [[j, 7, 7] for j in range(prompts)]
+    with JudgeOverlapMixin._watching_rollouts(trainer, chat, inputs):
+        output = client._generate_from_features(prompt_ids, [None] * prompts, {"n": n})
+    assert client.order == [2, 1, 0]
+    assert "_post" not in vars(client) and "_generate_from_features" not in vars(client)
+    # One start per response, its rollouts at j*n+k, captions as TRL decodes the returned ids.
+    assert [sorted(batch) for batch in started] == [[4, 5], [2, 3], [0, 1]]
+    decoded = processor.batch_decode(output["completion_ids"], skip_special_tokens=True)
+    by_index = {i: request for batch in started for i, request in batch.items()}
+    assert [by_index[i].caption for i in range(len(inputs))] == [text.strip() for text in decoded]
+    assert [by_index[i].image for i in range(len(inputs))] == [row["image"] for row in inputs]

@@ -22,12 +22,14 @@ asked to the rewards ready (the part of the judge the step waits for).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
 from balcaprl.judge.accounting import JudgeStats
@@ -44,6 +46,7 @@ __all__ = [
     "requests_for",
     "stamped",
     "watching_finishes",
+    "watching_prompt_responses",
 ]
 
 OverlapMode = Literal["per_rollout", "batch", "off"]
@@ -339,16 +342,61 @@ def watching_finishes(engine: Any, on_finished: Callable[[list[tuple[int, Any]]]
                 logger.exception("judge overlap: judging finished rollouts early failed")
         return outputs
 
-    own = {name: vars(engine)[name] for name in ("add_request", "step") if name in vars(engine)}
-    engine.add_request, engine.step = adding, stepping
+    with _wrapped(engine, add_request=adding, step=stepping):
+        yield
+
+
+@contextmanager
+def watching_prompt_responses(
+    client: Any, on_response: Callable[[int, Mapping[str, Any]], None]
+) -> Iterator[None]:
+    """While TRL's vLLM client (server mode) generates for prompts with images, report each prompt's
+    response as it arrives: ``on_response(j, response)``, ``j`` the prompt's place in the call.
+    TRL 1.16's ``VLLMClient._generate_from_features`` sends one request per prompt from a thread pool
+    through ``_post`` (``trl/generation/vllm_client.py``); the prompt is found by the identity of the
+    token-id list its request carries (``prompts[j]``), never by its content. Called on the client's
+    threads; a failing ``on_response`` is logged and ignored."""
+    generate, post = client._generate_from_features, client._post
+    index_of: dict[int, int] = {}  # id(prompts[j]) -> j, for the call in progress
+
+    def generating(prompts, *args, **kwargs):
+        index_of.clear()
+        index_of.update({id(ids): j for j, ids in enumerate(prompts)})
+        try:
+            return generate(prompts, *args, **kwargs)
+        finally:
+            index_of.clear()
+
+    def posting(url, *args, **kwargs):
+        response = post(url, *args, **kwargs)
+        body = kwargs.get("json")
+        index = index_of.get(id(body.get("token_ids"))) if isinstance(body, dict) else None
+        if index is not None and isinstance(response, Mapping) and "choices" in response:
+            try:
+                on_response(index, response)
+            except Exception:  # the rollouts concerned are judged with the batch instead
+                logger.exception("judge overlap: judging a prompt's rollouts early failed")
+        return response
+
+    with _wrapped(client, _generate_from_features=generating, _post=posting):
+        yield
+
+
+@contextmanager
+def _wrapped(target: Any, **methods: Callable[..., Any]) -> Iterator[None]:
+    """``target``'s methods replaced on the instance for a while, then as they were (its class's, or
+    its own attributes)."""
+    own = {name: vars(target)[name] for name in methods if name in vars(target)}
+    for name, method in methods.items():
+        setattr(target, name, method)
     try:
         yield
-    finally:  # the engine as it was: its class's methods, or its own attributes
-        for name in ("add_request", "step"):
+    finally:
+        for name in methods:
             if name in own:
-                setattr(engine, name, own[name])
+                setattr(target, name, own[name])
             else:
-                delattr(engine, name)
+                delattr(target, name)
 
 
 class JudgeOverlapMixin:
@@ -371,6 +419,7 @@ class JudgeOverlapMixin:
     _judge_inputs: Sequence[Mapping[str, Any]] | None = None
     early_judge: EarlyJudge | None = None
     judge_overlap: OverlapMode = "off"
+    _decoding = threading.Lock()
 
     def _install_judge_overlap(self, mode: OverlapMode) -> None:
         """Call after ``GRPOTrainer.__init__`` (it starts the reward event loop)."""
@@ -397,50 +446,66 @@ class JudgeOverlapMixin:
 
     def _generate(self, prompts):
         inputs = self._judge_inputs
-        engine = self._engine_showing_finishes(prompts, inputs)
-        if engine is None:
+        with self._watching_rollouts(prompts, inputs):
             output = super()._generate(prompts)  # type: ignore[misc]
-        else:
-            with watching_finishes(engine, lambda finished: self._judge_finished(prompts, inputs, finished)):
-                output = super()._generate(prompts)  # type: ignore[misc]
         completions = output[3]
         if self.early_judge is not None and inputs is not None and len(inputs) == len(completions):
             self.early_judge.settle(requests_for(self.scorer, inputs, completions))
         return output
 
-    def _engine_showing_finishes(self, prompts, inputs) -> Any | None:
-        """The colocated vLLM engine whose request ``i`` is rollout ``i`` of this batch, decoded by TRL
-        with plain ``batch_decode``; None where per-rollout judging does not apply."""
-        if self.judge_overlap != "per_rollout" or self.early_judge is None or inputs is None:
-            return None
-        generation = getattr(self, "vllm_generation", None)
+    def _watching_rollouts(self, prompts, inputs) -> AbstractContextManager:
+        """While TRL generates this batch: each rollout judged as the vLLM engine finishes it (colocate:
+        request ``i`` is rollout ``i``; server: prompt ``j``'s response holds rollouts ``j*n`` to
+        ``j*n+n-1``, of which the main process's share is its own), where that applies; else nothing."""
         if (
-            not getattr(self, "use_vllm", False)
-            or getattr(self, "vllm_mode", None) != "colocate"
-            or generation is None
-            or getattr(generation, "tensor_parallel_size", 1) != 1  # the engine runs the TP group's prompts
+            self.judge_overlap != "per_rollout"
+            or self.early_judge is None
+            or inputs is None
+            or len(inputs) != len(prompts)
+            or not getattr(self, "use_vllm", False)
             or getattr(self, "rollout_func", None) is not None
             or getattr(self, "tools", None)  # completions rewritten by the tool loop
-            or len(inputs) != len(prompts)
             or _parses_responses(self)
         ):
-            return None
-        return getattr(getattr(generation, "llm", None), "llm_engine", None)
+            return nullcontext()
+        generation = getattr(self, "vllm_generation", None)
+        mode = getattr(self, "vllm_mode", None)
+        judged = functools.partial(self._judge_finished, prompts, inputs)
+        if mode == "colocate" and getattr(generation, "tensor_parallel_size", 1) == 1:
+            engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
+            if engine is not None:  # (with tensor parallelism the engine runs the group's prompts)
+                return watching_finishes(
+                    engine, lambda finished: judged([(i, out.outputs[0].token_ids) for i, out in finished])
+                )
+        if mode == "server" and self.accelerator.is_main_process:  # type: ignore[attr-defined]
+            client, n = getattr(generation, "vllm_client", None), self.num_generations  # type: ignore[attr-defined]
+            if client is not None:
+                return watching_prompt_responses(
+                    client,
+                    lambda j, response: judged(
+                        [(j * n + k, choice["token_ids"]) for k, choice in enumerate(response["choices"])]
+                    ),
+                )
+        return nullcontext()
 
-    def _judge_finished(self, prompts, inputs, finished: list[tuple[int, Any]]) -> None:
-        """Start the calls of rollouts the engine finished, their captions decoded as TRL's
-        ``_generate`` will decode them (``batch_decode(..., skip_special_tokens=True)``; one sequence
-        decodes the same alone as in a batch)."""
+    def _judge_finished(self, prompts, inputs, finished: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Start the calls of finished rollouts ``(index in this process's batch, completion token
+        ids)``, their captions decoded as TRL's ``_generate`` will decode them (``batch_decode(...,
+        skip_special_tokens=True)``; one sequence decodes the same alone as in a batch). Rollouts
+        beyond this process's batch are another process's."""
         from trl.data_utils import is_conversational  # TRL only here: verl's reward imports this module
 
         conversational = is_conversational({"prompt": prompts[0]})
         by_index = {}
-        for index, output in finished:
-            (text,) = self.processing_class.batch_decode(  # type: ignore[attr-defined]
-                [list(output.outputs[0].token_ids)], skip_special_tokens=True
-            )
-            completion = [{"role": "assistant", "content": text}] if conversational else text
-            (by_index[index],) = requests_for(self.scorer, [inputs[index]], [completion])
+        with self._decoding:  # server mode: responses arrive on TRL's client threads
+            for index, token_ids in finished:
+                if not 0 <= index < len(inputs):
+                    continue
+                (text,) = self.processing_class.batch_decode(  # type: ignore[attr-defined]
+                    [list(token_ids)], skip_special_tokens=True
+                )
+                completion = [{"role": "assistant", "content": text}] if conversational else text
+                (by_index[index],) = requests_for(self.scorer, [inputs[index]], [completion])
         self.early_judge.start_rollouts(by_index)  # type: ignore[union-attr]
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
