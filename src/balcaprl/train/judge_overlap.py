@@ -11,8 +11,9 @@ then, as without overlap. The calls are the judge's own, for the same requests: 
 advantages are those of the path without overlap (tests check both on the tiny model).
 
 ``train.judge_overlap`` picks the schedule: ``per_rollout`` (each rollout judged as vLLM finishes it,
-where the engine shows that: colocated vLLM without tensor parallelism; elsewhere as ``batch``),
-``batch`` (the batch's calls start when ``_generate`` returns), ``off`` (TRL's own order).
+where TRL lets that be seen: colocated vLLM without tensor parallelism, and a vLLM server's
+per-prompt responses for the main process's share; elsewhere as ``batch``), ``batch`` (the batch's
+calls start when ``_generate`` returns), ``off`` (TRL's own order).
 
 It also times the stage for the step's metrics (:meth:`EarlyJudge.step_times`): ``judge/wall_s``
 from the first call started to the rewards ready, ``judge/exposed_s`` from when the reward functions
@@ -406,11 +407,12 @@ class JudgeOverlapMixin:
     :class:`EarlyJudge` and the batch's judge calls start as soon as ``_generate`` returns the
     completions: before the old-log-prob forward, the reference model and the padding that
     ``_generate_and_score_completions`` does next. ``per_rollout`` also starts each rollout's call as
-    colocated vLLM finishes it (:func:`watching_finishes`), with the caption decoded as TRL's
-    ``_generate`` decodes it; when ``_generate`` returns, :meth:`EarlyJudge.settle` keeps each early
-    call whose request is the one TRL built for that rollout and starts the rest. Where the engine
-    shows no finishes (no vLLM, a vLLM server, tensor parallelism, tool calls, a response parser),
-    ``per_rollout`` is ``batch``. ``off``: nothing changes but the metrics. Each step logs
+    colocated vLLM finishes it (:func:`watching_finishes`), or as a vLLM server answers its prompt
+    (:func:`watching_prompt_responses`; the main process's rollouts), with the caption decoded as
+    TRL's ``_generate`` decodes it; when ``_generate`` returns, :meth:`EarlyJudge.settle` keeps each
+    early call whose request is the one TRL built for that rollout and starts the rest. Where no
+    finish can be seen (no vLLM, tensor parallelism, a text-only server batch, tool calls, a
+    response parser), ``per_rollout`` is ``batch``. ``off``: nothing changes but the metrics. Each step logs
     ``judge/wall_s`` (first call started to rewards ready) and ``judge/exposed_s`` (reward functions
     called to rewards ready).
     """
