@@ -245,6 +245,15 @@ def test_per_rollout_gives_the_rewards_and_advantages_of_no_overlap(colocated):
         assert torch.equal(a["advantages"], b["advantages"])
     assert any(torch.isnan(a["rewards"]).any() for a in on["batches"])  # failures travel alike
     assert on["trainer"].scorer.judge.mismatched == 0
+    usage = {
+        mode: [
+            r["judge/usage/prompt_tokens"]
+            for r in read_jsonl(run["out"] / "metrics.jsonl")
+            if r["kind"] == "step"
+        ]
+        for mode, run in colocated.items()
+    }
+    assert usage["per_rollout"] == usage["off"] and all(t > 0 for t in usage["off"])
 
 
 def test_watching_finishes_numbers_requests_by_the_order_they_were_added():
@@ -358,3 +367,31 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
     by_index = {i: request for batch in started for i, request in batch.items()}
     assert [by_index[i].caption for i in range(len(inputs))] == [text.strip() for text in decoded]
     assert [by_index[i].image for i in range(len(inputs))] == [row["image"] for row in inputs]
+
+
+class InterleavingJudge(ScriptedJudge):
+    """Counts a batch's usage, then yields to the loop before answering: concurrent batches interleave."""
+
+    async def judge_batch(self, requests):
+        outcomes = await super().judge_batch(requests)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return outcomes
+
+
+def test_usage_of_overlapping_rollout_batches_is_counted_once():
+    inner = InterleavingJudge(fail_every=None, check_images=False)
+    captions = ["a red door", "a door", "blue", "a cat on a mat"]
+
+    async def go():
+        early = EarlyJudge(inner, asyncio.get_running_loop())
+        for index, caption in enumerate(captions):  # one batch per finished rollout, all in flight at once
+            early.start_rollouts({index: _requests(caption)[0]})
+        early.settle(_requests(*captions))
+        await early.judge_batch(_requests(*captions))
+        return early
+
+    early = asyncio.run(go())
+    assert inner.calls == 4
+    expected = sum(len(c.split()) + 3 for c in captions)  # caption words + the reference's 3
+    assert early.usage()["prompt_tokens"] == inner.usage()["prompt_tokens"] == expected

@@ -114,7 +114,7 @@ class EarlyJudge:
     wrapped judge as one batch (a rollout engine finishing rollouts one by one makes small batches).
     :meth:`usage`: the accounting of the answers handed out, so a step's usage deltas count the
     calls it used, whenever they ran (exact for a judge with ``judge_batch_with_stats``; for another
-    judge, each batch's difference of its cumulative ``usage``).
+    judge, its cumulative ``usage`` as each batch is answered, less what earlier batches took).
     """
 
     def __init__(self, judge: Judge, loop: asyncio.AbstractEventLoop | None = None):
@@ -122,6 +122,7 @@ class EarlyJudge:
         self.loop = loop
         self.stats = JudgeStats()
         self._usage: Counter[str] = Counter()  # judges without judge_batch_with_stats
+        self._usage_seen = judge_usage(judge)  # their cumulative usage, as of the last batch answered
         self.config = getattr(judge, "config", None)  # its prices, for judge_usage
         self._started: dict[Hashable, deque[asyncio.Future]] = defaultdict(deque)
         self._slots: dict[int, tuple[Hashable, asyncio.Future]] = {}  # rollout index -> its early call
@@ -229,10 +230,12 @@ class EarlyJudge:
         if with_stats is not None:
             result = await with_stats(requests)
             return list(result.outcomes), result.stats
-        before = judge_usage(self.judge)
         outcomes = list(await self.judge.judge_batch(requests))
-        after = judge_usage(self.judge)
-        return outcomes, Counter({k: v - before.get(k, 0.0) for k, v in after.items()})
+        # Usage since the last batch that finished, not since this one began: batches overlap (one
+        # per finished rollout), and differences across each batch's own await would count twice.
+        after, seen = judge_usage(self.judge), self._usage_seen
+        self._usage_seen = after
+        return outcomes, Counter({k: v - seen.get(k, 0.0) for k, v in after.items()})
 
     def _account(self, spent: JudgeStats | Counter | None) -> None:
         if isinstance(spent, JudgeStats):
