@@ -22,16 +22,6 @@ from typing import IO, Any
 
 from balcaprl.errors import InputError, MissingInputError
 
-__all__ = [
-    "JsonlLog",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "decode_utf8",
-    "jsonl_lines",
-    "temporary_sibling",
-    "read_utf8_text",
-]
-
 
 def jsonl_lines(text: str) -> list[str]:
     """The lines of JSONL text: split at ``\n`` only. ``str.splitlines`` also splits at U+2028, U+0085

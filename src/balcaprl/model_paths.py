@@ -22,8 +22,6 @@ from pathlib import Path
 
 from balcaprl.errors import MissingInputError
 
-__all__ = ["check_model_path", "names_local_path"]
-
 LOCAL_PREFIXES = (".", "/", "~")
 
 

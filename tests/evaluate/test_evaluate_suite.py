@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.errors import ConfigError
-from balcaprl.evaluate.suite import load_evaluation_config, read_eval
+from balcaprl.evaluate.config import load_evaluation_config
+from balcaprl.evaluate.suite import read_eval
 
 # b-CapScore with the scripted verdict judge (see tests/judge/judge_testkit.py for its rules):
 # iiw_001: clauses "a red door on the left" (visible, pointable), "a purple elephant" (not visible),

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import typer
 
-__all__ = ["RESUME_HELP", "OVERWRITE_HELP", "MIN_SCORED_HELP", "exit_if_short"]
-
 RESUME_HELP = "Continue the results already in the output place; nothing finished is redone or paid twice."
 OVERWRITE_HELP = "Replace the results already in the output place (built aside, then swapped in at the end)."
 MIN_SCORED_HELP = "Exit with status 1 unless at least this share of the items was scored (default 1: all)."

@@ -15,8 +15,6 @@ import typer
 from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short
 from balcaprl.errors import InputError, UserError
 
-__all__ = ["caption", "evaluate", "evaluate_general", "report", "score"]
-
 
 def caption(
     model: str = typer.Option(..., "--model", help="Checkpoint folder or hub id of the captioning model."),
@@ -250,14 +248,8 @@ def evaluate(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:  # fmt: skip
     """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable (--resume)."""
-    from balcaprl.evaluate.suite import (
-        ANSWER_RECORD,
-        PROTOCOLS,
-        evaluation_results,
-        load_evaluation_config,
-        read_eval,
-        run_suite,
-    )
+    from balcaprl.evaluate.config import PROTOCOLS, load_evaluation_config
+    from balcaprl.evaluate.suite import ANSWER_RECORD, evaluation_results, read_eval, run_suite
     from balcaprl.files import read_utf8_text
     from balcaprl.outputs import claim_output_dir, remove, shortfall
     from balcaprl.progress import Progress

@@ -11,8 +11,6 @@ import typer
 from balcaprl.cli.common import OVERWRITE_HELP
 from balcaprl.errors import UserError
 
-__all__ = ["build", "caption", "init_policy", "probe", "sft", "show"]
-
 
 def build(
     out: Path = typer.Option(..., "--out", help="Dataset folder to write."),

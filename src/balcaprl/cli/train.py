@@ -10,8 +10,6 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["train"]
-
 
 def train(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Recipe YAML (see configs/)."),

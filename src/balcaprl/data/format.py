@@ -29,18 +29,6 @@ from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibling
 from balcaprl.model_paths import check_model_path
 
-__all__ = [
-    "COLUMNS",
-    "SPLITS",
-    "DatasetSample",
-    "TokenCounter",
-    "load_split",
-    "read_card",
-    "read_split_rows",
-    "read_split_table",
-    "write_dataset",
-]
-
 SPLITS = ("train", "eval")
 SCHEMA = pa.schema(
     [

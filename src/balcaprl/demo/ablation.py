@@ -50,16 +50,6 @@ from balcaprl.demo.report import BootstrapInterval, HeldOut, direction_verdict, 
 from balcaprl.demo.variants import Variant, get_variant
 from balcaprl.progress import Progress
 
-__all__ = [
-    "AblationResult",
-    "ClaimCheck",
-    "VariantSummary",
-    "ablation_csv",
-    "ablation_markdown",
-    "run_ablation",
-    "summarise",
-]
-
 CHANGE_METRICS = (("b_capscore", 100.0), ("precision", 1.0), ("recall", 1.0), ("linguistic", 1.0))
 MEAN_METRICS = ("tokens", "non_pointable_share", "non_visible_share", "fluency")
 

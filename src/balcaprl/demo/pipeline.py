@@ -45,15 +45,6 @@ from balcaprl.demo.variants import Variant
 from balcaprl.errors import UserError
 from balcaprl.progress import Progress
 
-__all__ = [
-    "DemoError",
-    "DemoResult",
-    "ProgressFactory",
-    "VariantResult",
-    "quiet_library_progress_bars",
-    "run_demo",
-]
-
 STAGE_FILE = "demo_stage.json"
 SUMMARY_FILE = "summary.json"
 

@@ -14,6 +14,7 @@ Library use: :func:`run_suite` (all protocols), or one protocol's ``run_*`` with
 :func:`~balcaprl.evaluate.caparena.arena_scores`, :func:`~balcaprl.evaluate.report.spearman`).
 """
 
+from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
 from balcaprl.evaluate.formats import (
     CapArenaItem,
     CaptionQAEntry,
@@ -26,13 +27,7 @@ from balcaprl.evaluate.formats import (
     read_decapbench,
 )
 from balcaprl.evaluate.results import ProtocolResult
-from balcaprl.evaluate.suite import (
-    PROTOCOLS,
-    EvaluationConfig,
-    load_evaluation_config,
-    read_eval,
-    run_suite,
-)
+from balcaprl.evaluate.suite import read_eval, run_suite
 
 __all__ = [
     "PROTOCOLS",

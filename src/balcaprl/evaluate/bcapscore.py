@@ -25,8 +25,6 @@ from balcaprl.evaluate.score import score_captions
 from balcaprl.files import atomic_write_text as _write_atomic
 from balcaprl.judge.client import OpenAICompatibleJudge, build_judge
 
-__all__ = ["run_bcapscore"]
-
 
 class BCapScoreSection(ProtocolSection):
     """b-CapScore's files (its options are the judge config's)."""

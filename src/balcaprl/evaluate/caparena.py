@@ -62,18 +62,6 @@ from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
 
-__all__ = [
-    "BASELINES",
-    "OFFICIAL_OPTIONS",
-    "CapArenaSection",
-    "PairVerdict",
-    "arena_scores",
-    "caption_words",
-    "positions",
-    "read_official_judgment",
-    "run_caparena",
-]
-
 BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 JUDGMENTS = ("Caption 1 is better", "Caption 2 is better", "Tie")
 _REASON = re.compile(r"Reason:\s*(.+?)\s*Judgment:", re.DOTALL)

@@ -48,19 +48,6 @@ from balcaprl.errors import InputError
 from balcaprl.files import JsonlLog, atomic_write_text
 from balcaprl.model_paths import check_model_path
 
-__all__ = [
-    "PROMPT_PRESETS",
-    "CaptionItem",
-    "CaptionRun",
-    "GenerationSettings",
-    "TransformersCaptioner",
-    "VLLMCaptioner",
-    "caption_items",
-    "collect_items",
-    "native_path",
-    "resolve_prompt",
-]
-
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
 # Detailed-description prompts. "detailed" is the caption prompt of lmms-eval's CaptionQA task and
 # the synthetic world's prompt; "dataset" uses each dataset row's own prompt (ShareGPT4V's prompts

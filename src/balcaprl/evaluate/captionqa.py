@@ -76,19 +76,6 @@ from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
 
-__all__ = [
-    "CANNOT_ANSWER",
-    "OFFICIAL_OPTIONS",
-    "CaptionQASection",
-    "PreparedQuestion",
-    "extract_letter",
-    "is_yes_no_question",
-    "prepare_questions",
-    "question_prompt",
-    "run_captionqa",
-    "score_answer",
-]
-
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CANNOT_ANSWER = "Cannot answer from the caption"
 CANNOT_ANSWER_BONUS = 0.05

@@ -31,8 +31,6 @@ from balcaprl.evaluate.official import OfficialSources
 from balcaprl.evaluate.protocols import Protocol
 from balcaprl.judge.config import JudgeConfig, JudgeSection
 
-__all__ = ["PROTOCOLS", "EvaluationConfig", "flag_overrides", "load_evaluation_config"]
-
 # The table of protocols, in the suite's default order: each is one object with one signature
 # (balcaprl.evaluate.protocols); the config's sections, the suite and the command line are read from it.
 PROTOCOLS: dict[str, Protocol] = {

@@ -85,27 +85,6 @@ from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
 
-__all__ = [
-    "OFFICIAL_OPTIONS",
-    "DCScoreSection",
-    "ExtractedFacts",
-    "FactMatches",
-    "FactVerdicts",
-    "TrialScores",
-    "caption_scores",
-    "degenerate",
-    "extract_messages",
-    "fact_list_json",
-    "match_messages",
-    "official_extract_messages",
-    "official_match_messages",
-    "official_verify_messages",
-    "parse_fenced_json",
-    "run_dcscore",
-    "score_trial",
-    "verify_messages",
-]
-
 F1_EPS = 1e-8  # the official script's F1 denominator guard
 _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample (empty, unreadable)
 RUBRICS = ("dcscore_extract", "dcscore_match", "dcscore_verify")

@@ -37,23 +37,6 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.files import jsonl_lines
 
-__all__ = [
-    "BENCHMARKS",
-    "BenchmarkRows",
-    "CapArenaItem",
-    "CaptionQAEntry",
-    "CaptionSet",
-    "DeCapBenchItem",
-    "FormatError",
-    "Question",
-    "RefusedRow",
-    "read_caparena",
-    "read_caption_sets",
-    "read_captionqa",
-    "read_decapbench",
-    "read_json_or_jsonl",
-]
-
 BENCHMARKS = ("decapbench", "captionqa", "caparena")
 
 

@@ -32,18 +32,6 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text
 
-__all__ = [
-    "COLUMNS",
-    "ReportRow",
-    "build_report",
-    "human_alignment",
-    "load_eval_rows",
-    "published_rows",
-    "rank_average",
-    "read_human_ranking",
-    "spearman",
-]
-
 # (key, header, has a delta column)
 COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("dcscore", "DCScore", True),

@@ -19,15 +19,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = [
-    "ProtocolResult",
-    "RowsFile",
-    "in_spans",
-    "judge_in_spans",
-    "mean",
-    "read_items",
-]
-
 T = TypeVar("T")
 R = TypeVar("R")
 

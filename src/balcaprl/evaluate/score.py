@@ -44,17 +44,6 @@ from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.outputs import ensure_writable_dir
 from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
 
-__all__ = [
-    "RECORD_FILE",
-    "SCORES_FILE",
-    "SUMMARY_FILE",
-    "VERDICTS_FILE",
-    "ScoreRun",
-    "read_caption_file",
-    "score_captions",
-    "score_results",
-]
-
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
 VERDICTS_FILE = "verdicts.jsonl"

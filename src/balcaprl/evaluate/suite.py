@@ -29,22 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError
-from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
+from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig
 from balcaprl.evaluate.formats import CaptionSet, read_caption_sets
 from balcaprl.evaluate.official import departures, paper_comparability
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text
-
-__all__ = [
-    "ANSWER_RECORD",
-    "PROTOCOLS",
-    "EVAL_FILE",
-    "EvaluationConfig",
-    "load_evaluation_config",
-    "evaluation_results",
-    "read_eval",
-    "run_suite",
-]
 
 EVAL_FILE = "eval.json"
 # the headline figures of Table 1: name -> (protocol, metric)

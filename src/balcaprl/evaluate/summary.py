@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bootstrap_mean_ci", "summarise_scores"]
-
 METRICS = ("precision", "recall", "linguistic", "b_capscore")
 _BLOCK = 1 << 20  # resampled values drawn at once: the bootstrap's memory does not grow with resamples x n
 

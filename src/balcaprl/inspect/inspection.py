@@ -12,8 +12,6 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.inspect.images import ImageTable
 
-__all__ = ["InspectError", "Inspection", "RunView", "finite_number", "read_json", "read_jsonl_rows"]
-
 SCORES_FILE, SUMMARY_FILE, VERDICTS_FILE = "scores.jsonl", "summary.json", "verdicts.jsonl"
 ROLLOUTS_FILE, METRICS_FILE, RECIPE_FILE = "rollouts.jsonl", "metrics.jsonl", "recipe.yaml"
 EVAL_FILE, DEMO_CONFIG_FILE = "eval.json", "demo_config.yaml"

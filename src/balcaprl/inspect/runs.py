@@ -30,8 +30,6 @@ from balcaprl.inspect.inspection import (
 )
 from balcaprl.rewards import b_capscore, score_verdict
 
-__all__ = ["add_training_run", "load_demo"]
-
 _CLOSE = 1e-9  # re-derived rewards must match the logged ones to this
 # card key -> key of a demo's held-out record (eval/NAME.json)
 HELDOUT_FIELDS = {"precision": "precision", "recall": "recall", "linguistic": "linguistic",

@@ -19,8 +19,6 @@ from balcaprl.inspect.inspection import (
     read_jsonl_rows,
 )
 
-__all__ = ["add_scores", "load_evaluation"]
-
 
 def add_scores(found: Inspection, folder: Path, image_root: Path | None, label: str) -> None:
     scores = read_jsonl_rows(folder / SCORES_FILE)

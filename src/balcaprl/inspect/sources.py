@@ -26,12 +26,9 @@ from balcaprl.inspect.inspection import (
     VERDICTS_FILE,
     InspectError,
     Inspection,
-    RunView,
 )
 from balcaprl.inspect.runs import add_training_run, load_demo
 from balcaprl.inspect.scores import add_scores, load_evaluation
-
-__all__ = ["InspectError", "Inspection", "RunView", "load_inspection"]
 
 
 def _kind(path: Path) -> tuple[str, Path]:

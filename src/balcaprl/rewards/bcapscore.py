@@ -6,8 +6,6 @@ from typing import Any
 
 from balcaprl.rewards._elementwise import where
 
-__all__ = ["b_capscore"]
-
 
 def b_capscore(precision: Any, recall: Any, linguistic: Any) -> Any:
     """3 / (1/p + 1/r + 1/l), in [0, 1]; 0 when any component is 0. Numbers, arrays or tensors.

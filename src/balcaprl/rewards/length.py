@@ -11,8 +11,6 @@ from typing import Any
 
 from balcaprl.rewards._elementwise import any_true, clamp_min0, where
 
-__all__ = ["TAU_HIGH", "TAU_LOW", "length_ratio", "linear_length_penalty", "mask_linguistic_by_length"]
-
 # The paper's length band [tau_l, tau_u] (Sec. 2.3): the defaults of every config that holds one.
 TAU_LOW = 0.5
 TAU_HIGH = 2.0

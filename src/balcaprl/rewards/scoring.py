@@ -16,16 +16,6 @@ from balcaprl.rewards.config import LengthControlConfig, RewardConfig
 from balcaprl.rewards.length import length_ratio, linear_length_penalty, mask_linguistic_by_length
 from balcaprl.rewards.verdict import Verdict, parse_verdict
 
-__all__ = [
-    "REWARD_NAMES",
-    "LengthGate",
-    "RewardVector",
-    "RolloutScore",
-    "length_gate",
-    "score_rollout",
-    "score_verdict",
-]
-
 # Order of the K = 3 reward columns everywhere (reward tensors, weights, configs, metrics).
 REWARD_NAMES = ("precision", "recall", "linguistic")
 

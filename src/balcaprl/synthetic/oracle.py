@@ -47,8 +47,6 @@ from balcaprl.synthetic.parser import Assertion, parse_caption
 from balcaprl.synthetic.render import DEFAULT_IMAGE_SIZE, pixel_key, png_bytes, render_scene, thumbnail
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = ["SCENES_FILE", "OracleJudge", "SceneRecord", "oracle_verdict", "scene_record"]
-
 SCENES_FILE = "scenes.jsonl"
 # Mean absolute difference (0..255) between 8x8 thumbnails below which a lossy copy is accepted.
 THUMB_TOLERANCE = 6.0

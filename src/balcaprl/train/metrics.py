@@ -41,15 +41,6 @@ from balcaprl.files import jsonl_lines
 from balcaprl.judge.protocol import FailureReason
 from balcaprl.rewards import REWARD_NAMES, LengthMode
 
-__all__ = [
-    "MetricsJsonlCallback",
-    "RichProgressCallback",
-    "RolloutLog",
-    "append_jsonl",
-    "batch_metrics",
-    "read_jsonl",
-]
-
 KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
 
 

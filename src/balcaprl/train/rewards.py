@@ -36,15 +36,6 @@ from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest
 from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, length_gate, score_rollout
 
-__all__ = [
-    "JUDGE_EXCEPTION",
-    "ScoredBatch",
-    "ScoredRollout",
-    "SharedVerdictScorer",
-    "caption_text",
-    "judge_usage",
-]
-
 logger = logging.getLogger(__name__)
 
 # Failure reason recorded when the judge raised instead of returning a JudgeFailure.

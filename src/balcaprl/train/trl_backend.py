@@ -64,18 +64,6 @@ from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, R
 from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
 from balcaprl.train.rewards import SharedVerdictScorer
 
-__all__ = [
-    "BalancedGRPOTrainer",
-    "EpochSeededRepeatSampler",
-    "TrainResult",
-    "batch_layout",
-    "build_trainer",
-    "grpo_config",
-    "image_token_runs",
-    "train",
-    "vllm_engine_kwargs",
-]
-
 logger = logging.getLogger(__name__)
 
 

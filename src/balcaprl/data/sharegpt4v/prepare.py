@@ -45,8 +45,6 @@ from balcaprl.files import atomic_write_text
 from balcaprl.outputs import ensure_writable_dir
 from balcaprl.progress import Progress
 
-__all__ = ["PrepareOptions", "PrepareReport", "default_workers", "prepare_results", "prepare_sharegpt4v"]
-
 CHECKPOINT_DIR = ".prepare"
 CHECKPOINT_FILE = "image-checks.jsonl"
 REJECTIONS_FILE = "rejections.jsonl"

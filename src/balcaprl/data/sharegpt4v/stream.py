@@ -17,8 +17,6 @@ from typing import Any
 
 from balcaprl.errors import InputError
 
-__all__ = ["JsonArrayStream", "JsonFileError"]
-
 _BOM = b"\xef\xbb\xbf"
 _WHITESPACE = b" \t\n\r"
 

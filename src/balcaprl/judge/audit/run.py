@@ -32,8 +32,6 @@ from balcaprl.errors import InputError
 from balcaprl.judge.audit.compare import compare_outcomes, item_scores
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
 
-__all__ = ["AuditItem", "JudgeFactory", "judge_names", "read_audit_items", "run_audit"]
-
 JudgeFactory = Callable[[], Judge]
 PER = 1000  # accounting is reported per this many rollouts
 

@@ -46,19 +46,6 @@ from balcaprl.rewards import REWARD_NAMES, RewardConfig
 from balcaprl.train.advantages import ESTIMATORS as ESTIMATOR_NAMES
 from balcaprl.train.advantages import group_index_from_ids, rollout_advantages
 
-__all__ = [
-    "ESTIMATORS",
-    "LENGTH_PENALTY_KEY",
-    "RolloutRewards",
-    "algorithm_setting",
-    "balcaprl_c_gdpo_advantage",
-    "balcaprl_grpo_advantage",
-    "provide_rollout_rewards",
-    "register_estimators",
-    "reward_config",
-    "verl_rollout_advantages",
-]
-
 LENGTH_PENALTY_KEY = "length_penalty"
 # verl estimator name -> the recipe's advantage.estimator
 ESTIMATORS = {f"balcaprl_{name}": name for name in ESTIMATOR_NAMES}

@@ -70,8 +70,6 @@ from balcaprl.rewards import RewardConfig
 from balcaprl.train.judge_overlap import stamped
 from balcaprl.train.rewards import JUDGE_EXCEPTION, ScoredRollout, SharedVerdictScorer, caption_text
 
-__all__ = ["RewardSettings", "compute_score", "gather_results", "result_keys", "scorer_for"]
-
 logger = logging.getLogger(__name__)
 
 # Keys verl's reward managers add to the call by themselves; accepted and ignored.

@@ -42,14 +42,6 @@ from balcaprl.train.verl_backend.estimator import (
 )
 from balcaprl.train.verl_backend.policy_loss import VERL_POLICY_METRICS
 
-__all__ = [
-    "TRAINER_MODE",
-    "BalancedAdvantageStep",
-    "BalancedPPOTrainerSync",
-    "policy_metrics",
-    "reward_columns",
-]
-
 TRAINER_MODE = "balcaprl_sync"
 _NAN = float("nan")
 
