@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibling
+from balcaprl.images import path_in_root
 from balcaprl.model_paths import check_model_path
 
 __all__ = [
@@ -131,13 +132,12 @@ def _image_row(root: Path, sample: DatasetSample) -> tuple[str, str]:
     else:
         target = Path(sample.image)
         target = target if target.is_absolute() else root / target
-        try:
-            rel = target.resolve().relative_to(root.resolve())
-        except ValueError:
+        rel = path_in_root(root, target)  # an images/ folder linked to shared storage is inside
+        if rel is None:
             raise ValueError(
                 f"sample {sample.id!r}: image {sample.image} is outside the dataset folder {root}; "
                 "pass its bytes instead so it is copied under images/"
-            ) from None
+            )
         if sample.image_sha256 is not None:
             if not target.is_file():
                 raise FileNotFoundError(f"sample {sample.id!r}: image {target} does not exist")
