@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 from balcaprl import __version__
 from balcaprl.cli import data, demo, evaluate, figure, inspect, judge, synthetic, train, verl
 from balcaprl.errors import UserError
+from balcaprl.outputs import release_output_locks
 
 __all__ = ["app"]
 
@@ -44,6 +45,8 @@ class RootGroup(TyperGroup):
                 raise
             typer.echo(f"error: {error}", err=True)  # plain text: no console width, no wrapping
             ctx.exit(2)
+        finally:
+            release_output_locks()  # the command's output places (a process's end releases them too)
 
 
 def _group(help: str) -> typer.Typer:

@@ -67,7 +67,7 @@ def train(
         return
     from balcaprl.data.format import read_card
     from balcaprl.errors import ConfigError, UserError
-    from balcaprl.outputs import ensure_writable_dir
+    from balcaprl.outputs import ensure_writable_dir, lock_output
     from balcaprl.train.checkpointing import replace_run, resolve_resume
 
     if launcher is not None or verl_layout is not None or gpus is not None:
@@ -102,6 +102,8 @@ def train(
     except UserError as error:
         raise ConfigError(f"data.path: {error}") from None
     output_dir = Path(recipe.run.output_dir).expanduser()
+    if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
+        lock_output(output_dir, "run.output_dir")
     if overwrite:
         replace_run(output_dir, processes)
     else:
