@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibling
 from balcaprl.images import path_in_root
-from balcaprl.model_paths import check_model_path
+from balcaprl.model_paths import check_model_path, hub_unreachable, names_local_path
 
 __all__ = [
     "COLUMNS",
@@ -106,14 +106,25 @@ class TokenCounter:
         :class:`~balcaprl.errors.InputError` naming ``what`` (the flag).
         """
         check_model_path(name_or_path, what)  # a mistyped local path is not sent to the hub
+        from balcaprl.synthetic.tokenizer import TOKENIZER_NAME, build_tokenizer  # (imported late: no cycle)
+
+        if name_or_path == TOKENIZER_NAME:  # the synthetic world's own: built here, never downloaded
+            return cls.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
         from transformers import AutoProcessor, AutoTokenizer
 
+        offline = None if names_local_path(name_or_path) else hub_unreachable()
+        local = {"local_files_only": True} if offline else {}  # the cache only: no retries on a dead hub
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **local)
         except Exception as first:  # some multimodal checkpoints only ship a processor
             try:
-                tokenizer = AutoProcessor.from_pretrained(name_or_path)
+                tokenizer = AutoProcessor.from_pretrained(name_or_path, **local)
             except Exception:
+                if offline:
+                    raise InputError(
+                        f"{what} {name_or_path}: not in the local Hugging Face cache, and the hub cannot be "
+                        f"used ({offline}); give a local folder holding tokenizer files"
+                    ) from None
                 raise InputError(
                     f"{what} {name_or_path}: cannot load a tokenizer from it "
                     f"({str(first).splitlines()[0] if str(first) else type(first).__name__}); pass a hub "
