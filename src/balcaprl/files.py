@@ -9,13 +9,19 @@ Text inputs (caption and reference files, benchmark annotations) must be UTF-8. 
 are an error naming the file, the byte offset and the line, never replaced silently: a caption file
 in another encoding (Latin-1, Windows-1252) would otherwise have every accented letter turned into
 U+FFFD and then be judged as if the captioner had written that.
+
+A write the system refuses (a full disk, an I/O error) raises an ``OSError`` that names the file
+(:func:`naming`): a write to an open file reports no path of its own, and the command line prints the
+error in one line with its path (``balcaprl.cli.common.system_error_line``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +33,7 @@ __all__ = [
     "atomic_write_text",
     "decode_utf8",
     "jsonl_lines",
+    "naming",
     "temporary_sibling",
     "read_utf8_text",
 ]
@@ -37,6 +44,18 @@ def jsonl_lines(text: str) -> list[str]:
     and other separators that JSON allows unescaped inside a string (``ensure_ascii=False`` writes
     them), which would cut a caption in two."""
     return text.split("\n")
+
+
+@contextlib.contextmanager
+def naming(path: Path | str) -> Iterator[None]:
+    """Give an ``OSError`` raised inside the block ``path`` as its file name when it has none (a
+    ``write``/``flush``/``fsync`` on an open file fails with no path); same errno, same subclass."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror or os.strerror(error.errno), str(path)) from error
 
 
 def _process_umask() -> int:
@@ -64,16 +83,17 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temporary_sibling(path)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with naming(path):
+        fd, tmp = temporary_sibling(path)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
@@ -147,25 +167,32 @@ class JsonlLog:
         return records
 
     def append(self, record: dict[str, Any]) -> None:
-        if self._handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = self.path.open("a", encoding="utf-8")
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._handle.flush()
+        with naming(self.path):
+            if self._handle is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = self.path.open("a", encoding="utf-8")
+            self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._handle.flush()
         self._unsynced += 1
         if self._unsynced >= self.sync_every:
             self.sync()
 
     def sync(self) -> None:
         if self._handle is not None and self._unsynced:
-            os.fsync(self._handle.fileno())
+            with naming(self.path):
+                os.fsync(self._handle.fileno())
             self._unsynced = 0
 
     def close(self) -> None:
         if self._handle is not None:
-            self.sync()
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            with naming(self.path):
+                try:
+                    if self._unsynced:
+                        os.fsync(handle.fileno())
+                finally:
+                    self._unsynced = 0
+                    handle.close()
 
     def __enter__(self) -> JsonlLog:
         return self
