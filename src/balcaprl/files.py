@@ -28,10 +28,12 @@ from typing import IO, Any
 from balcaprl.errors import InputError, MissingInputError
 
 __all__ = [
+    "MAX_LINE_BYTES",
     "JsonlLog",
     "atomic_write_bytes",
     "atomic_write_text",
     "decode_utf8",
+    "invalid_unicode",
     "jsonl_lines",
     "naming",
     "temporary_sibling",
@@ -64,7 +66,12 @@ def _process_umask() -> int:
     return mask
 
 
-_UMASK = _process_umask()  # read once, at import (setting it is process-wide, so not per write)
+_UMASK = _process_umask()
+# The longest line a text input may have: a caption, a reference, a benchmark row, or a whole JSON
+# document written on one line (CapArena's annotations are ~1 MB). Inputs are read in chunks and
+# refused at the first line longer than this, so `--captions /dev/zero` is an error, not a MemoryError.
+MAX_LINE_BYTES = 64 * 2**20
+_CHUNK_BYTES = 2**20  # read once, at import (setting it is process-wide, so not per write)
 
 
 def temporary_sibling(path: Path | str) -> tuple[int, str]:
@@ -115,13 +122,24 @@ def decode_utf8(data: bytes, where: str) -> str:
         ) from None
 
 
+def invalid_unicode(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode, or None. Valid UTF-8 can still carry a lone surrogate through
+    a JSON escape (``"\\ud800"``): such a string cannot be written, hashed as UTF-8 or sent anywhere, so
+    the row that holds it is refused (``bad_input``) instead of failing the whole run."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"not valid Unicode: a lone surrogate U+{ord(text[error.start]):04X} at character {error.start + 1}"
+    return None
+
+
 def read_utf8_text(path: Path | str, what: str = "") -> str:
     """The UTF-8 text of ``path`` (see :func:`decode_utf8`); a missing or unreadable file is an
     :class:`InputError` too. ``what`` names the input in messages, e.g. ``"--captions"``."""
     path = Path(path)
     label = f"{what} {path}".strip()
     try:
-        data = path.read_bytes()
+        data = _read_bounded(path, label)
     except FileNotFoundError:
         raise MissingInputError(f"{label}: no such file") from None
     except IsADirectoryError:
@@ -129,6 +147,27 @@ def read_utf8_text(path: Path | str, what: str = "") -> str:
     except OSError as error:
         raise InputError(f"{label}: cannot read it ({error.strerror or error})") from None
     return decode_utf8(data, label)
+
+
+def _read_bounded(path: Path, label: str) -> bytes:
+    """The bytes of ``path``, read in chunks; :class:`InputError` at a line over :data:`MAX_LINE_BYTES`."""
+    chunks: list[bytes] = []
+    line_start = 0  # offset of the current line's first byte
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK_BYTES):
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                line_start = size + newline + 1
+            size += len(chunk)
+            if size - line_start > MAX_LINE_BYTES:
+                line = sum(c.count(b"\n") for c in chunks) + chunk.count(b"\n", 0, newline + 1) + 1
+                raise InputError(
+                    f"{label}: line {line} is longer than {MAX_LINE_BYTES // 2**20} MiB (the limit for one "
+                    "line of a text input); is it the right file?"
+                )
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class JsonlLog:
