@@ -382,3 +382,29 @@ def test_a_lone_surrogate_is_a_row_level_bad_input(ws: Path, tmp_path: Path):
         "the caption of this row is not valid Unicode: a lone surrogate U+D800 at character 7"
     )
     assert rows[1]["failure"] is None and server.counters.total >= 1
+
+
+def test_a_password_in_base_url_is_refused_and_never_written(ws: Path, tmp_path: Path):
+    """Secrets come only from environment variables: a judge URL with a password stops the command
+    before anything is written (the run's recipe.yaml would have copied it), and no output echoes it."""
+    secret_url = "https://user:s3cr3t-pa55@judge.example/v1"
+    judge = tmp_path / "judge.yaml"
+    judge.write_text(yaml.safe_dump({"base_url": secret_url, "model": "m", "cache_path": None}))
+    runs = {
+        "score": score(ws, tmp_path, judge=str(judge)),
+        "train": [
+            "train",
+            str(RECIPE_3B),
+            f"data.path={ws / 'dataset'}",
+            f"run.output_dir={tmp_path / 'run'}",
+            NO_CACHE,
+            f"judge.base_url={secret_url}",
+        ],  # fmt: skip
+    }
+    for name, args in runs.items():
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "100", **dict(JUDGE_KEY)})
+        assert result.exit_code == 2, (name, result.output)
+        assert "base_url: holds a password (user:***@host)" in squash(result.output), result.output
+        assert "s3cr3t" not in result.output, result.output
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != judge and b"s3cr3t" in p.read_bytes()]
+    assert written == [] and not (tmp_path / "run" / "recipe.yaml").exists()

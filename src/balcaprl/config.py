@@ -21,6 +21,7 @@ the error names the key and both lines).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -40,6 +41,7 @@ __all__ = [
     "load_config",
     "parse_yaml",
     "read_config_file",
+    "redact_credentials",
     "section_without",
     "validate_config",
 ]
@@ -307,6 +309,15 @@ def _is_tag(part: Any) -> bool:
     return part.startswith("function-") or "[" in part or part[0].isupper() or part in _BUILTIN_TAGS
 
 
+_URL_PASSWORD = re.compile(r"(//[^/@\s:'\"]*):[^/@\s'\"]*@")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the password of every URL in it masked (``https://user:***@host``): a config's
+    error message shows the value it refuses, never a secret in it."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
 def format_validation_error(
     error: ValidationError, model: type[BaseModel], source: str, what: str = "config", prefix: str = ""
 ) -> str:
@@ -327,7 +338,7 @@ def format_validation_error(
         else:
             message = problem["msg"].removeprefix("Value error, ")
             given = problem.get("input")
-            got = "" if isinstance(given, Mapping) else f" (got {given!r})"
+            got = "" if isinstance(given, Mapping) else f" (got {redact_credentials(repr(given))})"
             lines.append(f"  {key}: {message}{got}")
     return "\n".join(lines)
 
