@@ -28,14 +28,14 @@ def png() -> bytes:
 
 @pytest.fixture()
 def linked(tmp_path: Path) -> Path:
-    """``data/images`` is a symlink to ``shared/pool``; ``shared/secret.png`` lies beside the pool."""
-    pool = tmp_path / "shared" / "pool"
+    """``data/images`` is a symlink to ``storage/pool``; ``storage/secret.png`` lies beside the pool."""
+    pool = tmp_path / "storage" / "pool"
     pool.mkdir(parents=True)
     (pool / "a.png").write_bytes(png())
-    (tmp_path / "shared" / "secret.png").write_bytes(png())
+    (tmp_path / "storage" / "secret.png").write_bytes(png())
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "images").symlink_to(pool, target_is_directory=True)
-    (tmp_path / "data" / "link-out.png").symlink_to(tmp_path / "shared" / "secret.png")
+    (tmp_path / "data" / "link-out.png").symlink_to(tmp_path / "storage" / "secret.png")
     return tmp_path / "data"
 
 
@@ -49,8 +49,8 @@ def test_a_linked_images_folder_is_inside_the_root(linked: Path):
 @pytest.mark.parametrize(
     "outside",
     [
-        "../shared/secret.png",
-        "images/../../shared/secret.png",
+        "../storage/secret.png",
+        "images/../../storage/secret.png",
         "link-out.png",
         "/etc/hostname",
         "images/../..",
