@@ -34,3 +34,30 @@ def test_a_full_disk_in_training_is_one_line_naming_the_file(tiny_llava, tiny_da
         and ": No space left on device; free some space" in last
     )
     assert "Traceback" not in result.output and result.output.count("error:") == 1, result.output
+
+
+def test_a_successful_run_ends_without_resource_warnings(tiny_llava, tiny_dataset, tmp_path):
+    """A real process against a loopback judge over HTTP: the judge's session is closed on the
+    trainer's reward loop before it stops, so nothing is left for the exit to complain about."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from balcaprl.testing.judge_server import JudgeServer
+    from balcaprl.testing.scripted_judge import ScriptedJudge as ServedJudge
+
+    with JudgeServer(ServedJudge()) as server:
+        judge = tmp_path / "judge.yaml"
+        judge.write_text(yaml.safe_dump({"base_url": server.base_url, "model": "m", "api_key_env": None,
+                                         "cache_path": None}))  # fmt: skip
+        args = ["train", str(RECIPE_3B.parent / "llava_1_5_7b.yaml"), "--judge", str(judge),
+                *tiny_overrides(tiny_llava, tiny_dataset, tmp_path / "run")]  # fmt: skip
+        env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": os.pathsep.join(sys.path)}
+        done = subprocess.run(
+            [sys.executable, "-m", "balcaprl.cli", *args], capture_output=True, text=True, env=env
+        )
+    assert done.returncode == 0, done.stderr
+    assert "done: 4 steps" in done.stdout and server.counters.total > 0
+    for warning in ("Unclosed client session", "Unclosed connector", "was never awaited", "Traceback"):
+        assert warning not in done.stderr, done.stderr

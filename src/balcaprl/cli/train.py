@@ -112,12 +112,21 @@ def train(
 
     from balcaprl.train.trl_backend import train as train_with_trl
 
-    result = train_with_trl(
-        recipe,
-        judge_object,
-        resume=resume_from if resume_from is not None else resume,
-        allow_recipe_change=allow_recipe_change,
-    )
+    try:
+        result = train_with_trl(
+            recipe,
+            judge_object,
+            resume=resume_from if resume_from is not None else resume,
+            allow_recipe_change=allow_recipe_change,
+        )
+    finally:
+        # Its HTTP session lives on the trainer's reward loop: closed now, while that loop still runs
+        # (left to exit, the close is scheduled on a loop that is stopped first: "Unclosed client session").
+        aclose = getattr(judge_object, "aclose", None)
+        if aclose is not None:
+            import asyncio
+
+            asyncio.run(aclose())
     typer.echo(f"done: {result.global_step} steps; metrics in {result.metrics_path}")
     if result.final_model_dir is not None:
         typer.echo(f"final policy: {result.final_model_dir}")
