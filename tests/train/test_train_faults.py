@@ -61,3 +61,38 @@ def test_a_successful_run_ends_without_resource_warnings(tiny_llava, tiny_datase
     assert "done: 4 steps" in done.stdout and server.counters.total > 0
     for warning in ("Unclosed client session", "Unclosed connector", "was never awaited", "Traceback"):
         assert warning not in done.stderr, done.stderr
+
+
+def test_ctrl_c_in_training_is_one_line_and_status_130(tiny_llava, tiny_dataset, tmp_path):
+    """SIGINT to a real training process while its rollouts are with the judge."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from balcaprl.testing.judge_server import JudgeServer
+    from balcaprl.testing.scripted_judge import ScriptedJudge as ServedJudge
+
+    with JudgeServer(ServedJudge(latency_s=600)) as server:
+        judge = tmp_path / "judge.yaml"
+        judge.write_text(yaml.safe_dump({"base_url": server.base_url, "model": "m", "api_key_env": None,
+                                         "cache_path": None}))  # fmt: skip
+        args = ["train", str(RECIPE_3B.parent / "llava_1_5_7b.yaml"), "--judge", str(judge),
+                *tiny_overrides(tiny_llava, tiny_dataset, tmp_path / "run")]  # fmt: skip
+        env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": os.pathsep.join(sys.path)}
+        process = subprocess.Popen([sys.executable, "-m", "balcaprl.cli", *args], env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            while server.counters.total == 0:  # the first rollouts are being judged
+                assert process.poll() is None, process.communicate()
+                time.sleep(0.01)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=300)
+        finally:
+            process.kill()
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted; what was finished is kept"), err
+    for noise in ("Traceback", 'File "', "Task was destroyed", "never awaited", "Unclosed"):
+        assert noise not in err, err

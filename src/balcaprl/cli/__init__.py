@@ -25,6 +25,7 @@ from balcaprl.cli.common import (
     INTERRUPTED_STATUS,
     SYSTEM_ERROR_STATUS,
     interrupted_line,
+    quiet_abandoned_tasks,
     system_error,
     system_error_line,
 )
@@ -58,6 +59,7 @@ class RootGroup(TyperGroup):
             if ctx.params.get("debug"):
                 raise
             typer.echo(interrupted_line(), err=True)
+            quiet_abandoned_tasks()
             ctx.exit(INTERRUPTED_STATUS)
         except Exception as error:  # a disk full, an I/O error: the system's refusal, not a bug
             refused = system_error(error)

@@ -5,6 +5,7 @@ reports of the error boundary (``balcaprl.cli``) for what the system refused or 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import typer
@@ -17,6 +18,7 @@ __all__ = [
     "SYSTEM_ERROR_STATUS",
     "exit_if_short",
     "interrupted_line",
+    "quiet_abandoned_tasks",
     "system_error",
     "system_error_line",
 ]
@@ -65,3 +67,9 @@ def system_error_line(error: OSError) -> str:
 
 def interrupted_line() -> str:
     return f"interrupted; {KEPT}"
+
+
+def quiet_abandoned_tasks() -> None:
+    """After Ctrl-C, the judge calls in flight on a background loop (the trainer's reward loop) are
+    abandoned on purpose; asyncio would log each as "Task was destroyed but it is pending!" at exit."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
