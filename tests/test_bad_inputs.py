@@ -60,6 +60,9 @@ def ws(tmp_path_factory) -> Path:
     bomb = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 7))
     (root / "bomb-judge.yaml").write_text(f"model: m\nl0: &l0 [x]\n{bomb}")  # 10**6 values once expanded
     (root / "duplicate-judge.yaml").write_text(yaml.safe_dump(refusing) + "model: another\n")
+    (root / "duplicate-accelerate.yaml").write_text(
+        "distributed_type: MULTI_GPU\nnum_processes: 2\nnum_processes: 8\n"
+    )
     build_dataset(root / "dataset", n_train=2, n_eval=1, seed=0)
     build_dataset(root / "corrupt", n_train=2, n_eval=1, seed=0)
     (root / "corrupt" / "train.parquet").write_bytes(b"PAR1 this is not parquet")
@@ -211,6 +214,10 @@ CASES = [
     Case("train: run.output_dir holds a run", run_with_run_folder,
          2, "error: run.output_dir {tmp}/run already holds a run (checkpoint-3); pass --resume to continue it, "
             "--overwrite to replace it", JUDGE_KEY),
+    Case("train --plan: an accelerate config with a key given twice",
+         lambda ws, t: ["train", str(RECIPE_3B), "--plan", "--launcher", str(ws / "duplicate-accelerate.yaml")],
+         2, "error: --launcher {ws}/duplicate-accelerate.yaml: cannot read it as an accelerate config (duplicate key "
+            "'num_processes' at line 3 (first at line 2); give each key once)"),
     Case("train: --resume and --overwrite",
          lambda ws, t: ["train", str(RECIPE_3B), f"data.path={ws / 'dataset'}", "--resume", "--overwrite"],
          2, "error: give --resume (or --resume-from) or --overwrite, not both"),
