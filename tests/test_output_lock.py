@@ -17,6 +17,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
+from balcaprl.errors import OutputError
 from balcaprl.outputs import lock_output, release_output_locks
 from balcaprl.testing.judge_server import JudgeServer
 from balcaprl.testing.scripted_judge import ScriptedJudge
@@ -144,3 +145,11 @@ def test_a_process_may_claim_its_own_place_twice_and_releases_it(tmp_path: Path)
     assert not first.exists()
     lock_output(tmp_path / "out")  # free again
     release_output_locks()
+
+
+def test_one_place_named_through_a_symlink_has_one_lock(tmp_path: Path, holder):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real", target_is_directory=True)
+    holder(tmp_path / "real")
+    with pytest.raises(OutputError, match=f"--out {tmp_path / 'alias'} {IN_USE}"):
+        lock_output(tmp_path / "alias")

@@ -148,7 +148,7 @@ def lock_output(path: Path | str, what: str = "--out") -> Path:
     place = Path(os.path.abspath(Path(path).expanduser()))
     try:
         place.parent.mkdir(parents=True, exist_ok=True)
-        lock = _lock_file(place)
+        lock = _lock_file(Path(os.path.realpath(place)))  # one lock however the place is named (symlinks)
     except OSError as error:
         raise OutputError(
             f"{what} {place}: cannot write there ({_reason(error)}); choose a writable folder"
