@@ -14,7 +14,7 @@ from balcaprl.cli import app
 
 
 def run_train(tiny_llava, tiny_dataset, out, monkeypatch, judge):
-    monkeypatch.setattr(balcaprl.judge, "build_judge", lambda cfg, image_root=None, processes=1: judge)
+    monkeypatch.setattr(balcaprl.judge, "build_judge", lambda cfg, **kwargs: judge)
     overrides = tiny_overrides(tiny_llava, tiny_dataset, out)
     return CliRunner().invoke(app, ["train", str(RECIPE_3B), *overrides], env={"COLUMNS": "60"})
 
