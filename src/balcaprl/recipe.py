@@ -281,10 +281,17 @@ class TrainConfig(Section):
         "cosine"
     )
     warmup: float = Field(
-        0.0, ge=0, description="Warm-up steps (>= 1) or ratio of all steps (< 1); not given by the paper."
+        0.0,
+        ge=0,
+        description="Warm-up optimizer steps (>= 1) or ratio of all steps (< 1); not given by the paper.",
     )
     epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1, description="Cap on optimizer steps (overrides epochs).")
+    max_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on optimizer steps (overrides epochs); verl counts batches, the renderer divides by "
+        "updates_per_batch x ppo_epochs.",
+    )
     clip_epsilon: float = Field(
         0.2, gt=0, lt=1, description="PPO clip epsilon (low side, and high side by default); verl's default."
     )
@@ -317,6 +324,13 @@ class TrainConfig(Section):
         description="Save a checkpoint and stop after this global step without changing the schedule (time-sliced "
         "jobs; resume later with --resume).",
     )
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one RL batch feeds: the unit conversion between the recipe's step counts
+        (``max_steps``, ``warmup``, ``run.save_steps``: optimizer steps, TRL's global step) and verl's
+        (batches)."""
+        return self.updates_per_batch * self.ppo_epochs
 
     @model_validator(mode="after")
     def _dual_clip_above_clip(self) -> TrainConfig:
@@ -374,7 +388,7 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
-        per_batch = self.train.updates_per_batch * self.train.ppo_epochs
+        per_batch = self.train.steps_per_batch
         if self.run.save_steps % per_batch:
             raise ValueError(
                 f"run.save_steps ({self.run.save_steps}) must be a multiple of train.updates_per_batch x "

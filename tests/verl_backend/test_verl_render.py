@@ -142,7 +142,7 @@ def test_recipe_knobs_map_to_verl(tmp_path):
         [
             "train.updates_per_batch=4",
             "run.save_steps=24",
-            "train.warmup=10",
+            "train.warmup=12",
             "train.kl_beta=0.01",
             "train.clip_epsilon_high=0.28",
             "train.max_steps=100",
@@ -156,13 +156,14 @@ def test_recipe_knobs_map_to_verl(tmp_path):
     launch = render_verl(recipe, extra=["actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
     values = launch.as_dict()
     assert values["actor_rollout_ref.actor.ppo_mini_batch_size"] == "64"
-    assert values["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "10"
+    # optimizer steps -> batches of 4 updates (tests/train/test_step_units.py)
+    assert values["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "3"
     assert (
         values["actor_rollout_ref.actor.use_kl_loss"] == "true"
         and values["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
     )
     assert values["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
-    assert values["trainer.total_training_steps"] == "100"
+    assert values["trainer.total_training_steps"] == "25" and values["trainer.save_freq"] == "6"
     assert values["actor_rollout_ref.rollout.top_k"] == "50"
     assert values["data.mm_processor_kwargs.max_pixels"] == "200704"
     assert values["trainer.logger"] == "[console,wandb]"

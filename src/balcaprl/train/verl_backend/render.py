@@ -11,6 +11,9 @@ by what they set. The paper's settings come from the recipe, never from verl's d
     train.learning_rate 5e-6                actor_rollout_ref.actor.optim.lr=5e-06
     train.lr_scheduler cosine               actor_rollout_ref.actor.optim.lr_scheduler_type=cosine
     train.epochs 1                          trainer.total_epochs=1
+    train.max_steps, run.save_steps,        trainer.total_training_steps, trainer.save_freq,
+      train.warmup (optimizer steps)          optim.lr_warmup_steps (batches: divided by
+                                              updates_per_batch x ppo_epochs, verl_step_counts)
     train.clip_epsilon 0.2                  actor_rollout_ref.actor.clip_ratio(_low,_high)=0.2
     train.dual_clip_c 3                     actor_rollout_ref.actor.clip_ratio_c=3.0
                                             actor_rollout_ref.actor.policy_loss.loss_mode=balcaprl_dual_clip
@@ -65,6 +68,7 @@ __all__ = [
     "format_value",
     "parse_overrides_text",
     "render_verl",
+    "verl_step_counts",
 ]
 
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
@@ -209,6 +213,18 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
             "train.stop_after_step: not available in verl (it resumes from its newest checkpoint by itself); "
             "remove it"
         )
+    # Step counts: the recipe's are optimizer steps, verl's are batches (see verl_step_counts).
+    per_batch = t.steps_per_batch
+    if t.max_steps is not None and t.max_steps % per_batch:
+        problems.append(
+            f"train.max_steps: {t.max_steps} optimizer steps are not whole batches of {per_batch} "
+            "(updates_per_batch x ppo_epochs); verl counts batches"
+        )
+    if t.warmup >= 1 and t.warmup % per_batch:
+        problems.append(
+            f"train.warmup: {t.warmup:g} optimizer steps are not whole batches of {per_batch} "
+            "(updates_per_batch x ppo_epochs); verl steps its schedule once a batch (or give a ratio < 1)"
+        )
     if t.max_steps is None and float(t.epochs) != int(t.epochs):
         problems.append(f"train.epochs: verl counts whole epochs; {t.epochs} needs train.max_steps instead")
     if m.lora is not None:
@@ -242,6 +258,26 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
             f"rollout.vllm.tensor_parallel_size: {r.vllm.tensor_parallel_size} must divide the "
             f"{cluster.gpus_per_node} GPUs of a node"
         )
+
+
+def verl_step_counts(recipe: Recipe) -> dict[str, int | float | None]:
+    """The recipe's step counts in verl's unit.
+
+    The recipe counts optimizer steps (TRL's ``global_step``): ``train.max_steps``, ``train.warmup``
+    (>= 1) and ``run.save_steps``. verl counts batches: ``trainer.total_training_steps``,
+    ``trainer.save_freq`` and ``optim.lr_warmup_steps`` (its actor steps the lr schedule once per
+    ``update_actor``, i.e. once a batch, however many mini-batches that batch holds). One batch feeds
+    ``updates_per_batch x ppo_epochs`` optimizer steps on both backends, so dividing by it gives the same
+    samples, the same checkpoints and the same warm-up. A warm-up ratio is unit-free and passes as is.
+    ``_check`` has refused counts that are not whole batches.
+    """
+    t, per_batch = recipe.train, recipe.train.steps_per_batch
+    return {
+        "total_training_steps": t.max_steps // per_batch if t.max_steps is not None else None,
+        "save_freq": recipe.run.save_steps // per_batch,
+        "lr_warmup_steps": int(t.warmup) // per_batch if t.warmup >= 1 else None,
+        "lr_warmup_steps_ratio": float(t.warmup) if t.warmup < 1 else None,
+    }
 
 
 def _packs_sequences(model_path: str) -> tuple[bool, str | None]:
@@ -354,10 +390,11 @@ def render_verl(
         model.append(_set("actor_rollout_ref.model.lora_alpha", m.lora.alpha))
         model.append(_set("actor_rollout_ref.model.target_modules", m.lora.target_modules))
 
+    steps = verl_step_counts(recipe)  # optimizer steps -> batches
     warmup = (
-        _set("actor_rollout_ref.actor.optim.lr_warmup_steps", int(t.warmup))
-        if t.warmup >= 1
-        else _set("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float(t.warmup))
+        _set("actor_rollout_ref.actor.optim.lr_warmup_steps", steps["lr_warmup_steps"])
+        if steps["lr_warmup_steps"] is not None
+        else _set("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", steps["lr_warmup_steps_ratio"])
     )
     actor = [
         _set("actor_rollout_ref.actor.strategy", "fsdp"),
@@ -436,8 +473,8 @@ def render_verl(
         _set("trainer.nnodes", cluster.nnodes),
         _set("trainer.n_gpus_per_node", cluster.gpus_per_node),
         _set("trainer.total_epochs", max(1, int(t.epochs))),
-        _set("trainer.total_training_steps", t.max_steps),
-        _set("trainer.save_freq", run.save_steps),
+        _set("trainer.total_training_steps", steps["total_training_steps"]),
+        _set("trainer.save_freq", steps["save_freq"]),
         _set("trainer.max_actor_ckpt_to_keep", run.save_total_limit),
         _set("trainer.test_freq", -1),
         _set("trainer.val_before_train", False),
@@ -450,7 +487,7 @@ def render_verl(
     notes = [model_note] if model_note else []
     if run.log_rollouts_every:
         trainer.append(_set("trainer.rollout_data_dir", _path(out_dir / "rollouts", absolute_paths)))
-        notes.append("run.log_rollouts_every: verl writes every step's rollouts (it has no 'every N')")
+        notes.append("run.log_rollouts_every: verl writes every batch's rollouts (it has no 'every N')")
     ray = [_add("ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES", PLUGIN_MODULE)]
 
     sections = [
