@@ -111,6 +111,27 @@ def test_static_state_and_activations_by_hand():
     )
 
 
+def test_verls_token_budget_by_hand():
+    """verl's micro-batch: the most tokens (a multiple of 1024) whose activations fit 90% of what the static
+    state leaves, at the worst case of one image per one-token caption."""
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
+    plan = plan_memory(recipe, launcher_from_verl_layout("1x8"))
+    # LM (checkpointed): each layer's input + one recomputed layer; ViT: 5120 patches of one image, spread
+    # over the 1280 + 64 + 1 tokens of its shortest sequence.
+    per_token = 36 * 2 * 2048 + 113_664 + 5120 * (32 * 2 * 1280 + 47_840) / (1280 + 64 + 1)
+    static = 16 * 3_754_622_976 / 8 + 2 * 151_936 * 2048 * 2 + 512 * 151_936 * 6 + 3 * GiB
+    left = 0.9 * (80 * GiB - static)
+    budget = plan.token_budget
+    assert budget % 1024 == 0 and budget * per_token <= left < (budget + 1024) * per_token
+    assert budget == 87_040
+    assert plan.update["activations (checkpointed)"] == pytest.approx(budget * per_token)
+    assert plan.fits and "at most 87040 tokens per GPU" in " ".join(plan.notes)
+    # TRL keeps per_device_batch_size captions: no budget.
+    assert (
+        plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml")).token_budget is None
+    )
+
+
 def test_the_engine_sleeps_or_stays():
     recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
     fsdp = launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml")

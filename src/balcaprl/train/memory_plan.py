@@ -28,8 +28,12 @@ its patches (Qwen2.5-VL: 4 patches per image token; LLaVA-1.5: 577 CLIP tokens p
 KV cache per token: ``layers x 2 (K, V) x kv_heads x head_dim x bytes``. Logits: TRL 1.16 computes the
 completion tokens' log-probs with a fused, tiled LM head (``trl.kernels.ChunkedLogProbFunction``: tiles
 of 4,096 tokens x 32,768 vocabulary entries, never the whole ``tokens x vocabulary`` matrix); verl 0.9.1
-without fused kernels materialises the logits of every token of a micro-batch (bf16, plus an fp32 copy
-for the log-softmax).
+without fused kernels would materialise the logits of every token of a micro-batch, so balcaprl renders
+``use_fused_kernels`` (512-token chunks).
+
+verl's micro-batches are token-balanced (``use_dynamic_bsz``): the plan gives them the tokens the
+memory left after the static state holds (:attr:`MemoryPlan.token_budget`, rendered as
+``ppo_max_token_len_per_gpu``), instead of ``train.per_device_batch_size`` captions.
 
 These are estimates: allocator fragmentation, NCCL buffers and the CUDA context come on top, and a
 fixed reserve (:data:`RUNTIME_RESERVE_GIB`) stands in for them. Check them against a measured step
@@ -55,6 +59,7 @@ __all__ = [
     "MemoryPlan",
     "ModelShape",
     "Stack",
+    "activation_bytes_per_token",
     "launcher_from_accelerate",
     "launcher_from_verl_layout",
     "model_shape",
@@ -71,6 +76,9 @@ TRL_LOGPROB_TILE = (
     4096,
     32768,
 )  # trl.kernels.chunked_logprob: TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE
+VERL_FUSED_CHUNK = 512  # verl.utils.experimental.torch_functional.FusedLinearForPPO's chunk_size (tokens)
+TOKEN_BUDGET_STEP = 1024  # verl's token budget is rounded down to a multiple of this
+TOKEN_BUDGET_SHARE = 0.9  # of the memory left for activations: a margin for what the estimate leaves out
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -450,6 +458,8 @@ class MemoryPlan:
     activations: dict[str, float]  # both ways, for the reader: {"with checkpointing": .., "without": ..}
     notes: list[str]
     warnings: list[str]
+    # verl only: the per-GPU token budget of a token-balanced micro-batch (ppo_max_token_len_per_gpu).
+    token_budget: int | None = None
 
     @property
     def peak(self) -> float:
@@ -532,31 +542,16 @@ def plan_memory(
         unit = max(_layer_params(shape.text), shape.vocab * shape.text.hidden)
         update["gathered parameters (FSDP units in flight)"] = 2 * unit * BF16
 
-    # Activations of one micro-batch: prompt (image + text) + caption tokens, and the vision tower's tokens.
-    image_tokens = shape.image_tokens(m.image.max_pixels)
-    sequence = image_tokens + PROMPT_TEXT_TOKENS + r.max_caption_tokens
-    micro = t.per_device_batch_size
-    vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
-    both = {
-        checkpointing: shape.text.activation_bytes(micro * sequence, checkpointing)
-        + shape.vision.activation_bytes(vision_tokens, checkpointing)
-        for checkpointing in (True, False)
-    }
-    update["activations (" + ("checkpointed" if m.gradient_checkpointing else "no checkpointing") + ")"] = (
-        both[m.gradient_checkpointing]
-    )
-    activations = {
-        f"with checkpointing ({micro} x {sequence} tokens)": both[True],
-        f"without checkpointing ({micro} x {sequence} tokens)": both[False],
-    }
-
-    # Log-probs through the LM head.
+    # Log-probs through the LM head (they do not grow with the micro-batch: both backends tile them).
     head = shape.vocab * shape.text.hidden
-    if verl:
-        update["logits (every token, bf16 + fp32 log-softmax)"] = (
-            micro * sequence * shape.vocab * (BF16 + FP32)
+    # verl's fused kernels (what balcaprl renders for the packed Qwen2/2.5-VL): the LM head and
+    # log-softmax in chunks; without them (LLaVA) every token's logits, counted with the activations.
+    logits_per_token = 0 if shape.kind == "qwen2_vl" else shape.vocab * (BF16 + FP32)
+    if verl and not logits_per_token:
+        update[f"log-probs (verl fused kernels, {VERL_FUSED_CHUNK}-token chunks)"] = (
+            VERL_FUSED_CHUNK * shape.vocab * (BF16 + FP32)
         )
-    else:
+    elif not verl:
         tile_tokens, tile_vocab = TRL_LOGPROB_TILE
         logprob = tile_tokens * min(tile_vocab, shape.vocab) * (BF16 + FP32)
         if shards > 1:
@@ -564,6 +559,43 @@ def plan_memory(
         if m.lora is None:
             logprob += head * FP32  # its weight gradient, accumulated in fp32 over the tiles
         update["log-probs (TRL fused LM head, tiles)"] = logprob
+
+    # Activations of one micro-batch: prompt (image + text) + caption tokens, and the vision tower's tokens.
+    image_tokens = shape.image_tokens(m.image.max_pixels)
+    sequence = image_tokens + PROMPT_TEXT_TOKENS + r.max_caption_tokens
+    token_budget = None
+    if verl:
+        # Token-balanced micro-batches (use_dynamic_bsz): as many tokens as the memory left holds.
+        left = TOKEN_BUDGET_SHARE * (gpu_bytes - sum(update.values()) - RUNTIME_RESERVE_GIB * GiB)
+        per_token = activation_bytes_per_token(shape, recipe, m.gradient_checkpointing) + logits_per_token
+        token_budget = max(0, int(left // per_token) // TOKEN_BUDGET_STEP * TOKEN_BUDGET_STEP)
+        if logits_per_token:
+            update["logits (every token, bf16 + fp32 log-softmax)"] = token_budget * logits_per_token
+        notes.append(
+            f"verl micro-batches: at most {token_budget} tokens per GPU (use_dynamic_bsz, "
+            f"ppo_max_token_len_per_gpu), {per_token / 2**20:.2f} MiB of activations and logits per token"
+        )
+        shown = f"{token_budget} tokens"
+        both = {
+            checkpointing: token_budget * activation_bytes_per_token(shape, recipe, checkpointing)
+            for checkpointing in (True, False)
+        }
+    else:
+        micro = t.per_device_batch_size
+        shown = f"{micro} x {sequence} tokens"
+        vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
+        both = {
+            checkpointing: shape.text.activation_bytes(micro * sequence, checkpointing)
+            + shape.vision.activation_bytes(vision_tokens, checkpointing)
+            for checkpointing in (True, False)
+        }
+    update["activations (" + ("checkpointed" if m.gradient_checkpointing else "no checkpointing") + ")"] = (
+        both[m.gradient_checkpointing]
+    )
+    activations = {
+        f"with checkpointing ({shown})": both[True],
+        f"without checkpointing ({shown})": both[False],
+    }
 
     # Rollouts.
     captions = t.prompts_per_batch * r.rollouts_per_prompt
@@ -620,7 +652,7 @@ def plan_memory(
     reserve = RUNTIME_RESERVE_GIB * GiB
     update["CUDA context, NCCL, fragmentation (reserve)"] = reserve
     rollout["CUDA context, NCCL, fragmentation (reserve)"] = reserve
-    plan = MemoryPlan(shape, launcher, gpu_bytes, update, rollout, activations, notes, warnings)
+    plan = MemoryPlan(shape, launcher, gpu_bytes, update, rollout, activations, notes, warnings, token_budget)
     for phase, parts in (("update", update), ("rollout", rollout)):
         total = sum(parts.values())
         if total > gpu_bytes:
@@ -630,6 +662,19 @@ def plan_memory(
                 f"the largest part is {biggest} ({parts[biggest] / GiB:.1f} GiB)"
             )
     return plan
+
+
+def activation_bytes_per_token(shape: ModelShape, recipe: Recipe, checkpointing: bool) -> float:
+    """Activation bytes per sequence token of a packed micro-batch, the vision tower included.
+
+    Each sequence brings one image (``vision_tokens`` through the tower) and the shortest caption brings
+    the most images per token, so the worst case is an image with a one-token caption: per token,
+    the LM's bytes plus the vision tower's for one image spread over ``image + prompt + 1`` tokens.
+    """
+    pixels = recipe.model.image.max_pixels
+    shortest = shape.image_tokens(pixels) + PROMPT_TEXT_TOKENS + 1
+    vision = shape.vision.activation_bytes(shape.vision_tokens(pixels), checkpointing)
+    return shape.text.activation_bytes(1, checkpointing) + vision / shortest
 
 
 def _layer_params(stack: Stack) -> int:

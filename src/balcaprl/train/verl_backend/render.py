@@ -36,6 +36,11 @@ captions, ``stop_after_step``, fractional epochs without ``max_steps``, LoRA dro
 memory use map to their verl counterparts (``per_device_batch_size`` -> micro-batch sizes per GPU); the
 attention implementation is left to verl (flash-attention 2).
 
+Speed. The actor trains under FSDP2 (``strategy=fsdp2``), on token-balanced micro-batches
+(``use_dynamic_bsz``) of at most the memory plan's per-GPU token budget (``ppo_max_token_len_per_gpu``,
+``train/memory_plan.py``; ``gpu_memory_gib`` sets the GPU size), with verl's fused LM head and log-probs
+(``use_fused_kernels``) for the packed Qwen2/2.5-VL.
+
 Models. Qwen2/2.5-VL run packed (``use_remove_padding=true``): verl 0.9.1 patches their forward for it.
 LLaVA-1.5 (``configs/llava_1_5_7b.yaml``) renders too: verl 0.9.1 has no LLaVA-specific code, example or
 test, but its generic vision-language path covers it (``AutoModelForImageTextToText``; 1-D positions,
@@ -84,6 +89,7 @@ LOSS_AGG_MODES = {
 SCHEDULERS = {"cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 ADAMW = {"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw"}
 REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+VERL_TOKEN_BUDGET = 16384  # verl 0.9.1's ppo_max_token_len_per_gpu default
 DEFAULT_MAX_PROMPT_LENGTH = 2048  # image tokens + prompt; Qwen2.5-VL at max_pixels 1003520 is <= 1280 + text
 
 
@@ -297,6 +303,31 @@ def _packs_sequences(model_path: str) -> tuple[bool, str | None]:
     )
 
 
+def _token_budget(
+    recipe: Recipe, cluster: ClusterShape, gpu_memory_gib: float, longest: int
+) -> tuple[int, str | None]:
+    """``ppo_max_token_len_per_gpu``: the memory plan's token budget for a token-balanced micro-batch,
+    never below one whole sequence (verl refuses a budget shorter than the padded width), with a note
+    when the plan cannot say or says it does not fit."""
+    from balcaprl.errors import UserError
+    from balcaprl.train.memory_plan import launcher_from_verl_layout, plan_memory
+
+    layout = launcher_from_verl_layout(f"{cluster.nnodes}x{cluster.gpus_per_node}")
+    try:
+        budget = plan_memory(recipe, layout, gpu_memory_gib).token_budget or 0
+    except UserError:
+        return max(VERL_TOKEN_BUDGET, longest), (
+            f"model.path {recipe.model.path}: no memory plan for it; verl's default token budget "
+            f"({VERL_TOKEN_BUDGET}) is used"
+        )
+    if budget < longest:
+        return longest, (
+            f"the memory plan leaves room for {budget} tokens per GPU micro-batch, less than one "
+            f"{longest}-token sequence: expect out-of-memory errors (balcaprl train --plan --verl-layout)"
+        )
+    return budget, None
+
+
 def _judge_config_path(
     recipe: Recipe, recipe_dir: Path | None, judge: str | Path | None, out_dir: Path, absolute: bool
 ) -> tuple[str, dict[Path, str]]:
@@ -332,12 +363,14 @@ def render_verl(
     max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
     absolute_paths: bool = True,
     extra: Iterable[str] = (),
+    gpu_memory_gib: float = 80.0,
 ) -> VerlLaunch:
     """verl overrides that realise ``recipe`` on ``nnodes`` x ``gpus_per_node`` GPUs.
 
     ``verl_data``: the ``balcaprl verl export`` folder (default ``<data.path>/verl``). ``judge``: a judge
     YAML replacing the recipe's ``judge:``. ``extra``: raw Hydra overrides appended last (they win).
     ``absolute_paths=False`` keeps paths as written (reference renderings checked into configs/verl).
+    ``gpu_memory_gib``: each GPU's memory, for the memory plan's per-GPU token budget.
     """
     cluster = ClusterShape(nnodes, gpus_per_node)
     if reward_workers < 1:
@@ -379,11 +412,18 @@ def render_verl(
         data.append(_add("data.mm_processor_kwargs.max_pixels", m.image.max_pixels))
 
     packed, model_note = _packs_sequences(m.path)
+    budget, budget_note = _token_budget(
+        recipe, cluster, gpu_memory_gib, max_prompt_length + r.max_caption_tokens
+    )
     model = [
         _set("actor_rollout_ref.model.path", m.path),
         _set("actor_rollout_ref.model.trust_remote_code", m.trust_remote_code),
         _set("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing),
         _set("actor_rollout_ref.model.use_remove_padding", packed),
+        # The LM head and log-probs in 512-token chunks instead of every token's logits at once (16 x
+        # 2,368 tokens x 151,936 entries would be ~11.5 GB); verl patches Qwen2/2.5-VL's forward for it,
+        # packed only, so LLaVA keeps the plain head.
+        _set("actor_rollout_ref.model.use_fused_kernels", packed),
         _set("actor_rollout_ref.model.lora_rank", m.lora.r if m.lora is not None else 0),
     ]
     if m.lora is not None:
@@ -397,7 +437,7 @@ def render_verl(
         else _set("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", steps["lr_warmup_steps_ratio"])
     )
     actor = [
-        _set("actor_rollout_ref.actor.strategy", "fsdp"),
+        _set("actor_rollout_ref.actor.strategy", "fsdp2"),  # per-parameter sharding (FSDP1: "fsdp")
         _set("actor_rollout_ref.actor.optim.lr", t.learning_rate),
         _set("actor_rollout_ref.actor.optim.lr_scheduler_type", SCHEDULERS[t.lr_scheduler]),
         warmup,
@@ -405,7 +445,10 @@ def render_verl(
         _set("actor_rollout_ref.actor.optim.clip_grad", t.max_grad_norm),
         _set("actor_rollout_ref.actor.ppo_mini_batch_size", t.prompts_per_batch // t.updates_per_batch),
         _set("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", t.per_device_batch_size),
-        _set("actor_rollout_ref.actor.use_dynamic_bsz", False),
+        # Token-balanced micro-batches: packed to the memory plan's per-GPU token budget, not a fixed
+        # count of captions (log-prob passes of the rollout and reference follow these two).
+        _set("actor_rollout_ref.actor.use_dynamic_bsz", True),
+        _set("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", budget),
         _set("actor_rollout_ref.actor.ppo_epochs", t.ppo_epochs),
         _set("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS),
         _set("actor_rollout_ref.actor.clip_ratio", t.clip_epsilon),
@@ -484,7 +527,7 @@ def render_verl(
         _set("trainer.experiment_name", run.run_name or recipe.name or out_dir.name),
         _set("trainer.logger", loggers),
     ]
-    notes = [model_note] if model_note else []
+    notes = [note for note in (model_note, budget_note) if note]
     if run.log_rollouts_every:
         trainer.append(_set("trainer.rollout_data_dir", _path(out_dir / "rollouts", absolute_paths)))
         notes.append("run.log_rollouts_every: verl writes every batch's rollouts (it has no 'every N')")
