@@ -60,6 +60,7 @@ __all__ = [
     "ModelShape",
     "Stack",
     "activation_bytes_per_token",
+    "checkpoint_disk",
     "launcher_from_accelerate",
     "launcher_from_verl_layout",
     "model_shape",
@@ -394,6 +395,9 @@ class Launcher:
     description: str = ""
     offload_params: bool = False
     offload_optimizer: bool = False
+    # FSDP's checkpoint form: SHARDED_STATE_DICT (each process its shard, once) or FULL_STATE_DICT
+    # (gathered, and the Trainer writes the weights twice: save_pretrained and FSDP's own file).
+    sharded_checkpoints: bool = True
 
     @property
     def shards(self) -> int:
@@ -416,6 +420,7 @@ def launcher_from_accelerate(path: str | Path, gpus: int | None = None) -> Launc
         return Launcher(
             strategy, processes, description=f"{name}: FSDP over {processes} GPUs",
             offload_params=bool(fsdp.get("fsdp_offload_params", False)),
+            sharded_checkpoints="FULL" not in str(fsdp.get("fsdp_state_dict_type", "FULL_STATE_DICT")).upper(),
         )  # fmt: skip
     if kind == "DEEPSPEED":
         ds = config.get("deepspeed_config") or {}
@@ -460,6 +465,9 @@ class MemoryPlan:
     warnings: list[str]
     # verl only: the per-GPU token budget of a token-balanced micro-batch (ppo_max_token_len_per_gpu).
     token_budget: int | None = None
+    # Disk, whole run folder (all processes' files): one checkpoint, and final/.
+    checkpoint_bytes: float = 0.0
+    final_bytes: float = 0.0
 
     @property
     def peak(self) -> float:
@@ -652,7 +660,29 @@ def plan_memory(
     reserve = RUNTIME_RESERVE_GIB * GiB
     update["CUDA context, NCCL, fragmentation (reserve)"] = reserve
     rollout["CUDA context, NCCL, fragmentation (reserve)"] = reserve
-    plan = MemoryPlan(shape, launcher, gpu_bytes, update, rollout, activations, notes, warnings, token_budget)
+    checkpoint, final, form = checkpoint_disk(shape, recipe, launcher)
+    limit = recipe.run.save_total_limit
+    kept = (
+        f"at most {limit} kept: {limit * checkpoint / GiB:.1f} GiB"
+        if limit
+        else "all kept (run.save_total_limit)"
+    )
+    notes.append(
+        f"disk: {checkpoint / GiB:.1f} GiB per checkpoint ({form}), {kept}; final/ {final / GiB:.1f} GiB"
+    )
+    plan = MemoryPlan(
+        shape,
+        launcher,
+        gpu_bytes,
+        update,
+        rollout,
+        activations,
+        notes,
+        warnings,
+        token_budget,
+        checkpoint,
+        final,
+    )
     for phase, parts in (("update", update), ("rollout", rollout)):
         total = sum(parts.values())
         if total > gpu_bytes:
@@ -662,6 +692,28 @@ def plan_memory(
                 f"the largest part is {biggest} ({parts[biggest] / GiB:.1f} GiB)"
             )
     return plan
+
+
+def checkpoint_disk(shape: ModelShape, recipe: Recipe, launcher: Launcher) -> tuple[float, float, str]:
+    """Bytes of one checkpoint and of ``final/``, and the checkpoint's form.
+
+    A checkpoint holds the weights (the adapter alone with LoRA) and AdamW's two moments, in the
+    parameters' dtype under torch (DDP, FSDP, verl); DeepSpeed keeps bf16 weights and an fp32 master
+    copy with fp32 moments (2 + 12 bytes per parameter) and writes 16-bit weights for loading besides.
+    FSDP with FULL_STATE_DICT writes the weights twice (``save_pretrained`` and FSDP's own file).
+    ``final/`` is the weights once, as ``save_pretrained`` writes them.
+    """
+    m = recipe.model
+    param_bytes = FP32 if m.dtype == "float32" else BF16
+    trainable = shape.lora_params(m.lora.r) if m.lora is not None else shape.params
+    weights = trainable * FP32 if m.lora is not None else shape.params * param_bytes
+    if launcher.strategy in ("zero2", "zero3"):
+        return trainable * (BF16 + FP32 * 3) + shape.params * BF16, weights, "DeepSpeed"
+    optimizer = trainable * 2 * param_bytes
+    if launcher.strategy == "fsdp" and launcher.backend == "trl" and not launcher.sharded_checkpoints:
+        return 2 * weights + optimizer, weights, "FSDP FULL_STATE_DICT: weights twice"
+    form = "sharded" if launcher.strategy == "fsdp" else "whole"
+    return weights + optimizer, weights, form
 
 
 def activation_bytes_per_token(shape: ModelShape, recipe: Recipe, checkpointing: bool) -> float:

@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,10 +51,12 @@ from balcaprl.judge.protocol import Judge
 from balcaprl.recipe import Recipe
 from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
 from balcaprl.train.checkpointing import (
+    AtomicCheckpoints,
     StopAfterStep,
     check_resumable,
     checkpoint_step,
     resolve_resume,
+    save_final_model,
     truncate_logs,
     write_recipe_snapshot,
 )
@@ -166,7 +169,7 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class BalancedGRPOTrainer(GRPOTrainer):
+class BalancedGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
 
     Args:
@@ -596,6 +599,10 @@ def build_trainer(
 # ------------------------------------------------------------------------------------------ a run
 
 
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr, flush=True)
+
+
 @dataclass(frozen=True)
 class TrainResult:
     output_dir: Path
@@ -619,8 +626,8 @@ def train(
     newest checkpoint in the folder, or a checkpoint path.
     """
     output_dir = Path(recipe.run.output_dir).expanduser()
-    checkpoint = resolve_resume(output_dir, resume)
     state = PartialState(cpu=recipe.train.use_cpu)
+    checkpoint = resolve_resume(output_dir, resume, report=_note if state.is_main_process else None)
     if checkpoint is not None:
         check_resumable(output_dir, recipe, allow_recipe_change)
         if state.is_main_process:
@@ -636,7 +643,7 @@ def train(
     final_dir = None
     if finished and recipe.run.save_final_model:
         final_dir = output_dir / "final"
-        trainer.save_model(str(final_dir))
+        save_final_model(trainer, final_dir)  # whole weights even from sharded checkpoints
     return TrainResult(
         output_dir=output_dir,
         global_step=trainer.state.global_step,
