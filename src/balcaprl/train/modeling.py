@@ -177,11 +177,19 @@ def _size_entry(size: Any, key: str) -> Any:
     return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
-def model_init_kwargs(cfg: ModelConfig) -> dict[str, Any]:
-    """``GRPOConfig.model_init_kwargs``: how TRL loads ``cfg.path``."""
+def model_init_kwargs(cfg: ModelConfig, processes: int = 1) -> dict[str, Any]:
+    """``GRPOConfig.model_init_kwargs``: how TRL loads ``cfg.path`` in each of ``processes`` processes.
+
+    A distributed launch loads with ``device_map=None``: TRL 1.16 sets it only for DDP and DeepSpeed and
+    otherwise lets ``from_pretrained`` use "auto", which under FSDP spreads rank 0's copy over every GPU
+    of the node (while the colocated vLLM engines measure their free memory); FSDP then places the
+    shards itself. One process keeps TRL's choice ("auto" on a GPU, None on CPU).
+    """
     kwargs: dict[str, Any] = {"dtype": cfg.dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation is not None:
         kwargs["attn_implementation"] = cfg.attn_implementation
+    if processes > 1:
+        kwargs["device_map"] = None
     return kwargs
 
 

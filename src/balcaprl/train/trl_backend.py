@@ -61,6 +61,7 @@ from balcaprl.train.checkpointing import (
     write_recipe_snapshot,
 )
 from balcaprl.train.data import prepare_train_dataset
+from balcaprl.train.driver import check_driver
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
 from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
@@ -453,7 +454,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
     kwargs: dict[str, Any] = dict(
         output_dir=str(Path(run.output_dir).expanduser()),
         # Model loading.
-        model_init_kwargs=model_init_kwargs(recipe.model),
+        model_init_kwargs=model_init_kwargs(recipe.model, world_size),
         trust_remote_code=recipe.model.trust_remote_code,
         # transformers 5.23 renamed these activation_checkpointing(_kwargs) and keeps the old names as
         # aliases; 5.17 (the one-node GPU set, vLLM < 0.33) knows only the old ones.
@@ -626,6 +627,8 @@ def train(
     newest checkpoint in the folder, or a checkpoint path.
     """
     output_dir = Path(recipe.run.output_dir).expanduser()
+    if not recipe.train.use_cpu:
+        check_driver()  # before torch decides there is no GPU (an old driver) and trains on the CPU
     state = PartialState(cpu=recipe.train.use_cpu)
     checkpoint = resolve_resume(output_dir, resume, report=_note if state.is_main_process else None)
     if checkpoint is not None:
