@@ -37,7 +37,15 @@ TREE = {
     "version": None,
 }
 
-TRL_FLAGS = {"--resume", "--resume-from", "--overwrite", "--judge", "--allow-recipe-change", "--print-config"}
+TRL_FLAGS = {
+    "--resume",
+    "--resume-from",
+    "--overwrite",
+    "--judge",
+    "--allow-recipe-change",
+    "--print-config",
+    "--threads",
+}
 # `balcaprl train CONFIG --plan`: the memory plan of a TRL launch (accelerate config) or of a verl layout.
 PLAN_FLAGS = {"--plan", "--launcher", "--verl-layout", "--gpus", "--gpu-memory"}
 VERL_FLAGS = {
