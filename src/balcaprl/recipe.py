@@ -128,6 +128,14 @@ class ModelConfig(Section):
     processor_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for AutoProcessor.from_pretrained."
     )
+    # Selective activation checkpointing (transformers' per-layer GradientCheckpointingLayer flag).
+    layers_without_recompute: int = Field(
+        0,
+        ge=0,
+        description="With gradient_checkpointing: the last N decoder layers of the language model keep their "
+        "activations instead of recomputing them in the backward pass (less recompute, more memory); the vision "
+        "tower stays checkpointed. `balcaprl train RECIPE --plan --launcher ...` names the largest N that fits.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -505,6 +513,10 @@ PROVENANCE: dict[str, Provenance] = {
         "Qwen2.5-VL checkpoints allow 12,845,056 pixels (16,384 tokens); the paper gives no limit"
     ),
     "model.processor_kwargs": _choice("none"),
+    "model.layers_without_recompute": _choice(
+        "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs at the recipe's micro-batch "
+        "(balcaprl train --plan); 0 in the schema (every layer recomputed, as plain gradient checkpointing)"
+    ),
     # data
     "data.reference": _paper(f"references re-captioned with GPT-5-mini for the main results ({_DATA})"),
     "data.reference_tokens": _choice(

@@ -79,7 +79,7 @@ TRL_LOGPROB_TILE = (
 )  # trl.kernels.chunked_logprob: TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE
 VERL_FUSED_CHUNK = 512  # verl.utils.experimental.torch_functional.FusedLinearForPPO's chunk_size (tokens)
 TOKEN_BUDGET_STEP = 1024  # verl's token budget is rounded down to a multiple of this
-TOKEN_BUDGET_SHARE = 0.9  # of the memory left for activations: a margin for what the estimate leaves out
+ACTIVATION_SHARE = 0.9  # of the memory left for activations (verl's token budget, layers kept): a margin
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -110,10 +110,12 @@ class Stack:
         mlp = 4 * self.intermediate if self.mlp == "swiglu" else 2 * self.intermediate
         return BF16 * (6 * self.hidden + 2 * self.kv + mlp)
 
-    def activation_bytes(self, tokens: int, checkpointing: bool) -> int:
-        """Activations of ``tokens`` tokens through the whole stack."""
-        if checkpointing:
-            return tokens * (self.layers * BF16 * self.hidden + self.layer_activation_bytes())
+    def activation_bytes(self, tokens: int, checkpointing: bool, kept: int = 0) -> int:
+        """Activations of ``tokens`` tokens through the whole stack; with checkpointing, ``kept`` layers
+        keep all theirs (selective checkpointing) and the others their input, plus one recomputed layer."""
+        if checkpointing and kept < self.layers:
+            recomputed = self.layers - kept
+            return tokens * (recomputed * BF16 * self.hidden + (kept + 1) * self.layer_activation_bytes())
         return tokens * self.layers * self.layer_activation_bytes()
 
     def kv_bytes_per_token(self, dtype_bytes: int = BF16) -> int:
@@ -465,6 +467,8 @@ class MemoryPlan:
     warnings: list[str]
     # verl only: the per-GPU token budget of a token-balanced micro-batch (ppo_max_token_len_per_gpu).
     token_budget: int | None = None
+    # TRL with gradient checkpointing: the most decoder layers that fit without recompute.
+    layers_without_recompute: int | None = None
     # Disk, whole run folder (all processes' files): one checkpoint, and final/.
     checkpoint_bytes: float = 0.0
     final_bytes: float = 0.0
@@ -574,7 +578,7 @@ def plan_memory(
     token_budget = None
     if verl:
         # Token-balanced micro-batches (use_dynamic_bsz): as many tokens as the memory left holds.
-        left = TOKEN_BUDGET_SHARE * (gpu_bytes - sum(update.values()) - RUNTIME_RESERVE_GIB * GiB)
+        left = ACTIVATION_SHARE * (gpu_bytes - sum(update.values()) - RUNTIME_RESERVE_GIB * GiB)
         per_token = activation_bytes_per_token(shape, recipe, m.gradient_checkpointing) + logits_per_token
         token_budget = max(0, int(left // per_token) // TOKEN_BUDGET_STEP * TOKEN_BUDGET_STEP)
         if logits_per_token:
@@ -592,14 +596,20 @@ def plan_memory(
         micro = t.per_device_batch_size
         shown = f"{micro} x {sequence} tokens"
         vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
-        both = {
-            checkpointing: shape.text.activation_bytes(micro * sequence, checkpointing)
-            + shape.vision.activation_bytes(vision_tokens, checkpointing)
-            for checkpointing in (True, False)
-        }
-    update["activations (" + ("checkpointed" if m.gradient_checkpointing else "no checkpointing") + ")"] = (
-        both[m.gradient_checkpointing]
-    )
+
+        def micro_batch(checkpointing: bool, kept: int = 0) -> int:
+            return shape.text.activation_bytes(micro * sequence, checkpointing, kept) + (
+                shape.vision.activation_bytes(vision_tokens, checkpointing)
+            )
+
+        both = {checkpointing: micro_batch(checkpointing) for checkpointing in (True, False)}
+    kept = m.layers_without_recompute if m.gradient_checkpointing and not verl else 0
+    label = "checkpointed" if m.gradient_checkpointing else "no checkpointing"
+    if kept:
+        label += f", last {kept} of {shape.text.layers} decoder layers kept"
+        update[f"activations ({label})"] = micro_batch(True, kept)
+    else:
+        update[f"activations ({label})"] = both[m.gradient_checkpointing]
     activations = {
         f"with checkpointing ({shown})": both[True],
         f"without checkpointing ({shown})": both[False],
@@ -660,6 +670,21 @@ def plan_memory(
     reserve = RUNTIME_RESERVE_GIB * GiB
     update["CUDA context, NCCL, fragmentation (reserve)"] = reserve
     rollout["CUDA context, NCCL, fragmentation (reserve)"] = reserve
+    most_kept = None
+    if m.gradient_checkpointing and not verl:
+        # Selective checkpointing: the most decoder layers whose activations fit the share of what is left.
+        left = gpu_bytes - sum(v for k, v in update.items() if not k.startswith("activations ("))
+        most_kept = next(
+            (n for n in range(shape.text.layers, -1, -1) if micro_batch(True, n) <= ACTIVATION_SHARE * left),
+            None,
+        )
+        if most_kept is None:
+            notes.append("selective checkpointing: not even full recompute fits this micro-batch")
+        else:
+            notes.append(
+                f"selective checkpointing: up to {most_kept} of the {shape.text.layers} decoder layers can keep "
+                f"their activations at {shown} (model.layers_without_recompute={most_kept}; the recipe has {kept})"
+            )
     checkpoint, final, form = checkpoint_disk(shape, recipe, launcher)
     limit = recipe.run.save_total_limit
     kept = (
@@ -679,9 +704,10 @@ def plan_memory(
         activations,
         notes,
         warnings,
-        token_budget,
-        checkpoint,
-        final,
+        token_budget=token_budget,
+        layers_without_recompute=most_kept,
+        checkpoint_bytes=checkpoint,
+        final_bytes=final,
     )
     for phase, parts in (("update", update), ("rollout", rollout)):
         total = sum(parts.values())

@@ -40,6 +40,9 @@ __all__ = [
     "image_grid",
     "image_limits",
     "image_only_processor_class",
+    "keep_activations",
+    "keep_activations_on_enable",
+    "language_model_layers",
     "load_processor",
     "model_init_kwargs",
     "peft_config",
@@ -191,6 +194,54 @@ def model_init_kwargs(cfg: ModelConfig, processes: int = 1) -> dict[str, Any]:
     if processes > 1:
         kwargs["device_map"] = None
     return kwargs
+
+
+def language_model_layers(model: Any) -> list[Any]:
+    """The language model's decoder layers, in order (Qwen2/2.5-VL and LLaVA name them under
+    ``language_model``; peft's wrapper keeps those names)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [
+        module
+        for name, module in model.named_modules()
+        if isinstance(module, GradientCheckpointingLayer) and "language_model" in name.split(".")
+    ]
+
+
+def keep_activations(model: Any, layers_without_recompute: int) -> list[int]:
+    """Selective activation checkpointing: the last ``layers_without_recompute`` decoder layers of the
+    language model skip the recompute (transformers 5 checks ``GradientCheckpointingLayer
+    .gradient_checkpointing`` per layer, so one flag per layer is the whole switch); every other layer,
+    the vision tower's included, stays as ``gradient_checkpointing_enable`` left it. Returns the indices
+    of the layers that now keep their activations."""
+    layers = language_model_layers(model)
+    if layers_without_recompute > len(layers):
+        from balcaprl.errors import ConfigError
+
+        raise ConfigError(
+            f"model.layers_without_recompute: {layers_without_recompute}, but the language model has "
+            f"{len(layers)} decoder layers"
+        )
+    kept = list(range(len(layers) - layers_without_recompute, len(layers)))
+    for index in kept:
+        layers[index].gradient_checkpointing = False
+    return kept
+
+
+def keep_activations_on_enable(model: Any, layers_without_recompute: int) -> None:
+    """Apply :func:`keep_activations` now if checkpointing is on, and after every later
+    ``gradient_checkpointing_enable`` of ``model``: the Trainer enables it at the start of training, and
+    TRL disables and re-enables it around every ``generate`` (``trl.models.utils``), each time on every
+    layer. The method is wrapped on the instance, as TRL's own selective checkpointing does."""
+    original = model.gradient_checkpointing_enable
+
+    def enable(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        keep_activations(model, layers_without_recompute)
+
+    model.gradient_checkpointing_enable = enable
+    if getattr(model, "is_gradient_checkpointing", False):
+        keep_activations(model, layers_without_recompute)
 
 
 def peft_config(cfg: ModelConfig):

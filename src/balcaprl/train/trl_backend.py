@@ -64,7 +64,14 @@ from balcaprl.train.data import prepare_train_dataset
 from balcaprl.train.driver import check_driver
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
-from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
+from balcaprl.train.modeling import (
+    ImageGrid,
+    image_grid,
+    keep_activations_on_enable,
+    load_processor,
+    model_init_kwargs,
+    peft_config,
+)
 from balcaprl.train.rewards import SharedVerdictScorer
 
 __all__ = [
@@ -592,6 +599,8 @@ def build_trainer(
         trainer.add_callback(RichProgressCallback())
     if recipe.train.stop_after_step is not None:
         trainer.add_callback(StopAfterStep(recipe.train.stop_after_step))
+    if recipe.model.gradient_checkpointing and recipe.model.layers_without_recompute:
+        keep_activations_on_enable(trainer.model, recipe.model.layers_without_recompute)
     for callback in callbacks:
         trainer.add_callback(callback)
     return trainer

@@ -528,6 +528,11 @@ def render_verl(
         _set("trainer.logger", loggers),
     ]
     notes = [note for note in (model_note, budget_note) if note]
+    if m.gradient_checkpointing and m.layers_without_recompute:
+        notes.append(
+            "model.layers_without_recompute: verl checkpoints every layer; its micro-batches take the memory "
+            "instead (ppo_max_token_len_per_gpu)"
+        )
     if run.log_rollouts_every:
         trainer.append(_set("trainer.rollout_data_dir", _path(out_dir / "rollouts", absolute_paths)))
         notes.append("run.log_rollouts_every: verl writes every batch's rollouts (it has no 'every N')")
