@@ -136,6 +136,13 @@ class ModelConfig(Section):
         "activations instead of recomputing them in the backward pass (less recompute, more memory); the vision "
         "tower stays checkpointed. `balcaprl train RECIPE --plan --launcher ...` names the largest N that fits.",
     )
+    # Vision attention in one call per layer (balcaprl.train.vision_attention).
+    vision_attention: Literal["default", "varlen_sdpa"] = Field(
+        "default",
+        description="Qwen2/2.5-VL vision tower: default follows attn_implementation (with sdpa transformers calls "
+        "attention once per window); varlen_sdpa runs each layer's windows in one padded SDPA call (no extra "
+        "package). Other models, and flash-attention implementations, keep their own.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -513,6 +520,10 @@ PROVENANCE: dict[str, Provenance] = {
         "Qwen2.5-VL checkpoints allow 12,845,056 pixels (16,384 tokens); the paper gives no limit"
     ),
     "model.processor_kwargs": _choice("none"),
+    "model.vision_attention": _choice(
+        "varlen_sdpa: one SDPA call per vision layer instead of one per window (same outputs, tests); torch only. "
+        "default in the schema (transformers' own)"
+    ),
     "model.layers_without_recompute": _choice(
         "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs at the recipe's micro-batch "
         "(balcaprl train --plan); 0 in the schema (every layer recomputed, as plain gradient checkpointing)"

@@ -73,6 +73,7 @@ from balcaprl.train.modeling import (
     peft_config,
 )
 from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.vision_attention import use_varlen_vision_attention
 
 __all__ = [
     "BalancedGRPOTrainer",
@@ -599,6 +600,10 @@ def build_trainer(
         trainer.add_callback(RichProgressCallback())
     if recipe.train.stop_after_step is not None:
         trainer.add_callback(StopAfterStep(recipe.train.stop_after_step))
+    if recipe.model.vision_attention == "varlen_sdpa" and "flash" not in (
+        recipe.model.attn_implementation or ""
+    ):
+        use_varlen_vision_attention(trainer.model)  # a flash implementation has its own varlen path
     if recipe.model.gradient_checkpointing and recipe.model.layers_without_recompute:
         keep_activations_on_enable(trainer.model, recipe.model.layers_without_recompute)
     for callback in callbacks:
