@@ -34,7 +34,8 @@ MFU counts model FLOPs only (forward and backward, 3 passes; a recomputed layer'
 counted): 2 x parameters per token for the language model's layers over every real prompt and caption
 token, the LM head over the caption tokens (TRL computes log-probs only there), the vision tower's
 parameters over its patches, and causal attention scores (2 x layers x hidden x length per token).
-Padding-free micro-batches (issue 25 item 2) are not implemented, so neither variant has them.
+``--variants before,after,packed`` adds ``after`` with padding-free micro-batches
+(``train.padding_free``), whose packed rows take a dense block-diagonal mask under sdpa.
 
 The update time is the step's wall time less generation and scoring (judge, old log-probs,
 advantages); with 4 updates per batch only a batch's first step generates and judges. With a random
@@ -536,18 +537,20 @@ def choose_batch(
     raise SystemExit(f"not even one prompt fits {gpu_gib:g} GiB by the memory plan")
 
 
-VARIANTS = ("before", "after")
+VARIANTS = ("before", "after", "packed")  # the default runs the first two
 
 
 def variant_overrides(name: str, layers_without_recompute: int) -> list[str]:
     """``before``: transformers' per-window vision attention, every layer recomputed; ``after``: items 1
-    and 3 of issue 25 (one SDPA call per vision layer, the plan's layers kept)."""
+    and 3 of issue 25 (one SDPA call per vision layer, the plan's layers kept); ``packed``: ``after``
+    with padding-free log-prob passes (item 2)."""
     if name == "before":
         return ["model.vision_attention=default", "model.layers_without_recompute=0"]
-    return [
+    after = [
         "model.vision_attention=varlen_sdpa",
         f"model.layers_without_recompute={layers_without_recompute}",
     ]
+    return after if name == "after" else [*after, "train.padding_free=true"]
 
 
 def run_variant(name, overrides, judge_file, clock_args, work: Path) -> tuple[dict, list[str]]:
@@ -612,7 +615,11 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, help="optimizer steps per variant (default: one batch's updates)"
     )
     parser.add_argument("--prompts", type=int, help="prompts per batch (default: the largest the plan fits)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="before, after or both (default)")
+    parser.add_argument(
+        "--variants",
+        default="before,after",
+        help="comma-separated: before, after, packed (default before,after)",
+    )
     parser.add_argument(
         "--peak-tflops", type=float, help="the GPU's bf16 dense peak (default: H100/H200 989.4)"
     )
@@ -756,7 +763,6 @@ def main(argv: list[str] | None = None) -> int:
             "max_caption_tokens": caption_tokens,
             "max_pixels": max_pixels,
             "generation": "transformers generate (vLLM off)",
-            "padding_free": False,
         },  # fmt: skip
         "judge": {
             "latency_s": args.latency,

@@ -340,6 +340,14 @@ class TrainConfig(Section):
         "jobs; resume later with --resume).",
     )
 
+    # Padding-free micro-batches (balcaprl.train.packing).
+    padding_free: bool = Field(
+        False,
+        description="TRL: run the policy's log-prob passes on packed rows (each micro-batch's real tokens in one "
+        "row, per-sample positions) instead of the padded width; Qwen2/2.5-VL only, same results. Pays off with a "
+        "varlen attention (flash-attention): with sdpa the packed row's block-diagonal mask is dense.",
+    )
+
     @property
     def steps_per_batch(self) -> int:
         """Optimizer steps one RL batch feeds: the unit conversion between the recipe's step counts
@@ -626,6 +634,10 @@ PROVENANCE: dict[str, Provenance] = {
     "train.seed": _choice("any fixed seed (verl's examples use 42)"),
     "train.dataloader_num_workers": _choice("images are opened lazily on the main process"),
     "train.stop_after_step": _choice("none: run to the end"),
+    "train.padding_free": _choice(
+        "off: equal results either way (tests), but with sdpa, the GPU recipes' attention, a packed row's "
+        "block-diagonal mask is dense and costs more than the padding it saves"
+    ),
     # run
     "run.save_steps": _choice(
         "a checkpoint every 25 generation batches (100 optimizer steps of 4 per batch)"

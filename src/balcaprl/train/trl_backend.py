@@ -72,6 +72,7 @@ from balcaprl.train.modeling import (
     model_init_kwargs,
     peft_config,
 )
+from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
 from balcaprl.train.vision_attention import use_varlen_vision_attention
 
@@ -581,7 +582,10 @@ def build_trainer(
     )
     output_dir = Path(args.output_dir)
     rollout_log = RolloutLog(output_dir / "rollouts.jsonl", recipe.run.log_rollouts_every)
-    trainer = BalancedGRPOTrainer(
+    trainer_class = BalancedGRPOTrainer
+    if recipe.train.padding_free:  # the log-prob passes on packed rows (train/packing.py)
+        trainer_class = type("PackedBalancedGRPOTrainer", (PackedLogProbs, BalancedGRPOTrainer), {})
+    trainer = trainer_class(
         model=recipe.model.path,
         args=args,
         train_dataset=train_dataset,
