@@ -4,11 +4,9 @@ full recompute."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from PIL import Image
 
-from balcaprl.errors import ConfigError
 from balcaprl.recipe import ModelConfig
 from balcaprl.train.modeling import (
     keep_activations,
@@ -95,9 +93,10 @@ def test_the_last_layers_keep_their_activations_and_the_rest_recompute(tiny_poli
         torch.testing.assert_close(grad, full_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_asking_for_more_layers_than_the_model_has_is_named(tiny_policy):
-    with pytest.raises(ConfigError, match="layers_without_recompute: 3, but the language model has 2"):
-        keep_activations(load(tiny_policy), 3)
+def test_more_layers_than_the_model_has_keeps_them_all(tiny_policy):
+    model = load(tiny_policy)
+    assert keep_activations(model, 10) == [0, 1]  # the 3B recipe's 10 on the 2-layer model
+    assert [layer.gradient_checkpointing for layer in language_model_layers(model)] == [False, False]
     assert keep_activations(load(tiny_policy), 0) == []
 
 

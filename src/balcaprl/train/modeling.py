@@ -212,17 +212,17 @@ def keep_activations(model: Any, layers_without_recompute: int) -> list[int]:
     """Selective activation checkpointing: the last ``layers_without_recompute`` decoder layers of the
     language model skip the recompute (transformers 5 checks ``GradientCheckpointingLayer
     .gradient_checkpointing`` per layer, so one flag per layer is the whole switch); every other layer,
-    the vision tower's included, stays as ``gradient_checkpointing_enable`` left it. Returns the indices
-    of the layers that now keep their activations."""
+    the vision tower's included, stays as ``gradient_checkpointing_enable`` left it. A number above the
+    model's layer count (a recipe's value on a smaller model) keeps them all. Returns the indices of the
+    layers that now keep their activations."""
     layers = language_model_layers(model)
     if layers_without_recompute > len(layers):
-        from balcaprl.errors import ConfigError
-
-        raise ConfigError(
-            f"model.layers_without_recompute: {layers_without_recompute}, but the language model has "
-            f"{len(layers)} decoder layers"
+        logger.info(
+            "model.layers_without_recompute: %d, but the language model has %d decoder layers: all keep theirs",
+            layers_without_recompute,
+            len(layers),
         )
-    kept = list(range(len(layers) - layers_without_recompute, len(layers)))
+    kept = list(range(max(0, len(layers) - layers_without_recompute), len(layers)))
     for index in kept:
         layers[index].gradient_checkpointing = False
     return kept
