@@ -169,3 +169,10 @@ def test_the_fsdp_config_shards_checkpoints_and_the_plan_counts_their_disk():
     full = launcher.__class__(**{**launcher.__dict__, "sharded_checkpoints": False})
     assert checkpoint_disk(shape, recipe, full)[0] == 16 * params
     assert recipe.run.save_total_limit == 2
+    from balcaprl.train.memory_plan import plan_memory
+
+    plan = plan_memory(recipe, launcher)
+    assert (plan.checkpoint_bytes, plan.final_bytes) == (12 * params, 4 * params)
+    assert (
+        "disk: 42.0 GiB per checkpoint (sharded), at most 2 kept: 84.0 GiB; final/ 14.0 GiB" in plan.to_text()
+    )
