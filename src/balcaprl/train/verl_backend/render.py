@@ -33,8 +33,10 @@ dropped): CPU training, TRL's vLLM server mode, fp16, an optimizer other than Ad
 than cosine/constant, no dual-clip (verl always applies it), repetition penalty, masking truncated
 captions, ``stop_after_step``, fractional epochs without ``max_steps``, LoRA dropout or
 ``modules_to_save``, and batch shapes the GPUs cannot split evenly. Recipe knobs that only tune TRL's
-memory use map to their verl counterparts (``per_device_batch_size`` -> micro-batch sizes per GPU); the
-attention implementation is left to verl (flash-attention 2).
+memory use map to their verl counterparts (``per_device_batch_size`` -> micro-batch sizes per GPU, which
+verl reads only without ``use_dynamic_bsz``); the attention implementation is left to verl
+(flash-attention 2), and so are TRL-only speed knobs (``model.vision_attention``,
+``model.layers_without_recompute``, ``train.padding_free``: verl packs by itself).
 
 Speed. The actor trains under FSDP2 (``strategy=fsdp2``), on token-balanced micro-batches
 (``use_dynamic_bsz``) of at most the memory plan's per-GPU token budget (``ppo_max_token_len_per_gpu``,
