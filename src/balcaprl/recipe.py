@@ -355,6 +355,13 @@ class TrainConfig(Section):
         (batches)."""
         return self.updates_per_batch * self.ppo_epochs
 
+    # -- judging overlapped with generation (issue 24, judge-speed) --
+    judge_overlap: bool = Field(
+        True,
+        description="TRL: start the batch's judge calls as soon as its captions exist, before the old-log-prob "
+        "forward (same calls, same rewards); false judges after it, as TRL does (docs/judge.md).",
+    )
+
     @model_validator(mode="after")
     def _dual_clip_above_clip(self) -> TrainConfig:
         high = self.clip_epsilon_high if self.clip_epsilon_high is not None else self.clip_epsilon
@@ -637,6 +644,9 @@ PROVENANCE: dict[str, Provenance] = {
     "train.padding_free": _choice(
         "off: equal results either way (tests), but with sdpa, the GPU recipes' attention, a packed row's "
         "block-diagonal mask is dense and costs more than the padding it saves"
+    ),
+    "train.judge_overlap": _choice(
+        "the judge's calls start when the captions exist: same calls, less waiting"
     ),
     # run
     "run.save_steps": _choice(
