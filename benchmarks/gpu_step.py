@@ -329,6 +329,7 @@ class StepClock:
             return wrapper
 
         BalancedGRPOTrainer._generate_single_turn = timed("_generate_single_turn", "generation_s")
+        # the judge wait left when TRL asks for the rewards (its calls may have started with the captions)
         BalancedGRPOTrainer._calculate_rewards = timed("_calculate_rewards", "judge_s")
         BalancedGRPOTrainer._generate_and_score_completions = timed(
             "_generate_and_score_completions", "scoring_s"
