@@ -87,9 +87,8 @@ def test_grpo_switch_is_the_vanilla_reference():
 def test_linear_length_penalty_is_subtracted_from_the_normalised_advantage():
     ids, rewards = crafted_batch()
     groups = group_index_from_ids(ids)
-    caption = torch.tensor([10.0, 40.0, 2.0, 100.0, 20.0, 21.0, 5.0, 19.0, 60.0, 20.0, 20.0])
-    reference = torch.full((11,), 20.0)
-    penalty = linear_length_penalty(caption, reference, 0.5, 2.0, 0.7)
+    caption = [10.0, 40.0, 2.0, 100.0, 20.0, 21.0, 5.0, 19.0, 60.0, 20.0, 20.0]
+    penalty = torch.tensor([linear_length_penalty(n, 20.0, 0.5, 2.0, 0.7) for n in caption])
     got = AdvantageStep(weights=WEIGHTS)(rewards, groups, penalty)
     base = c_gdpo_advantages(rewards, groups, WEIGHTS)
     failed = torch.isnan(rewards).all(dim=1)

@@ -202,9 +202,9 @@ def test_grpo_and_linear_length_penalty_switches(tiny_policy, tiny_dataset, tmp_
         train={"max_steps": 1},
     )
     batch = batches[0]
-    caption = torch.tensor([float(r.caption_tokens) for r in batch["rollouts"]])
-    reference = torch.tensor([float(r.reference_tokens) for r in batch["rollouts"]])
-    penalty = linear_length_penalty(caption, reference, 0.9, 1.1, 0.5)
+    penalty = torch.tensor(
+        [linear_length_penalty(r.caption_tokens, r.reference_tokens, 0.9, 1.1, 0.5) for r in batch["rollouts"]]
+    )
     assert penalty.sum() > 0
     expected = (
         grpo_advantages(batch["rewards"], group_index_from_ids(batch["ids"]), [0.1, 0.3, 0.3]) - penalty

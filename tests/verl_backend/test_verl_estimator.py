@@ -93,8 +93,7 @@ def test_grpo_ablation_through_verl_equals_the_contract(seed):
 def test_linear_length_penalty_is_subtracted_from_judged_rollouts_only():
     uids, rewards, mask = crafted_batch(1)
     caption = torch.tensor([3, 40, 12, 5, 90, 20, 8, 16, 1, 30, 25, 60, 2, 10, 11], dtype=torch.float64)
-    reference = torch.full_like(caption, 20.0)
-    penalty = linear_length_penalty(caption, reference, 0.5, 2.0, 0.7)
+    penalty = torch.tensor([linear_length_penalty(n, 20.0, 0.5, 2.0, 0.7) for n in caption.tolist()])
     advantages, _ = run_verl("balcaprl_c_gdpo", uids, rewards, mask, penalty=penalty)
     judged = ~torch.isnan(rewards).all(dim=1)
     base = c_gdpo_advantages(rewards, group_index_from_ids(uids), WEIGHTS)
