@@ -248,6 +248,7 @@ def test_a_dead_judge_stops_the_trainer_on_the_gathered_batch(tiny_policy, tiny_
         )
     )
     trainer = build_trainer(recipe, ScriptedJudge(fail_every=1))
-    assert trainer.scorer.check_failures is False  # one process's share of a batch is not a batch
+    # the trainer's batch step counts gathered batches: one process's share of a batch is not a batch
+    assert trainer.batch_step.max_failed_batches_in_a_row == 2 and not hasattr(trainer.scorer, "check_failures")
     with pytest.raises(RuntimeError, match="the judge failed on every rollout of 2 batches in a row"):
         trainer.train()

@@ -200,7 +200,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         self.batch_step = batch_step
         self.rollout_log = rollout_log
         self.image_grid = image_grid
-        self._gathered_failures = torch.zeros(0, dtype=torch.bool)
+        self._gathered_rewards = torch.zeros(0, len(REWARD_NAMES))
         self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
         self._ratio_statistics = RatioStatistics()
         self._loss_inputs: dict[str, Any] | None = None  # set while TRL computes a training loss
@@ -257,7 +257,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._gathered_failures = torch.isnan(rewards).all(dim=1).cpu()  # checked against the records
+        self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge; checked against the records
         return rewards
 
     # 3. Advantages and metrics: the batch step (train/step.py) on every process's rollout records.
@@ -268,7 +268,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
             raise RuntimeError("internal: the reward functions were not called for this batch")
         parts = gather_object([self.scorer.last_batch])  # in the order TRL gathered the rewards
         rollouts = [rollout for part in parts for rollout in part.rollouts]
-        if [not r.judged for r in rollouts] != self._gathered_failures.tolist():
+        if [not r.judged for r in rollouts] != torch.isnan(self._gathered_rewards).all(dim=1).tolist():
             raise RuntimeError(
                 "internal: the gathered rewards and the scored rollouts disagree (rows or failures); "
                 "the shared verdict memo served another batch"
