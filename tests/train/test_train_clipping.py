@@ -29,7 +29,9 @@ def test_ratio_statistics_by_hand():
     torch.testing.assert_close(on_policy, torch.tensor([5.0, 5.0, 1.0, 0.0], dtype=torch.float64))
     # Per-token advantages; no dual-clip, no dual-clipped tokens; a higher c leaves 3.5 alone.
     wide = ratio_statistics(ratios.log(), old, advantages.unsqueeze(1).expand(2, 3), mask, None)
-    assert wide[3].item() == 0.0 and ratio_statistics(ratios.log(), old, advantages, mask, 4.0)[3].item() == 0.0
+    assert (
+        wide[3].item() == 0.0 and ratio_statistics(ratios.log(), old, advantages, mask, 4.0)[3].item() == 0.0
+    )
 
 
 def test_statistics_accumulate_over_micro_batches():

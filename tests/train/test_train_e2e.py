@@ -203,7 +203,10 @@ def test_grpo_and_linear_length_penalty_switches(tiny_policy, tiny_dataset, tmp_
     )
     batch = batches[0]
     penalty = torch.tensor(
-        [linear_length_penalty(r.caption_tokens, r.reference_tokens, 0.9, 1.1, 0.5) for r in batch["rollouts"]]
+        [
+            linear_length_penalty(r.caption_tokens, r.reference_tokens, 0.9, 1.1, 0.5)
+            for r in batch["rollouts"]
+        ]
     )
     assert penalty.sum() > 0
     expected = (
@@ -249,6 +252,8 @@ def test_a_dead_judge_stops_the_trainer_on_the_gathered_batch(tiny_policy, tiny_
     )
     trainer = build_trainer(recipe, ScriptedJudge(fail_every=1))
     # the trainer's batch step counts gathered batches: one process's share of a batch is not a batch
-    assert trainer.batch_step.max_failed_batches_in_a_row == 2 and not hasattr(trainer.scorer, "check_failures")
+    assert trainer.batch_step.max_failed_batches_in_a_row == 2 and not hasattr(
+        trainer.scorer, "check_failures"
+    )
     with pytest.raises(RuntimeError, match="the judge failed on every rollout of 2 batches in a row"):
         trainer.train()

@@ -26,11 +26,15 @@ from verl_testkit import crafted_batch  # noqa: E402
 from balcaprl import c_gdpo_advantages  # noqa: E402
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights, RolloutRecord  # noqa: E402
 from balcaprl.train.advantages import group_index_from_ids  # noqa: E402
+from balcaprl.train.verl_backend.estimator import (  # noqa: E402
+    batch_step_for,
+    rollout_records,
+    verl_batch_step,
+)
 from balcaprl.train.verl_backend.render import PLUGIN_MODULE, render_verl  # noqa: E402
 from balcaprl.train.verl_backend.trainer import (  # noqa: E402
     TRAINER_MODE,
     BalancedPPOTrainerSync,
-    rollout_records,
 )
 
 WEIGHTS = [0.1, 0.3, 0.3]
@@ -59,8 +63,9 @@ def test_rollout_records_read_compute_score_dicts_and_drop_padding():
     assert uids == ["u1", "u1", "u2", "padabc"]
     assert rollouts[0].as_tuple() == (0.5, 0.2, 0.9) and rollouts[3] is None  # padding: left out, not a copy
     assert rollouts[1].failure == "timeout" and not rollouts[1].judged
-    metrics: dict = {}
-    advantages = bare_trainer()._balcaprl_batch(uids, rollouts, metrics)
+    trainer = bare_trainer()
+    step = batch_step_for(trainer.config.algorithm, trainer.config.algorithm.adv_estimator)
+    advantages, metrics = verl_batch_step(step, uids, rollouts)
     assert advantages[1] == 0 and advantages[3] == 0  # a failed judge and a padding row
     assert metrics["judge/requests"] == 3.0
     assert metrics["judge/failure_share"] == pytest.approx(1 / 3)
@@ -183,7 +188,9 @@ def put_batch(tq, uids, rewards, mask, partition, padding=0):
                 "response_mask": torch.ones(length, dtype=torch.int64),
                 "rm_scores": torch.zeros(length),
                 "old_log_probs": torch.zeros(length),
-                "extra_fields": info(*rewards[i].tolist(), "timeout" if bool(rewards[i].isnan().all()) else None),
+                "extra_fields": info(
+                    *rewards[i].tolist(), "timeout" if bool(rewards[i].isnan().all()) else None
+                ),
             }
         )
         tags.append({})

@@ -56,6 +56,8 @@ __all__ = [
     "provide_advantages",
     "register_estimators",
     "reward_config",
+    "rollout_records",
+    "verl_batch_step",
 ]
 
 # verl estimator name -> the recipe's advantage.estimator
@@ -128,6 +130,46 @@ def batch_step_for(config: Any, estimator: str) -> BatchStep:
     )
     failed = int(algorithm_setting(config, "max_failed_batches_in_a_row", 3))
     return BatchStep(advantage, length_mode=rewards.length.mode, max_failed_batches_in_a_row=failed)
+
+
+def rollout_records(
+    keys: Sequence[str], tags: Sequence[Mapping[str, Any]], extra_fields: Sequence[Any]
+) -> tuple[list[str], list[RolloutRecord | None]]:
+    """The prompt uid and the rollout record (None for a padding row) of every row of a V1 batch.
+
+    ``keys`` are TransferQueue keys ``{uid}_{session}_{index}``; ``tags`` their tags (``is_padding``);
+    ``extra_fields`` each row's ``extra_fields`` (``reward_extra_info`` holds what ``compute_score``
+    returned: the record's row form).
+    """
+    if not len(keys) == len(tags) == len(extra_fields):
+        raise ValueError(f"{len(keys)} keys, {len(tags)} tags and {len(extra_fields)} extra_fields differ")
+    uids = [str(key).rsplit("_", 2)[0] for key in keys]
+    records: list[RolloutRecord | None] = []
+    for key, tag, extra in zip(keys, tags, extra_fields, strict=True):
+        if tag.get("is_padding", False):
+            records.append(None)
+            continue
+        row = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
+        if not isinstance(row, Mapping) or "failure" not in row:
+            raise KeyError(
+                f"rollout {key!r} has no balcaprl rollout record in its extra_fields.reward_extra_info; set "
+                "reward.custom_reward_function.path=pkg://balcaprl.train.verl_backend.reward and "
+                ".name=compute_score"
+            )
+        records.append(RolloutRecord.from_row(dict(row)))
+    return uids, records
+
+
+def verl_batch_step(
+    step: BatchStep, uids: Sequence[str], rollouts: Sequence[RolloutRecord | None]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The batch step on a verl batch's real rollouts (None: verl's padding row): (N,) float64
+    advantages, 0 for padding, and the step's metrics (what the balcaprl trainer adds to verl's)."""
+    real = [i for i, rollout in enumerate(rollouts) if rollout is not None]
+    result = step([rollouts[i] for i in real], [uids[i] for i in real])  # type: ignore[misc]
+    advantages = torch.zeros(len(rollouts), dtype=torch.float64)
+    advantages[real] = result.advantages
+    return advantages, result.metrics
 
 
 def _from_columns(

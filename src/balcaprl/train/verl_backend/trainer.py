@@ -20,18 +20,22 @@ the trainer sets ``trainer.v1.trainer_mode`` back to ``"sync"`` once verl has pi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from balcaprl.rewards import RolloutRecord
 from balcaprl.train.step import BatchStep
-from balcaprl.train.verl_backend.estimator import batch_step_for, provide_advantages, register_estimators
+from balcaprl.train.verl_backend.estimator import (
+    batch_step_for,
+    provide_advantages,
+    register_estimators,
+    rollout_records,
+    verl_batch_step,
+)
 from balcaprl.train.verl_backend.policy_loss import VERL_POLICY_METRICS
 
 __all__ = [
@@ -55,34 +59,6 @@ def _as_list(values: Any) -> list[Any]:
     return list(tolist()) if callable(tolist) else list(values)
 
 
-def rollout_records(
-    keys: Sequence[str], tags: Sequence[Mapping[str, Any]], extra_fields: Sequence[Any]
-) -> tuple[list[str], list[RolloutRecord | None]]:
-    """The prompt uid and the rollout record (None for a padding row) of every row of a V1 batch.
-
-    ``keys`` are TransferQueue keys ``{uid}_{session}_{index}``; ``tags`` their tags (``is_padding``);
-    ``extra_fields`` each row's ``extra_fields`` (``reward_extra_info`` holds what ``compute_score``
-    returned: the record's row form).
-    """
-    if not len(keys) == len(tags) == len(extra_fields):
-        raise ValueError(f"{len(keys)} keys, {len(tags)} tags and {len(extra_fields)} extra_fields differ")
-    uids = [str(key).rsplit("_", 2)[0] for key in keys]
-    records: list[RolloutRecord | None] = []
-    for key, tag, extra in zip(keys, tags, extra_fields, strict=True):
-        if tag.get("is_padding", False):
-            records.append(None)
-            continue
-        row = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
-        if not isinstance(row, Mapping) or "failure" not in row:
-            raise KeyError(
-                f"rollout {key!r} has no balcaprl rollout record in its extra_fields.reward_extra_info; set "
-                "reward.custom_reward_function.path=pkg://balcaprl.train.verl_backend.reward and "
-                ".name=compute_score"
-            )
-        records.append(RolloutRecord.from_row(dict(row)))
-    return uids, records
-
-
 def policy_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """verl's clipping and ratio metrics under the names the TRL backend logs them (those present)."""
     return {name: float(metrics[key]) for key, name in VERL_POLICY_METRICS.items() if key in metrics}
@@ -98,21 +74,13 @@ class BalancedAdvantageStep:
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
         uids, rollouts = rollout_records(batch.keys, batch.tags, _as_list(data["extra_fields"]))
-        advantages = self._balcaprl_batch(uids, rollouts, metrics)
-        with provide_advantages(uids, advantages):
-            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
-
-    def _balcaprl_batch(self, uids: Sequence[str], rollouts: Sequence[RolloutRecord | None], metrics: dict):
-        """The batch step on the real rollouts, its metrics added to verl's; (N,) advantages, 0 for padding."""
         if self._balcaprl_step is None:  # one per run: it counts the batches the judge failed on
             algorithm = self.config.algorithm  # type: ignore[attr-defined]
             self._balcaprl_step = batch_step_for(algorithm, str(algorithm.adv_estimator))
-        real = [i for i, rollout in enumerate(rollouts) if rollout is not None]
-        step = self._balcaprl_step([rollouts[i] for i in real], [uids[i] for i in real])  # type: ignore[misc]
-        metrics.update(step.metrics)
-        advantages = torch.zeros(len(rollouts), dtype=torch.float64)
-        advantages[real] = step.advantages
-        return advantages
+        advantages, step_metrics = verl_batch_step(self._balcaprl_step, uids, rollouts)
+        metrics.update(step_metrics)
+        with provide_advantages(uids, advantages):
+            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
         batch = super()._update_actor(batch, metrics)  # type: ignore[misc]
