@@ -8,12 +8,14 @@ One training step, in the order it happens (TRL does everything not listed):
    count the same image tokens; a vLLM server that counts differently is stopped with a clear error
    (``train/modeling.py``).
 2. Rewards (``_calculate_rewards``): TRL calls the three reward functions precision, recall and
-   linguistic; they share one judge verdict per rollout (``train/rewards.py``), the length mask gates
-   the linguistic reward (Sec. 2.3), a failed judge is NaN. TRL gathers the (N, 3) tensor over
-   processes; we keep it.
-3. Advantages (``_generate_and_score_completions``): TRL's are replaced by ``balcaprl.c_gdpo_advantages``
-   (eqs. 2.4-2.6) on that same tensor, grouped by prompt id, or ``grpo_advantages`` for the ablation,
-   minus the linear length penalty (eq. A.5) when chosen (``train/advantages.py``). Metrics are logged.
+   linguistic; they share one judge verdict per rollout (``train/rewards.py``, each rollout's record
+   made by ``train/judging.py``), the length mask gates the linguistic reward (Sec. 2.3), a failed
+   judge is NaN. TRL gathers the (N, 3) tensor over processes.
+3. Advantages and metrics (``_generate_and_score_completions``): every process's rollout records are
+   gathered and the batch step (``train/step.py``, verl's too) replaces TRL's advantages with
+   ``balcaprl.c_gdpo_advantages`` (eqs. 2.4-2.6), grouped by prompt id, or ``grpo_advantages`` for the
+   ablation, minus the linear length penalty (eq. A.5) when chosen, stops a run whose judge failed on
+   whole batches, and gives the batch's metrics.
 4. Loss and update: TRL's ``luspo`` loss with token-level ratios and ``delta = c`` is exactly the
    paper's dual-clip PPO with token-sum-sequence-mean aggregation, no KL (``train/loss.py`` proves it;
    TRL's vLLM importance-sampling weight, a term the paper lacks, is off unless the recipe asks).
