@@ -19,7 +19,10 @@ def test_mask_bounds_are_inclusive(pred, ref, kept):
 
 
 def test_mask_custom_taus_and_types():
-    got = [mask_linguistic_by_length(ling, pred, 20, 0.5, 1.5) for ling, pred in [(0.5, 10), (0.6, 30), (0.7, 31)]]
+    got = [
+        mask_linguistic_by_length(ling, pred, 20, 0.5, 1.5)
+        for ling, pred in [(0.5, 10), (0.6, 30), (0.7, 31)]
+    ]
     assert got == [0.5, 0.6, 0.0] and all(type(v) is float for v in got)
     assert [mask_linguistic_by_length(ling, pred, 20) for ling, pred in [(0.5, 5), (0.6, 20)]] == [0.0, 0.6]
 

@@ -180,11 +180,20 @@ def test_the_record_and_its_row_form_round_trip():
     from balcaprl.rewards import RolloutRecord, b_capscore, failed_rollout, score_rollout
 
     judged = score_rollout(verdict(), rewards(), 30, 10, id="row-7", caption="a cat", truncated_input=True)
-    assert (judged.id, judged.caption, judged.caption_tokens, judged.reference_tokens) == ("row-7", "a cat", 30, 10)
+    assert (judged.id, judged.caption, judged.caption_tokens, judged.reference_tokens) == (
+        "row-7",
+        "a cat",
+        30,
+        10,
+    )
     assert judged.judged and judged.truncated_input and judged.n_reference_assertions == 3
-    assert judged.b_capscore == pytest.approx(b_capscore(1 / 4, 2 / 3, LINGUISTIC))  # unmasked: the metric's rule
+    assert judged.b_capscore == pytest.approx(
+        b_capscore(1 / 4, 2 / 3, LINGUISTIC)
+    )  # unmasked: the metric's rule
     assert RolloutRecord.from_row(judged.row()) == judged
-    assert list(judged.row()) == [f for f in RolloutRecord.__dataclass_fields__]  # one key per field, in order
+    assert list(judged.row()) == [
+        f for f in RolloutRecord.__dataclass_fields__
+    ]  # one key per field, in order
     failed = failed_rollout("timeout", "x" * 1000, rewards("linear", strength=1.0), 30, 10, id="row-7")
     assert not failed.judged and failed.failure == "timeout" and len(failed.failure_detail) == 300
     assert all(math.isnan(v) for v in failed.as_tuple()) and math.isnan(failed.b_capscore)

@@ -167,4 +167,6 @@ def failed_rollout(
     counted = caption_tokens is not None and reference_tokens is not None
     length = _length_terms(config.length, caption_tokens, reference_tokens) if counted else {}
     length["length_penalty"] = 0.0
-    return RolloutRecord(id=id, caption=caption, **length, failure=reason, failure_detail=detail[:DETAIL_CHARS])
+    return RolloutRecord(
+        id=id, caption=caption, **length, failure=reason, failure_detail=detail[:DETAIL_CHARS]
+    )

@@ -40,7 +40,9 @@ class CaptionScores:
     per_caption: list[float] = field(default_factory=list, repr=False)  # b-CapScore in [0, 1], 0 if failed
     captions: list[str] = field(default_factory=list, repr=False)
     outcomes: list[JudgeOutcome] = field(default_factory=list, repr=False)  # the one judgement per caption
-    scored: list[RolloutRecord | None] = field(default_factory=list, repr=False)  # None where the judge failed
+    scored: list[RolloutRecord | None] = field(
+        default_factory=list, repr=False
+    )  # None where the judge failed
 
     def summary(self) -> str:
         tokens = f", {self.mean_tokens:.0f} tokens" if self.mean_tokens is not None else ""

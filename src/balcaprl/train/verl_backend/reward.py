@@ -206,7 +206,6 @@ async def compute_score(
     """
     extra_info = dict(extra_info or {})
     row_id = str(extra_info.get("id", extra_info.get("index", "")))
-    settings = None
     try:
         settings = RewardSettings.from_kwargs(reward_kwargs)
         caption = caption_text(solution_str)
