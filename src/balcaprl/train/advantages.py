@@ -1,5 +1,5 @@
 """The advantage step of both backends: exactly ``balcaprl.c_gdpo_advantages`` (or ``grpo_advantages``),
-then the linear length penalty (eq. A.5), in :func:`rollout_advantages`.
+then the linear length penalty (eq. A.5), in :class:`AdvantageStep`.
 
 TRL's ``multi_objective_aggregation="normalize_then_sum"`` is GDPO, but it differs from the pinned
 contract in ways that change numbers: it adds 1e-4 to the std (we add 1e-6), it assumes each group is
@@ -33,7 +33,6 @@ __all__ = [
     "AdvantageStep",
     "Estimator",
     "group_index_from_ids",
-    "rollout_advantages",
     "subtract_length_penalty",
 ]
 
@@ -65,31 +64,9 @@ def subtract_length_penalty(
     return torch.where(judged, advantages - torch.nan_to_num(penalty, nan=0.0), advantages)
 
 
-def rollout_advantages(
-    rewards: torch.Tensor,
-    group_index: torch.Tensor | Sequence[int],
-    weights: Sequence[float],
-    *,
-    estimator: Estimator = "c_gdpo",
-    eps: float = 1e-6,
-    length_penalty: torch.Tensor | Sequence[float] | None = None,
-) -> torch.Tensor:
-    """(N,) advantages of one generation batch: the contract's estimator, then eq. A.5.
-
-    ``rewards`` is (N, 3) with NaN for a failed judge; ``length_penalty`` (N,) is each rollout's p_len
-    (None or zeros unless the recipe's length mode is "linear").
-    """
-    if estimator not in ESTIMATOR_FUNCTIONS:
-        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
-    advantages = ESTIMATOR_FUNCTIONS[estimator](rewards, group_index, weights, eps=eps)
-    if length_penalty is None:
-        return advantages
-    return subtract_length_penalty(advantages, rewards, length_penalty)
-
-
 @dataclass(frozen=True)
 class AdvantageStep:
-    """The recipe's advantage estimator, applied to one generation batch (the TRL trainer's step).
+    """The recipe's advantage estimator, applied to one generation batch (the batch step's step 3).
 
     Args:
         weights: (w_prec, w_rec, w_ling), eq. 2.5.
@@ -102,7 +79,7 @@ class AdvantageStep:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in ESTIMATOR_FUNCTIONS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
 
     def __call__(
@@ -111,12 +88,9 @@ class AdvantageStep:
         group_index: torch.Tensor | Sequence[int],
         length_penalty: torch.Tensor | Sequence[float] | None = None,
     ) -> torch.Tensor:
-        """(N,) advantages for the (N, 3) rewards (NaN = failed judge) and per-rollout p_len."""
-        return rollout_advantages(
-            rewards,
-            group_index,
-            self.weights,
-            estimator=self.estimator,
-            eps=self.eps,
-            length_penalty=length_penalty,
-        )
+        """(N,) advantages for the (N, 3) rewards (NaN = failed judge), then eq. A.5 with each rollout's
+        p_len (None or zeros unless the recipe's length mode is "linear")."""
+        advantages = ESTIMATOR_FUNCTIONS[self.estimator](rewards, group_index, self.weights, eps=self.eps)
+        if length_penalty is None:
+            return advantages
+        return subtract_length_penalty(advantages, rewards, length_penalty)
