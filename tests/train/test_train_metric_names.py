@@ -77,7 +77,7 @@ def trl_metrics(uids, records) -> dict[str, float]:
     result = step(records, uids, judge_calls=1, usage={"prompt_tokens": 120.0})
     trainer = SimpleNamespace(
         _metrics={"train": defaultdict(list)}, _logs={"advantages": []}, model=SimpleNamespace(training=True),
-        state=SimpleNamespace(global_step=0), rollout_log=None,
+        state=SimpleNamespace(global_step=0), rollout_log=None, last_advantages=result.advantages.float(),
     )  # fmt: skip
     BalancedGRPOTrainer._log_batch(trainer, result, records)
     logged = {key: values[-1] for key, values in trainer._metrics["train"].items()}

@@ -282,10 +282,12 @@ class BalancedGRPOTrainer(GRPOTrainer):
         step = self.batch_step(
             rollouts, [r.id for r in rollouts], judge_calls=sum(p.judge_calls for p in parts), usage=usage
         )
-        self.last_advantages = step.advantages
+        self.last_advantages = step.advantages.to(
+            output["advantages"].dtype
+        )  # every process's, in TRL's dtype
         start = self.accelerator.process_index * len(inputs)
-        output["advantages"] = step.advantages[start : start + len(inputs)].to(
-            device=output["advantages"].device, dtype=output["advantages"].dtype
+        output["advantages"] = self.last_advantages[start : start + len(inputs)].to(
+            output["advantages"].device
         )
         self._log_batch(step, rollouts)
         return output
@@ -300,7 +302,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         logged = self._logs["advantages"]
         for _ in range(min(len(step.advantages), len(logged))):
             logged.pop()
-        logged.extend(step.advantages.tolist())
+        logged.extend(self.last_advantages.tolist())
         first = self.state.global_step + 1  # the first optimizer step this batch feeds
         log = self.rollout_log
         if log is not None and self.accelerator.is_main_process and log.wants(first, self.steps_per_batch):
