@@ -20,6 +20,7 @@ from typing import Any
 
 from balcaprl.judge.protocol import Judge
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
+from balcaprl.rewards.rubrics import training_rubric_name
 from balcaprl.train.judging import (
     RolloutToJudge,
     caption_text,
@@ -80,7 +81,10 @@ class SharedVerdictScorer:
         self.judge = judge
         self.rewards = rewards if rewards is not None else RewardConfig()
         self.special_token_ids = frozenset(int(i) for i in special_token_ids)
-        self.columns = (image_column, reference_column, reference_tokens_column)
+        self.image_column = image_column
+        self.reference_column = reference_column
+        self.reference_tokens_column = reference_tokens_column
+        self.rubric = training_rubric_name(self.rewards.pointability)  # what judge_rollouts asks for
         self.judge_calls = 0  # judge_batch invocations over the run
         self.judge_requests = 0  # rollouts sent over the run
         self.last_batch: ScoredBatch | None = None
@@ -120,13 +124,14 @@ class SharedVerdictScorer:
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Any],
     ) -> ScoredBatch:
-        for needed in self.columns:
+        names = (self.image_column, self.reference_column, self.reference_tokens_column)
+        for needed in names:
             if needed not in columns:
                 raise KeyError(
                     f"the reward functions need the dataset column {needed!r}; prepare the dataset with "
                     "balcaprl.train.data.prepare_train_dataset (TRL passes dataset columns as keyword arguments)"
                 )
-        images, references, reference_tokens = (columns[name] for name in self.columns)
+        images, references, reference_tokens = (columns[name] for name in names)
         rollouts = [
             RolloutToJudge(
                 row_id,
