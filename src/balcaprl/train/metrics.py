@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,17 +58,18 @@ __all__ = [
 KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
 
 
+def _known(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(v)]
+
+
 def _mean(values: Sequence[float | None]) -> float:
-    kept = [float(v) for v in values if v is not None and not math.isnan(v)]
-    return sum(kept) / len(kept) if kept else math.nan
+    kept = _known(values)
+    return statistics.fmean(kept) if kept else math.nan
 
 
 def _std(values: Sequence[float]) -> float:
-    kept = [v for v in values if not math.isnan(v)]
-    if len(kept) < 2:
-        return math.nan
-    mean = sum(kept) / len(kept)
-    return math.sqrt(sum((v - mean) ** 2 for v in kept) / (len(kept) - 1))  # unbiased, as TRL's nanstd
+    kept = _known(values)
+    return statistics.stdev(kept) if len(kept) >= 2 else math.nan  # unbiased, as TRL's nanstd
 
 
 def batch_metrics(
