@@ -16,6 +16,7 @@ from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty
 from balcaprl.recipe import recipe_from_dict
+from balcaprl.rewards import RolloutRecord
 from balcaprl.train.advantages import group_index_from_ids
 from balcaprl.train.metrics import read_jsonl
 
@@ -157,6 +158,12 @@ def test_rollout_log_and_checkpoints(c_gdpo_run):
     for step, batch in enumerate(c_gdpo_run["batches"], start=1):
         logged = [r["advantage"] for r in rows if r["step"] == step]
         assert logged == pytest.approx(batch["advantages"].tolist(), abs=1e-6)
+        # Each line is the rollout's record in its one row form (NaN written as null), plus step/group/advantage.
+        read_back = [RolloutRecord.from_row(r) for r in rows if r["step"] == step]
+        assert [r.row().keys() for r in read_back] == [r.row().keys() for r in batch["rollouts"]]
+        for got, scored in zip(read_back, batch["rollouts"], strict=True):
+            assert got.id == scored.id and got.caption == scored.caption and got.failure == scored.failure
+            assert got.as_tuple() == pytest.approx(scored.as_tuple(), nan_ok=True)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [
         "checkpoint-1",
         "checkpoint-2",
