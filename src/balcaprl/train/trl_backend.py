@@ -279,6 +279,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         for part in parts:
             for key, value in part.usage.items():
                 usage[key] = usage.get(key, 0.0) + value
+        # The stop rule, the advantages, the metrics: on the whole batch, identically on every process.
         step = self.batch_step(
             rollouts, [r.id for r in rollouts], judge_calls=sum(p.judge_calls for p in parts), usage=usage
         )
