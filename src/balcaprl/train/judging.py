@@ -5,7 +5,7 @@ For every rollout :func:`judge_rollouts`
 1. sends one ``JudgeRequest(image, caption, reference, rubric)``: the training rubric, or for the
    "w/o pointability" ablation (``RewardConfig.pointability = False``) the training rubric with the
    pointability test removed from the judge's prompt, as the paper's ablation removes it
-   (:func:`~balcaprl.rewards.rubrics.training_rubric_name`);
+   (:func:`~balcaprl.judge.rubrics.training_rubric_name`);
 2. makes the rollout's record under the recipe's :class:`~balcaprl.rewards.RewardConfig`
    (:func:`~balcaprl.rewards.score_rollout`: eq. 2.3 with its pointability rule, the length mask on
    the linguistic reward, Sec. 2.3, and the linear length penalty of eq. A.5 when chosen).
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest
+from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout, score_rollout
-from balcaprl.rewards.rubrics import training_rubric_name
 
 __all__ = [
     "JUDGE_EXCEPTION",

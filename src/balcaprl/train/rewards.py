@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from balcaprl.judge.protocol import Judge
+from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
-from balcaprl.rewards.rubrics import training_rubric_name
 from balcaprl.train.judging import (
     RolloutToJudge,
     caption_text,
