@@ -164,3 +164,37 @@ def test_both_backends_give_identical_advantages_with_the_linear_penalty():
     failed = torch.isnan(rewards).all(dim=1)
     torch.testing.assert_close(trl, torch.where(failed, expected, expected - penalty))
     assert torch.all(trl[failed] == 0) and penalty[failed].sum() == 0
+
+
+def test_the_batch_step_runs_the_advantage_step_on_the_records():
+    """BatchStep: the records' (N, 3) table and p_len through AdvantageStep, grouped by the given ids;
+    its stop rule counts only batches whose every rollout failed, and a judged batch starts it over."""
+    from balcaprl.rewards import RolloutRecord
+    from balcaprl.train.step import BatchStep
+
+    ids, rewards = crafted_batch()
+    penalty = [0.1 * i for i in range(len(ids))]
+    records = [
+        RolloutRecord(id=i, precision=p, recall=r, linguistic=g, length_penalty=pen,
+                      failure="timeout" if math.isnan(p) else None)
+        for i, (p, r, g), pen in zip(ids, rewards.double().tolist(), penalty, strict=True)
+    ]  # fmt: skip
+    step = BatchStep(AdvantageStep(weights=WEIGHTS), max_failed_batches_in_a_row=2)
+    result = step(records, ids)
+    expected = AdvantageStep(weights=WEIGHTS)(
+        rewards.double(), group_index_from_ids(ids), torch.tensor(penalty, dtype=torch.float64)
+    )
+    assert (
+        torch.equal(result.advantages, expected)
+        and result.group_index.tolist() == group_index_from_ids(ids).tolist()
+    )
+    assert result.metrics["judge/failures"] == 2.0 and result.metrics["length/penalty_mean"] == pytest.approx(
+        0.5
+    )
+    failed = [r for r in records if not r.judged]
+    step(failed, ["c", "a"])
+    step(records, ids)  # a judged rollout: the count starts over
+    step(failed, ["c", "a"])
+    assert step.failed_in_a_row == 1
+    with pytest.raises(RuntimeError, match="2 batches in a row"):
+        step(failed, ["c", "a"])
