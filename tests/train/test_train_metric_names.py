@@ -19,7 +19,7 @@ from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
 from balcaprl.train.advantages import AdvantageStep
 from balcaprl.train.step import BatchStep
 from balcaprl.train.trl_backend import TRL_LOGGED, BalancedGRPOTrainer
-from balcaprl.train.verl_backend.estimator import batch_step_for, rollout_records, verl_batch_step
+from balcaprl.train.verl_backend.estimator import batch_step_for, verl_batch_step
 from balcaprl.train.verl_backend.reward import RewardSettings, _result
 
 NAN = math.nan
@@ -63,9 +63,11 @@ def verl_metrics(uids, records) -> dict[str, float]:
     extra = [{"reward_extra_info": _result(record, settings)} for record in records]
     keys = [f"{uid}_{i}_0" for i, uid in enumerate(uids)] + ["pad_0_0"]
     tags = [{}] * len(records) + [{"is_padding": True}]
-    read_uids, rollouts = rollout_records(keys, tags, extra + extra[:1])
     algorithm = {"balcaprl": {"rewards": RewardConfig().to_json()}}  # a DictConfig on verl, read alike
-    _, metrics = verl_batch_step(batch_step_for(algorithm, "balcaprl_c_gdpo"), read_uids, rollouts)
+    read_uids, _, metrics = verl_batch_step(
+        batch_step_for(algorithm, "balcaprl_c_gdpo"), keys, tags, extra + extra[:1]
+    )
+    assert read_uids == [*uids, "pad"]
     return metrics
 
 

@@ -27,8 +27,13 @@ from balcaprl.train.verl_backend import reward as reward_module  # noqa: E402
 from balcaprl.train.verl_backend.reward import RewardSettings, compute_score  # noqa: E402
 
 REFERENCE = "a red circle on the left ."
-# What compute_score returns for every rollout: verl's score, then the record's row form.
-RESULT_KEYS = ("score", *(f.name for f in dataclasses.fields(RolloutRecord)))
+# What compute_score returns for every rollout: verl's score, the record's row form, the judging's times.
+RESULT_KEYS = (
+    "score",
+    *(f.name for f in dataclasses.fields(RolloutRecord)),
+    "judge_started_s",
+    "judge_finished_s",
+)
 
 
 def kwargs(policy: Path, dataset: Path, length: dict | None = None, **overrides):

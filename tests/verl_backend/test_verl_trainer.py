@@ -65,7 +65,8 @@ def test_rollout_records_read_compute_score_dicts_and_drop_padding():
     assert rollouts[1].failure == "timeout" and not rollouts[1].judged
     trainer = bare_trainer()
     step = batch_step_for(trainer.config.algorithm, trainer.config.algorithm.adv_estimator)
-    advantages, metrics = verl_batch_step(step, uids, rollouts)
+    assert verl_batch_step(step, keys, tags, extra)[0] == uids
+    _, advantages, metrics = verl_batch_step(step, keys, tags, extra)
     assert advantages[1] == 0 and advantages[3] == 0  # a failed judge and a padding row
     assert metrics["judge/requests"] == 3.0
     assert metrics["judge/failure_share"] == pytest.approx(1 / 3)
@@ -73,6 +74,17 @@ def test_rollout_records_read_compute_score_dicts_and_drop_padding():
     assert metrics["rewards/precision/mean"] == pytest.approx(0.75)
     with pytest.raises(KeyError, match="compute_score"):
         rollout_records(["u_0_0"], [{}], [{"reward_extra_info": {"acc": 1.0}}])
+
+
+def test_batch_metrics_carry_the_judges_share_of_the_step():
+    # compute_score stamps each rollout: judging started (generation done) and finished
+    extra = [info(0.5, 0.2, 0.9), info(1.0, 0.0, 0.5), info(0.5, 0.5, 0.5)]
+    for row, (started, finished) in zip(extra, [(100.0, 103.0), (101.0, 102.0), (104.0, 106.5)], strict=True):
+        row["reward_extra_info"].update(judge_started_s=started, judge_finished_s=finished)
+    step = batch_step_for(bare_trainer().config.algorithm, "balcaprl_c_gdpo")
+    _, _, metrics = verl_batch_step(step, ["u1_0_0", "u1_1_0", "u2_0_0"], [{}, {}, {}], extra)
+    assert metrics["judge/wall_s"] == 6.5  # 100 -> 106.5
+    assert metrics["judge/exposed_s"] == 2.5  # the last rollout generated at 104, judged at 106.5
 
 
 # ------------------------------------------------------------------------ on a local Ray cluster

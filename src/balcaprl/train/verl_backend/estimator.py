@@ -44,6 +44,7 @@ import torch
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
 from balcaprl.train.advantages import ESTIMATORS as ESTIMATOR_NAMES
 from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
+from balcaprl.train.judge_overlap import judge_stage_metrics
 from balcaprl.train.step import BatchStep, reward_table
 
 __all__ = [
@@ -161,15 +162,18 @@ def rollout_records(
 
 
 def verl_batch_step(
-    step: BatchStep, uids: Sequence[str], rollouts: Sequence[RolloutRecord | None]
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The batch step on a verl batch's real rollouts (None: verl's padding row): (N,) float64
-    advantages, 0 for padding, and the step's metrics (what the balcaprl trainer adds to verl's)."""
+    step: BatchStep, keys: Sequence[str], tags: Sequence[Mapping[str, Any]], extra_fields: Sequence[Any]
+) -> tuple[list[str], torch.Tensor, dict[str, float]]:
+    """A V1 batch (see :func:`rollout_records`) through the batch step, on its real rollouts: every row's
+    uid, (N,) float64 advantages (0 for padding) and the metrics the balcaprl trainer adds to verl's
+    (the step's, and the judge stage's from ``compute_score``'s time stamps)."""
+    uids, rollouts = rollout_records(keys, tags, extra_fields)
     real = [i for i, rollout in enumerate(rollouts) if rollout is not None]
     result = step([rollouts[i] for i in real], [uids[i] for i in real])  # type: ignore[misc]
     advantages = torch.zeros(len(rollouts), dtype=torch.float64)
     advantages[real] = result.advantages
-    return advantages, result.metrics
+    stamps = judge_stage_metrics([extra_fields[i]["reward_extra_info"] for i in real])  # judge/wall_s, ...
+    return uids, advantages, {**result.metrics, **stamps}
 
 
 def _from_columns(

@@ -13,8 +13,9 @@ Per rollout, exactly as the TRL backend: the caption's length in the *policy's* 
 ``balcaprl.train.judging.judge_rollouts`` (the function TRL's reward functions call too): one judge
 call under the rubric the reward config asks for, and the rollout's record under the recipe's
 :class:`~balcaprl.rewards.RewardConfig` (pointability rule, length mask, linear length penalty). The
-returned dict is verl's ``score`` (w . (precision, recall, linguistic), for verl's own metrics only)
-followed by the record's row form (:meth:`~balcaprl.rewards.RolloutRecord.row`), the same keys for
+returned dict is verl's ``score`` (w . (precision, recall, linguistic), for verl's own metrics only),
+the record's row form (:meth:`~balcaprl.rewards.RolloutRecord.row`) and when the judging started and
+finished (``judge_started_s``, ``judge_finished_s``: the judge stage's metrics), the same keys for
 every rollout (verl requires it); the batch step reads the records back from it (``trainer.py``).
 
 A failed judge gives NaN for ``score`` and the three rewards, never 0: the balcaprl estimator leaves the
@@ -46,6 +47,7 @@ import importlib
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -56,6 +58,7 @@ from pydantic import Field, field_validator, model_validator
 from balcaprl.config import Section, load_config
 from balcaprl.judge.protocol import Judge
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout
+from balcaprl.train.judge_overlap import stamped
 from balcaprl.train.judging import (
     JUDGE_EXCEPTION,
     RolloutToJudge,
@@ -150,7 +153,9 @@ def judge_for(settings: RewardSettings) -> Judge:
             from balcaprl.judge import build_judge
 
             path = Path(settings.judge_config).expanduser()  # type: ignore[arg-type]
-            judge = build_judge(path, image_root=settings.image_root, processes=settings.workers)
+            judge = build_judge(
+                path, image_root=settings.image_root, processes=settings.workers, rollouts=True
+            )
         _JUDGES[key] = judge
     return judge
 
@@ -204,6 +209,7 @@ async def compute_score(
     reward_kwargs, a row not exported by balcaprl, a reference without tokens) gives ``bad_input``. Both
     come back as NaN with ``failure_detail``; the batch step stops a run whose every rollout fails.
     """
+    started = time.time()  # verl calls this as soon as the rollout is generated
     extra_info = dict(extra_info or {})
     row_id = str(extra_info.get("id", extra_info.get("index", "")))
     try:
@@ -225,9 +231,8 @@ async def compute_score(
     except Exception as err:  # a set-up or data problem: report it on every rollout it affects
         logger.error("balcaprl compute_score: bad input for row %s: %s", row_id, err)
         # No token counts: the config's length terms are not used.
-        return _result(
-            failed_rollout("bad_input", f"{type(err).__name__}: {err}", RewardConfig(), id=row_id), None
-        )
+        failed = failed_rollout("bad_input", f"{type(err).__name__}: {err}", RewardConfig(), id=row_id)
+        return stamped(_result(failed, None), started)
     try:
         judge = judge_for(settings)
     except Exception as err:  # e.g. the judge config names an API key variable this worker lacks
@@ -235,8 +240,8 @@ async def compute_score(
         counts = (rollout.caption_tokens, rollout.reference_tokens)
         failed = failed_rollout(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}", settings.rewards, *counts,
                                 id=row_id, caption=caption)  # fmt: skip
-        return _result(failed, settings)
+        return stamped(_result(failed, settings), started)
     (record,) = await judge_rollouts(judge, [rollout], settings.rewards)
     if record.failure == JUDGE_EXCEPTION:
         logger.warning("judge raised for row %s: %s", row_id, record.failure_detail)
-    return _result(record, settings)
+    return stamped(_result(record, settings), started)

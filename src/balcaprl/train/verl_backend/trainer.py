@@ -33,7 +33,6 @@ from balcaprl.train.verl_backend.estimator import (
     batch_step_for,
     provide_advantages,
     register_estimators,
-    rollout_records,
     verl_batch_step,
 )
 from balcaprl.train.verl_backend.policy_loss import VERL_POLICY_METRICS
@@ -43,7 +42,6 @@ __all__ = [
     "BalancedAdvantageStep",
     "BalancedPPOTrainerSync",
     "policy_metrics",
-    "rollout_records",
 ]
 
 TRAINER_MODE = "balcaprl_sync"
@@ -73,11 +71,11 @@ class BalancedAdvantageStep:
         data = trainer_base.tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
-        uids, rollouts = rollout_records(batch.keys, batch.tags, _as_list(data["extra_fields"]))
         if self._balcaprl_step is None:  # one per run: it counts the batches the judge failed on
             algorithm = self.config.algorithm  # type: ignore[attr-defined]
             self._balcaprl_step = batch_step_for(algorithm, str(algorithm.adv_estimator))
-        advantages, step_metrics = verl_batch_step(self._balcaprl_step, uids, rollouts)
+        extra = _as_list(data["extra_fields"])
+        uids, advantages, step_metrics = verl_batch_step(self._balcaprl_step, batch.keys, batch.tags, extra)
         metrics.update(step_metrics)
         with provide_advantages(uids, advantages):
             return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
