@@ -32,6 +32,7 @@ import functools
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,20 +54,32 @@ from balcaprl.recipe import Recipe
 from balcaprl.rewards import REWARD_NAMES, RolloutRecord
 from balcaprl.train.advantages import AdvantageStep
 from balcaprl.train.checkpointing import (
+    AtomicCheckpoints,
     StopAfterStep,
     check_resumable,
     checkpoint_step,
     resolve_resume,
+    save_final_model,
     truncate_logs,
     write_recipe_snapshot,
 )
 from balcaprl.train.data import prepare_train_dataset
+from balcaprl.train.driver import check_driver
 from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog
-from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
+from balcaprl.train.modeling import (
+    ImageGrid,
+    image_grid,
+    keep_activations_on_enable,
+    load_processor,
+    model_init_kwargs,
+    peft_config,
+)
+from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
 from balcaprl.train.step import BatchStep, StepResult
+from balcaprl.train.vision_attention import use_varlen_vision_attention
 
 __all__ = [
     "BalancedGRPOTrainer",
@@ -174,7 +187,7 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
+class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
     """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
 
     Args:
@@ -209,7 +222,6 @@ class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
         self._gathered_rewards = torch.zeros(0, len(REWARD_NAMES))
         self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
         self._ratio_statistics = RatioStatistics()
-        self._loss_inputs: dict[str, Any] | None = None  # set while TRL computes a training loss
         engine = {"mm_processor_kwargs": image_grid.processor_kwargs()} if image_grid is not None else {}
         with vllm_engine_kwargs(**engine):
             super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
@@ -316,23 +328,33 @@ class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
 
     # 4. Loss and update: TRL's, configured by train/loss.py; the ratio metrics TRL lacks are added.
     def _compute_loss(self, model, inputs):
-        """TRL's loss, unchanged; its PPO-clip share is logged under the shared name too."""
-        self._loss_inputs = inputs if self.model.training else None
+        """TRL's loss, unchanged. Its PPO-clip share is logged under the shared name too; the current
+        policy's log-probs it computes first (through whichever class provides them: TRL's, the packed
+        rows', a test's stand-in) give the ratio metrics TRL lacks."""
+        if not self.model.training:
+            return super()._compute_loss(model, inputs)
+        own = self.__dict__.get("_get_per_token_logps_and_entropies")  # an instance's stand-in stays
+        compute = self._get_per_token_logps_and_entropies
+
+        def first_call(*args: Any, **kwargs: Any):
+            restore()
+            result = compute(*args, **kwargs)
+            self._record_ratios(result[0], inputs)
+            return result
+
+        def restore() -> None:
+            self.__dict__.pop("_get_per_token_logps_and_entropies", None)
+            if own is not None:
+                self._get_per_token_logps_and_entropies = own
+
+        self._get_per_token_logps_and_entropies = first_call
         try:
             loss = super()._compute_loss(model, inputs)
         finally:
-            self._loss_inputs = None
-        region = self._metrics["train"].get("clip_ratio/region_mean") if self.model.training else None
-        if region:  # every loss type the recipe offers logs it
+            restore()
+        if region := self._metrics["train"].get("clip_ratio/region_mean"):  # every recipe loss logs it
             self._metrics["train"]["policy/clipped_share"].append(region[-1])
         return loss
-
-    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        inputs, self._loss_inputs = self._loss_inputs, None  # the loss's first call: the current policy
-        if inputs is not None:
-            self._record_ratios(result[0], inputs)
-        return result
 
     def _record_ratios(self, logps: torch.Tensor, inputs: dict[str, Any]) -> None:
         mask = inputs["completion_mask"]
@@ -432,7 +454,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
     kwargs: dict[str, Any] = dict(
         output_dir=str(Path(run.output_dir).expanduser()),
         # Model loading.
-        model_init_kwargs=model_init_kwargs(recipe.model),
+        model_init_kwargs=model_init_kwargs(recipe.model, world_size),
         trust_remote_code=recipe.model.trust_remote_code,
         # transformers 5.23 renamed these activation_checkpointing(_kwargs) and keeps the old names as
         # aliases; 5.17 (the one-node GPU set, vLLM < 0.33) knows only the old ones.
@@ -546,7 +568,10 @@ def build_trainer(
     )
     output_dir = Path(args.output_dir)
     rollout_log = RolloutLog(output_dir / "rollouts.jsonl", recipe.run.log_rollouts_every)
-    trainer = BalancedGRPOTrainer(
+    trainer_class = BalancedGRPOTrainer
+    if recipe.train.padding_free:  # the log-prob passes on packed rows (train/packing.py)
+        trainer_class = type("PackedBalancedGRPOTrainer", (PackedLogProbs, BalancedGRPOTrainer), {})
+    trainer = trainer_class(
         model=recipe.model.path,
         args=args,
         train_dataset=train_dataset,
@@ -566,12 +591,22 @@ def build_trainer(
         trainer.add_callback(RichProgressCallback())
     if recipe.train.stop_after_step is not None:
         trainer.add_callback(StopAfterStep(recipe.train.stop_after_step))
+    if recipe.model.vision_attention == "varlen_sdpa" and "flash" not in (
+        recipe.model.attn_implementation or ""
+    ):
+        use_varlen_vision_attention(trainer.model)  # a flash implementation has its own varlen path
+    if recipe.model.gradient_checkpointing and recipe.model.layers_without_recompute:
+        keep_activations_on_enable(trainer.model, recipe.model.layers_without_recompute)
     for callback in callbacks:
         trainer.add_callback(callback)
     return trainer
 
 
 # ------------------------------------------------------------------------------------------ a run
+
+
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -597,8 +632,10 @@ def train(
     newest checkpoint in the folder, or a checkpoint path.
     """
     output_dir = Path(recipe.run.output_dir).expanduser()
-    checkpoint = resolve_resume(output_dir, resume)
+    if not recipe.train.use_cpu:
+        check_driver()  # before torch decides there is no GPU (an old driver) and trains on the CPU
     state = PartialState(cpu=recipe.train.use_cpu)
+    checkpoint = resolve_resume(output_dir, resume, report=_note if state.is_main_process else None)
     if checkpoint is not None:
         check_resumable(output_dir, recipe, allow_recipe_change)
         if state.is_main_process:
@@ -614,7 +651,7 @@ def train(
     final_dir = None
     if finished and recipe.run.save_final_model:
         final_dir = output_dir / "final"
-        trainer.save_model(str(final_dir))
+        save_final_model(trainer, final_dir)  # whole weights even from sharded checkpoints
     return TrainResult(
         output_dir=output_dir,
         global_step=trainer.state.global_step,
