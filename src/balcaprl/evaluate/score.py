@@ -42,7 +42,7 @@ from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.outputs import ensure_writable_dir
-from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
+from balcaprl.rewards import BCAPSCORE_REWARDS, failed_rollout, score_rollout
 
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -89,19 +89,16 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
 
 
 def _row(image: str, outcome: JudgeOutcome) -> dict[str, Any]:
+    """A caption's line of ``scores.jsonl``: its rollout record under the metric's rule (never a
+    training recipe's), in the file's columns (null scores, the reason and its detail for a failure)."""
     if isinstance(outcome, JudgeFailure):
+        record = failed_rollout(outcome.reason, outcome.detail, BCAPSCORE_REWARDS)
         return {"image": image, "precision": None, "recall": None, "linguistic": None, "b_capscore": None,
-                "failure": outcome.reason, "detail": outcome.detail}  # fmt: skip
-    r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)  # the metric's rule, never a training recipe's
-    return {
-        "image": image,
-        "precision": r.precision,
-        "recall": r.recall,
-        "linguistic": r.linguistic,
-        "b_capscore": float(b_capscore(r.precision, r.recall, r.linguistic)),
-        "failure": None,
-        "truncated_input": outcome.truncated_input,
-    }
+                "failure": record.failure, "detail": record.failure_detail}  # fmt: skip
+    record = score_rollout(outcome.verdict, BCAPSCORE_REWARDS, truncated_input=outcome.truncated_input)
+    return {"image": image, "precision": record.precision, "recall": record.recall,
+            "linguistic": record.linguistic, "b_capscore": record.b_capscore, "failure": None,
+            "truncated_input": record.truncated_input}  # fmt: skip
 
 
 @dataclass(frozen=True)
