@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
+
 
 def train(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Recipe YAML (see configs/)."),
@@ -49,6 +51,7 @@ def train(
         None, "--gpus", min=1, help="--plan: processes (GPUs) instead of the launcher's num_processes."
     ),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
+    threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Train a captioner with c-GDPO on TRL's GRPOTrainer, on one machine.
 
@@ -63,9 +66,12 @@ def train(
     if plan:
         _print_plan(recipe, launcher, verl_layout, gpus, gpu_memory)
         return
+    from balcaprl.threads import use_cpu_threads
+
+    use_cpu_threads(threads, on_cpu=True if recipe.train.use_cpu else None)
     from balcaprl.data.format import read_card
     from balcaprl.errors import ConfigError, UserError
-    from balcaprl.outputs import ensure_writable_dir
+    from balcaprl.outputs import ensure_writable_dir, lock_output
     from balcaprl.train.checkpointing import replace_run, resolve_resume
 
     if launcher is not None or verl_layout is not None or gpus is not None:
@@ -101,6 +107,8 @@ def train(
     except UserError as error:
         raise ConfigError(f"data.path: {error}") from None
     output_dir = Path(recipe.run.output_dir).expanduser()
+    if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
+        lock_output(output_dir, "run.output_dir")
     if overwrite:
         replace_run(output_dir, processes)
     else:
@@ -109,12 +117,21 @@ def train(
 
     from balcaprl.train.trl_backend import train as train_with_trl
 
-    result = train_with_trl(
-        recipe,
-        judge_object,
-        resume=resume_from if resume_from is not None else resume,
-        allow_recipe_change=allow_recipe_change,
-    )
+    try:
+        result = train_with_trl(
+            recipe,
+            judge_object,
+            resume=resume_from if resume_from is not None else resume,
+            allow_recipe_change=allow_recipe_change,
+        )
+    finally:
+        # Its HTTP session lives on the trainer's reward loop: closed now, while that loop still runs
+        # (left to exit, the close is scheduled on a loop that is stopped first: "Unclosed client session").
+        aclose = getattr(judge_object, "aclose", None)
+        if aclose is not None:
+            import asyncio
+
+            asyncio.run(aclose())
     typer.echo(f"done: {result.global_step} steps; metrics in {result.metrics_path}")
     if result.final_model_dir is not None:
         typer.echo(f"final policy: {result.final_model_dir}")

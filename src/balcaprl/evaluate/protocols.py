@@ -64,7 +64,7 @@ class Protocol:
     benchmark: str  # whose captions it scores (``--captions BENCHMARK=FILE``)
     title: str  # the config section's description
     section: type[ProtocolSection]
-    read: Callable[[Any], Any]  # section -> benchmark rows; a FormatError names the bad row
+    read: Callable[[Any], Any]  # section -> benchmark rows; an InputError names the bad row
     # run(judge, rows, captions, out_dir, section, *, on_progress, prompts, label) -> ProtocolResult
     run: Callable[..., ProtocolResult]
     # (judge config, image_root=, http_client=) -> the judge that `run` is given

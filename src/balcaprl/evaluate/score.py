@@ -36,13 +36,13 @@ from typing import Any
 from balcaprl.errors import InputError, OutputError
 from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import summarise_scores
-from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
+from balcaprl.files import JsonlLog, atomic_write_text, invalid_unicode, jsonl_lines, read_utf8_text
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.outputs import ensure_writable_dir
-from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
+from balcaprl.rewards import BCAPSCORE_REWARDS, failed_rollout, score_rollout
 
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -89,19 +89,16 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
 
 
 def _row(image: str, outcome: JudgeOutcome) -> dict[str, Any]:
+    """A caption's line of ``scores.jsonl``: its rollout record under the metric's rule (never a
+    training recipe's), in the file's columns (null scores, the reason and its detail for a failure)."""
     if isinstance(outcome, JudgeFailure):
+        record = failed_rollout(outcome.reason, outcome.detail, BCAPSCORE_REWARDS)
         return {"image": image, "precision": None, "recall": None, "linguistic": None, "b_capscore": None,
-                "failure": outcome.reason, "detail": outcome.detail}  # fmt: skip
-    r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)  # the metric's rule, never a training recipe's
-    return {
-        "image": image,
-        "precision": r.precision,
-        "recall": r.recall,
-        "linguistic": r.linguistic,
-        "b_capscore": float(b_capscore(r.precision, r.recall, r.linguistic)),
-        "failure": None,
-        "truncated_input": outcome.truncated_input,
-    }
+                "failure": record.failure, "detail": record.failure_detail}  # fmt: skip
+    record = score_rollout(outcome.verdict, BCAPSCORE_REWARDS, truncated_input=outcome.truncated_input)
+    return {"image": image, "precision": record.precision, "recall": record.recall,
+            "linguistic": record.linguistic, "b_capscore": record.b_capscore, "failure": None,
+            "truncated_input": record.truncated_input}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,6 +128,19 @@ def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: 
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _usable_unicode(rows: list[tuple[str, str]], what: str) -> tuple[list[tuple[str, str]], dict[int, str]]:
+    """``rows`` with every text writable (a lone surrogate shown as its escape), and why each row
+    that held one is refused (``bad_input``): it is never sent to the judge."""
+    usable, refused = [], {}
+    for i, (image, text) in enumerate(rows):
+        reason = invalid_unicode(image) or invalid_unicode(text)
+        if reason is not None:
+            refused[i] = f"the {what} of this row is {reason}"
+            image, text = (t.encode("utf-8", "backslashreplace").decode("utf-8") for t in (image, text))
+        usable.append((image, text))
+    return usable, refused
+
+
 def score_captions(
     judge: OpenAICompatibleJudge,
     captions: Path,
@@ -153,8 +163,14 @@ def score_captions(
     at a time (:func:`~balcaprl.evaluate.results.in_spans`), and a span's rows and verdicts are written,
     in input order, as soon as it and the spans before it are done.
     """
-    caption_rows = read_caption_file(captions, keys=("caption",))
-    reference_rows = read_caption_file(references, keys=("reference", "caption"))
+    caption_rows, unusable = _usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
+    reference_rows, bad_references = _usable_unicode(
+        read_caption_file(references, keys=("reference", "caption")), "reference"
+    )
+    for j, reason in bad_references.items():  # a reference that cannot be sent fails its captions' rows
+        unusable.update(
+            {i: reason for i, (image, _) in enumerate(caption_rows) if image == reference_rows[j][0]}
+        )
     by_image: dict[str, str] = {}
     for image, text in reference_rows:
         if image in by_image and by_image[image] != text:
@@ -180,16 +196,20 @@ def score_captions(
             if r.get("key") in wanted and isinstance(r.get("row"), dict)
         }
         del wanted
-        resumed = sum(key in known for key in keys)
+        refused = {i: JudgeFailure("bad_input", reason) for i, reason in unusable.items()}
+        resumed = sum(key in known for i, key in enumerate(keys) if i not in refused)
         record.append({"run": "started", "captions": len(keys), "resumed": resumed})  # proves it is writable
         if on_start is not None:
             on_start(len(keys), resumed)
+        for i, failure in refused.items():
+            if on_outcome is not None:
+                on_outcome(i, failure)
         synced = time.monotonic()
 
         async def judge_span(part: range) -> dict[int, tuple[dict[str, Any], Any]]:
             """Rows and verdicts of the span's captions that the record does not hold."""
             done: dict[int, tuple[dict[str, Any], Any]] = {}
-            todo = [i for i in part if keys[i] not in known]
+            todo = [i for i in part if keys[i] not in known and i not in refused]
 
             def finished(j: int, outcome: JudgeOutcome) -> None:
                 i = todo[j]
@@ -221,6 +241,8 @@ def score_captions(
             for i in part:
                 if i in done:
                     row, verdict = done[i]
+                elif i in refused:  # never sent to the judge
+                    row, verdict = _row(caption_rows[i][0], refused[i]), None
                 else:
                     recorded = record.at(known[keys[i]])
                     row, verdict = recorded["row"], recorded.get("verdict")

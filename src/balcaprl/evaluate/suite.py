@@ -132,7 +132,7 @@ def run_suite(
     if unknown or not suite:
         raise InputError(f"unknown protocol(s) {unknown}; choose from {', '.join(PROTOCOLS)}")
     out_dir = Path(out_dir)
-    sets = read_caption_sets(captions)  # a FormatError names the file and line
+    sets = read_caption_sets(captions)  # an InputError names the file and line
 
     def judge_config(protocol: str):
         cfg = config.judge_for(protocol)  # validated when the evaluation config loaded

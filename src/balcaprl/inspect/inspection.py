@@ -17,10 +17,6 @@ ROLLOUTS_FILE, METRICS_FILE, RECIPE_FILE = "rollouts.jsonl", "metrics.jsonl", "r
 EVAL_FILE, DEMO_CONFIG_FILE = "eval.json", "demo_config.yaml"
 
 
-class InspectError(InputError):
-    """A path `balcaprl inspect` cannot read; the message says what it expected."""
-
-
 @dataclass
 class RunView:
     """A training run's panel: its reward and length curves and which steps' rollouts the page holds."""
@@ -58,9 +54,9 @@ def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise InspectError(f"{path}:{number}: not JSON ({error.msg})") from None
+            raise InputError(f"{path}:{number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict):
-            raise InspectError(f"{path}:{number}: expected a JSON object")
+            raise InputError(f"{path}:{number}: expected a JSON object")
         rows.append(row)
     return rows
 
@@ -69,7 +65,7 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise InspectError(f"{path}: not JSON ({error.msg})") from None
+        raise InputError(f"{path}: not JSON ({error.msg})") from None
 
 
 def finite_number(value: Any) -> float | None:

@@ -125,7 +125,7 @@ def prepare_sharegpt4v(
     """Prepare ShareGPT4V (or any file in its layout) as a dataset folder; see the module docstring.
 
     Bad entries never stop the run: each is recorded with its reason. Only a broken JSON file
-    (:class:`~balcaprl.data.sharegpt4v.stream.JsonFileError`, before any image is checked, so the
+    (an :class:`~balcaprl.errors.InputError`, before any image is checked, so the
     resume file of an earlier run is kept as it was), a missing image root
     (:class:`~balcaprl.errors.MissingInputError`) or an unusable ``out_dir``
     (:class:`~balcaprl.errors.InputError`, :class:`~balcaprl.errors.OutputError`) raises.
