@@ -18,9 +18,9 @@ IMAGE_MODES = ("auto", "hardlink", "copy", "reencode")
 
 
 def _console():
-    from rich.console import Console
+    from balcaprl.progress import make_console
 
-    return Console()
+    return make_console()
 
 
 def _token_counter(tokenizer: str | None):

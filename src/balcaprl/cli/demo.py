@@ -48,13 +48,11 @@ def demo(
     import functools
     import sys
 
-    from rich.console import Console
-
     from balcaprl.demo.config import load_demo_config
     from balcaprl.demo.pipeline import run_demo
     from balcaprl.demo.report import comparison_rows, rich_before_after_table, rich_comparison_table
     from balcaprl.demo.variants import parse_variants
-    from balcaprl.progress import Progress
+    from balcaprl.progress import Progress, make_console
 
     if variant is not None and variants is not None:
         raise UserError("give --variant or --variants, not both")
@@ -66,7 +64,7 @@ def demo(
         overrides.append(f"judge.transport={judge}")
     settings = load_demo_config(config, overrides)
 
-    console = Console()
+    console = make_console()  # off a terminal: no 80-column wrapping of log lines and tables
     _quiet_library_progress_bars()
     start = time.perf_counter()
 

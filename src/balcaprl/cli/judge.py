@@ -134,8 +134,6 @@ def audit(
     ),
 ) -> None:  # fmt: skip
     """Re-judge a sample of captions: agreement between judges, test-retest noise, errors, cost."""
-    from rich.console import Console
-
     from balcaprl.judge import build_judge, load_judge_config
     from balcaprl.judge.audit import (
         audit_results,
@@ -146,7 +144,7 @@ def audit(
         write_audit,
     )
     from balcaprl.outputs import claim_output_dir
-    from balcaprl.progress import Progress
+    from balcaprl.progress import Progress, make_console
 
     if not 1 <= len(judge) <= 2:
         raise UserError(f"--judge: give one or two judge configs, got {len(judge)}")
@@ -204,7 +202,7 @@ def audit(
         if run["judged"] == 0:
             reasons = ", ".join(f"{k} {v}" for k, v in run["failures"].items())
             typer.secho(f"warning: {run['judge']} failed on every caption ({reasons})", fg="yellow", err=True)
-    console = Console(width=max(Console().width, 100))
+    console = make_console()
     for table in audit_tables(report):
         console.print(table)
     typer.echo(f"wrote {audit_path}\nwrote {items_path}")
