@@ -36,8 +36,18 @@ def serve(
         help="--oracle: flip each pointable/visible/covered flag with this probability (a judge of known error).",
     ),
     flip_seed: int = typer.Option(0, "--flip-seed", help="Seed of the flips (--flip-rate)."),
+    benchmarks: Path | None = typer.Option(
+        None, "--benchmarks",
+        help="--oracle: first write its held-out split as DeCapBench, CaptionQA and CapArena files (and "
+        "references.json) in this folder (docs/offline.md).",
+    ),
 ) -> None:  # fmt: skip
-    """Serve a local judge behind an OpenAI-compatible /v1/chat/completions (for tests and the demo)."""
+    """Serve a local judge behind an OpenAI-compatible /v1/chat/completions (for tests and the demo).
+
+    With --oracle it answers every command's calls from the synthetic world's scene graphs: the
+    verdicts (train, score, the b-CapScore of evaluate), DCScore, CaptionQA, CapArena and
+    re-captioning, so each command can be tried offline (docs/offline.md).
+    """
     import json
     import os
 
@@ -60,6 +70,7 @@ def serve(
             raise InputError(
                 f"--oracle {oracle}: {detail}; give a folder written by `balcaprl synthetic build`"
             ) from None
+        unflipped = local_judge
         if flip_rate > 0:
             from balcaprl.testing.flipping_judge import FlippingJudge
 
@@ -70,6 +81,16 @@ def serve(
         from balcaprl.testing.scripted_judge import ScriptedJudge
 
         local_judge = ScriptedJudge(latency_s=latency)
+    handler = None
+    if oracle is not None:
+        from balcaprl.testing.oracle_protocols import OracleProtocols, write_synthetic_benchmarks
+
+        handler = OracleProtocols.from_dataset(unflipped, oracle)
+        if benchmarks is not None:
+            for name, path in write_synthetic_benchmarks(oracle, benchmarks).items():
+                typer.echo(f"wrote {path} ({name})")
+    elif benchmarks is not None:
+        raise UserError("--benchmarks needs --oracle (the files are its dataset's held-out split)")
     script = None
     if faults is not None:
         inline = faults.lstrip().startswith("{")
@@ -100,7 +121,9 @@ def serve(
         typer.echo(f"balcaprl judge server: {url}", nl=True)
 
     try:
-        serve_forever(local_judge, host=host, port=port, faults=script, api_key=key, on_ready=announce)
+        serve_forever(
+            local_judge, host=host, port=port, faults=script, api_key=key, on_ready=announce, handler=handler
+        )
     except OSError as error:
         if ready:
             raise

@@ -60,6 +60,7 @@ from balcaprl.train.checkpointing import (
 from balcaprl.train.data import prepare_train_dataset
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
+from balcaprl.train.model_card import ModelCardCallback, write_model_card
 from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
 from balcaprl.train.rewards import SharedVerdictScorer
 
@@ -584,6 +585,7 @@ def build_trainer(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(MetricsJsonlCallback(output_dir / "metrics.jsonl"))
+    trainer.add_callback(ModelCardCallback(recipe))  # after TRL's generic card: ours replaces it
     if recipe.run.progress:
         trainer.add_callback(RichProgressCallback())
     if recipe.train.stop_after_step is not None:
@@ -637,6 +639,8 @@ def train(
     if finished and recipe.run.save_final_model:
         final_dir = output_dir / "final"
         trainer.save_model(str(final_dir))
+        if trainer.is_world_process_zero():
+            write_model_card(final_dir, recipe, trainer.state.global_step)
     return TrainResult(
         output_dir=output_dir,
         global_step=trainer.state.global_step,
