@@ -92,7 +92,6 @@ def demo(
         )
         title = f"balcaprl demo — variants: held-out oracle scores, {result.before.held_out.n} scenes"
         console.print(rich_comparison_table(rows, title))
-        console.print(f"comparison: {result.comparison_path} (+ .csv)")
     for r in result.variants:
         verdict = "[green]rises[/green]" if r.balanced_rise else "[yellow]does not rise in balance[/yellow]"
         console.print(
@@ -102,9 +101,10 @@ def demo(
             + ")",
             soft_wrap=True,
         )
-    console.print(
-        f"run folder: {result.root}  (summary.json, samples.md, training_curves.png, rl/)", soft_wrap=True
-    )
+    # What this run wrote, only: a stale file of an earlier run is never announced.
+    console.print(f"report: {result.report_dir}  ({', '.join(result.written)})", soft_wrap=True)
+    curves = ", ".join(str(r.run_dir / "training_curves.png") for r in result.variants)
+    console.print(f"RL runs: {result.root / 'rl'}  (training curves: {curves})", soft_wrap=True)
     stages = ", ".join(
         f"{k} {v:.0f}/{result.cpu_timings.get(k, 0.0):.0f}s" for k, v in result.timings.items()
     )
