@@ -66,12 +66,13 @@ def _scenes(dataset: Path) -> dict[str, dict[str, Any]]:
 
 def write_synthetic_benchmarks(dataset: Path | str, out: Path | str) -> dict[str, Path]:
     """The held-out split of a synthetic dataset as the three benchmarks, each in its own file format,
-    in ``out``; every image key is the image's path relative to the dataset folder, so one caption
-    file written by ``balcaprl caption --data DATASET`` serves all of them.
+    in ``out``; every image key is the image's path relative to the dataset folder (the image folder
+    of every benchmark is the dataset folder), so one caption file with those keys serves them all.
 
-    ``references.json`` holds each image's reference (``score --references``). DeCapBench: the reference is the human caption and its sentences are the oracle facts. CaptionQA:
-    per image, "Is there a <colour> <shape>?" for one shape that is there (Yes) and one that is not
-    (No). CapArena: the baselines take turns; a baseline's caption is the reference's first sentence.
+    ``references.json`` holds each image's reference (``score --references``). DeCapBench: the
+    reference is the human caption and its sentences are the oracle facts. CaptionQA: per image, "Is
+    there a <colour> <shape>?" for one shape that is there (Yes) and one that is not (No). CapArena:
+    the baselines take turns; a baseline's caption is the reference's first sentence.
     """
     from balcaprl.data.format import read_split_rows
     from balcaprl.synthetic.lexicon import COLORS, KINDS
