@@ -63,6 +63,7 @@ from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, R
 from balcaprl.train.model_card import ModelCardCallback, write_model_card
 from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
 from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.trl_overrides import apply_trl_overrides
 
 __all__ = [
     "BalancedGRPOTrainer",
@@ -524,7 +525,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
             vllm_server_timeout=vllm.server_timeout,
             vllm_importance_sampling_correction=vllm.importance_sampling_correction,
         )
-    return GRPOConfig(**kwargs)
+    return GRPOConfig(**apply_trl_overrides(kwargs, t.trl_overrides, GRPOConfig))
 
 
 def build_trainer(

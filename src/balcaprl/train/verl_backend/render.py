@@ -209,6 +209,8 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
             "train.stop_after_step: not available in verl (it resumes from its newest checkpoint by itself); "
             "remove it"
         )
+    if t.trl_overrides:
+        problems.append("train.trl_overrides: TRL settings; for verl pass --verl-override KEY=VALUE instead")
     if t.max_steps is None and float(t.epochs) != int(t.epochs):
         problems.append(f"train.epochs: verl counts whole epochs; {t.epochs} needs train.max_steps instead")
     if m.lora is not None:
