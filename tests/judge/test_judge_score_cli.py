@@ -95,6 +95,11 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     assert summary["accounting"]["calls"] == 2
     assert summary["n_empty_captions"] == 1 and "empty captions (scored 0, in the means): 1" in result.output
     assert "b-CapScore" in result.output and "wrote" in result.output
+    # every figure x100 with one decimal, as `evaluate` prints them; and why the first failure failed
+    printed = " ".join(result.output.split())
+    assert "precision │ 44.4 │" in printed  # (1/3 + 1 + 0) / 3
+    assert f"b_capscore │ {100 * sum(expected) / 3:.1f} │" in printed
+    assert "first failure: c.png: bad_input (" in printed
     # half scored is enough when the user says so
     again = score(images, captions, references, judge_yaml, tmp / "half", "--min-scored", "0.5")
     assert again.exit_code == 0, again.output
