@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-__all__ = ["RESUME_HELP", "OVERWRITE_HELP", "MIN_SCORED_HELP", "exit_if_short", "resume_after_trial"]
+__all__ = ["RESUME_HELP", "OVERWRITE_HELP", "MIN_SCORED_HELP", "exit_if_short", "implied_resume"]
 
 RESUME_HELP = "Continue the results already in the output place; nothing finished is redone or paid twice."
 OVERWRITE_HELP = "Replace the results already in the output place (built aside, then swapped in at the end)."
@@ -20,12 +20,12 @@ def exit_if_short(reason: str | None, advice: str = "") -> None:
     raise typer.Exit(1)
 
 
-def resume_after_trial(resume: bool, overwrite: bool, trial_limit: int | None, where: str) -> bool:
-    """``--resume``, implied when the results in ``where`` are a trial run's (``--limit N``): the run
-    after a trial continues it, as the guides' flow (a trial, then the full run) expects."""
-    if trial_limit is None or resume or overwrite:
+def implied_resume(resume: bool, overwrite: bool, why: str | None) -> bool:
+    """``--resume``, implied where the results in the output place are not worth a refusal: ``why``
+    says what they are (a trial run's, ``--limit N``; a run that scored nothing), or None for
+    results that are protected as usual. The run after them continues them, as the guides' flows
+    (a trial, then the full run) expect; ``--overwrite`` still starts again."""
+    if why is None or resume or overwrite:
         return resume
-    typer.echo(
-        f"continuing the trial run (--limit {trial_limit}) in {where}; --overwrite starts again", err=True
-    )
+    typer.echo(f"continuing {why} (--resume implied; --overwrite starts again)", err=True)
     return True

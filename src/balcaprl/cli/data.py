@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short, resume_after_trial
+from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short, implied_resume
 from balcaprl.errors import InputError, UserError
 
 __all__ = ["info", "prepare_sharegpt4v", "recaption"]
@@ -23,16 +23,18 @@ def _console():
     return make_console()
 
 
-def _trial_limit(dataset: Path, section: str) -> int | None:
-    """The ``--limit`` the dataset card records for the run that wrote ``section`` (``source``:
-    preparation, ``recaption``); None for a full run, or where no readable card is."""
+def _trial(dataset: Path, section: str) -> str | None:
+    """ "the trial run (--limit N) in DATASET" when the dataset card records a ``--limit`` for the run
+    that wrote ``section`` (``source``: preparation, ``recaption``); None for a full run, or where no
+    readable card is."""
     from balcaprl.data.format import read_card
 
     try:
         recorded = read_card(dataset).get(section)
     except UserError:
         return None
-    return recorded.get("limit") if isinstance(recorded, dict) else None
+    limit = recorded.get("limit") if isinstance(recorded, dict) else None
+    return None if limit is None else f"the trial run (--limit {limit}) in {dataset}"
 
 
 def _token_counter(tokenizer: str | None):
@@ -118,7 +120,7 @@ def prepare_sharegpt4v(
     )
     if out.expanduser().resolve() == image_root.expanduser().resolve():
         raise InputError("--out must not be the image root itself; use a new folder (e.g. next to it)")
-    resume = resume_after_trial(resume, overwrite, _trial_limit(out, "source"), str(out))
+    resume = implied_resume(resume, overwrite, _trial(out, "source"))
     target = claim_output_dir(
         out,
         what="--out",
@@ -226,7 +228,7 @@ def recaption(
     if not (data / ".recaption" / "card.json").is_file():  # (a rewrite that was interrupted keeps it)
         read_card(data)  # not a dataset: say so before anything else
     judge = load_judge_config(judge_config)  # a config mistake is reported before anything else
-    resume = resume_after_trial(resume, overwrite, _trial_limit(data, "recaption"), str(data))
+    resume = implied_resume(resume, overwrite, _trial(data, "recaption"))
     mode = claim_in_place(data, what="--data", results=recaption_results, resume=resume, overwrite=overwrite)
     report = recaption_dataset(
         data,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short
+from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short, implied_resume
 from balcaprl.errors import InputError, UserError
 
 __all__ = ["caption", "evaluate", "evaluate_general", "report", "score"]
@@ -205,6 +205,21 @@ def score(
     exit_if_short(reason, _retry_advice(summary["failures"]))
 
 
+def _scored_nothing(out: Path, protocols: list[str]) -> str | None:
+    """ "the evaluation in OUT, which scored nothing" when OUT's eval.json records the suite's protocols
+    and none of them scored an item (a wrong caption file, say): nothing there for a refusal to keep."""
+    from balcaprl.evaluate.suite import read_eval
+
+    try:
+        recorded = read_eval(out).get("results") or {}
+    except (OSError, ValueError):
+        return None
+    results = [recorded.get(p) for p in protocols if p in recorded]
+    if not results or any(not isinstance(r, dict) or r.get("n_scored", 1) != 0 for r in results):
+        return None
+    return f"the evaluation in {out}, which scored nothing"
+
+
 def _first_failure(scores: Path) -> str | None:
     """``image: reason (detail)`` of the first failed row of ``scores.jsonl`` (read line by line)."""
     with scores.open(encoding="utf-8") as rows:
@@ -305,6 +320,7 @@ def evaluate(
     for flag, path in (("--decapbench", decapbench), ("--captionqa", captionqa), ("--caparena", caparena)):
         if path is not None and path.is_file():
             read_utf8_text(path, flag)
+    resume = implied_resume(resume, overwrite, _scored_nothing(out, names))
     target = claim_output_dir(
         out, what="--out", results=lambda folder: evaluation_results(folder, names), resume=resume,
         overwrite=overwrite, copy=["*"], resumable=["judge_cache.sqlite*", f"{ANSWER_RECORD}*"],
