@@ -17,6 +17,7 @@ from PIL import Image
 from balcaprl.judge import JudgeConfig
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.testing.judge_server import GenericCall
+from balcaprl.testing.oracle_protocols import CAPARENA_BASELINES
 
 
 def png(colour: tuple[int, int, int], size: int = 24) -> bytes:
@@ -132,7 +133,6 @@ def write_captionqa(root: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------- CapArena
 
-CAPARENA_BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 
 
 def write_caparena(root: Path, n_per_baseline: int = 2) -> tuple[Path, Path, dict[str, dict[str, Any]]]:
