@@ -24,9 +24,9 @@ def _console():
 
 
 def _trial(dataset: Path, section: str) -> str | None:
-    """ "the trial run (--limit N) in DATASET" when the dataset card records a ``--limit`` for the run
-    that wrote ``section`` (``source``: preparation, ``recaption``); None for a full run, or where no
-    readable card is."""
+    """What ``dataset`` holds, in words, when its card records a ``--limit`` for the run that wrote
+    ``section`` (``source``: preparation, ``recaption``): a trial run. None for a full run, or where
+    no readable card is."""
     from balcaprl.data.format import read_card
 
     try:

@@ -206,8 +206,9 @@ def score(
 
 
 def _scored_nothing(out: Path, protocols: list[str]) -> str | None:
-    """ "the evaluation in OUT, which scored nothing" when OUT's eval.json records the suite's protocols
-    and none of them scored an item (a wrong caption file, say): nothing there for a refusal to keep."""
+    """What ``out`` holds, in words, when its eval.json records the suite's protocols and none of them
+    scored an item (a caption file whose keys matched nothing, say): nothing a refusal should keep.
+    None otherwise."""
     from balcaprl.evaluate.suite import read_eval
 
     try:
