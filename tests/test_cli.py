@@ -140,6 +140,17 @@ def test_every_help_page_shows_each_flag_whole_and_no_value_for_a_switch(columns
                     assert not re.match(r",? ?<", whole.group(1)), (path, name, whole.group(0))
 
 
+def test_evaluate_help_at_80_columns_as_a_user_runs_it():
+    """The issue's own check: `COLUMNS=80 balcaprl evaluate --help` in a fresh interpreter."""
+    result = run_cli("evaluate", "--help", columns=80)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--official-decapbench", "--official-caparena", "--official-captionqa", "--decapbench-images",
+                 "--caparena-images", "--min-scored"):  # fmt: skip
+        assert re.search(rf"^  {flag} ", result.stdout, re.MULTILINE), flag
+    assert re.search(r"^  --resume  +Continue", result.stdout, re.MULTILINE)  # a switch: no value shown
+    assert "<bool>" not in result.stdout and max(map(len, result.stdout.splitlines())) <= 80
+
+
 # ---------------------------------------------------------------------------------------------------
 # The error boundary
 
