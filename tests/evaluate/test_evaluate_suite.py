@@ -298,6 +298,7 @@ def test_an_evaluation_that_scored_nothing_does_not_block_the_next_run(tmp_path,
     args = ["evaluate", "--config", config, "--out", out, "--suite", "bcapscore", "--no-progress"]
     first = cli(*args, "--captions", wrong)
     assert first.exit_code == 1 and read_eval(out)["results"]["bcapscore"]["n_scored"] == 0
+    assert "2 without a caption (first: 'iiw_001.jpg')" in first.output  # the key the captions lacked
     again = cli(*args, "--captions", captions)  # the fixed captions, no flag: continued, not refused
     assert again.exit_code == 0, again.output
     assert f"continuing the evaluation in {out}, which scored nothing" in " ".join(again.output.split())

@@ -356,7 +356,9 @@ def evaluate(
         if result.failures:
             line += f", failed: {json.dumps(result.failures)}"
         if result.missing:
-            line += f", {len(result.missing)} without a caption"
+            line += (
+                f", {len(result.missing)} without a caption (first: {result.missing[0]!r})"  # the key sought
+            )
         if result.refused:
             line += f", {len(result.refused)} benchmark rows refused (see eval.json)"
         if result.metrics.get("n_invalid"):
