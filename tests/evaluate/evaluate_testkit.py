@@ -134,7 +134,6 @@ def write_captionqa(root: Path) -> Path:
 # ----------------------------------------------------------------------------------------- CapArena
 
 
-
 def write_caparena(root: Path, n_per_baseline: int = 2) -> tuple[Path, Path, dict[str, dict[str, Any]]]:
     """``caparena_auto_600.json`` with ``n_per_baseline`` images per baseline, and the image folder."""
     images = root / "caparena_images"
