@@ -44,8 +44,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["Progress", "make_console"]
-
 UNWRAPPED_WIDTH = 10_000  # "no limit" for rich, which needs a number: lines are never this long
 
 

@@ -24,8 +24,6 @@ from typing import Any
 
 from balcaprl.errors import OutputError
 
-__all__ = ["JudgeCache", "cache_key"]
-
 log = logging.getLogger(__name__)
 
 _SCHEMA = """

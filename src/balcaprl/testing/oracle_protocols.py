@@ -32,8 +32,6 @@ from typing import Any
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.testing.judge_server import GenericCall
 
-__all__ = ["BENCHMARK_FILES", "CAPARENA_BASELINES", "OracleProtocols", "write_synthetic_benchmarks"]
-
 CAPARENA_BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 BENCHMARK_FILES = {
     "decapbench": "IIW_400_data.jsonl",

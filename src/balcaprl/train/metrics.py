@@ -48,15 +48,6 @@ from balcaprl.judge.protocol import FailureReason
 from balcaprl.progress import Progress
 from balcaprl.rewards import REWARD_NAMES, LengthMode, RolloutRecord
 
-__all__ = [
-    "MetricsJsonlCallback",
-    "RichProgressCallback",
-    "RolloutLog",
-    "append_jsonl",
-    "batch_metrics",
-    "read_jsonl",
-]
-
 KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
 
 

@@ -16,8 +16,6 @@ from transformers import TrainerCallback
 from balcaprl.files import atomic_write_text
 from balcaprl.recipe import Recipe
 
-__all__ = ["CARD_FILE", "ModelCardCallback", "model_card", "write_model_card"]
-
 CARD_FILE = "README.md"
 PAPER = "BalCapRL: A Balanced Framework for RL-Based MLLM Image Captioning"
 

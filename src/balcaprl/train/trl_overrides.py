@@ -16,8 +16,6 @@ from typing import Any
 
 from balcaprl.errors import ConfigError
 
-__all__ = ["apply_trl_overrides"]
-
 KEY = "train.trl_overrides"
 
 
