@@ -195,10 +195,21 @@ def score(
         typer.echo(f"failures (left out of the means): {json.dumps(summary['failures'])}")
     if run.resumed:
         typer.echo(f"resumed: {run.resumed} captions scored by an earlier run, not judged again")
+    typer.echo(_cache_line(summary["accounting"], judge_client.cache))
     final = target.final
     typer.echo(f"wrote {final / run.scores_path.name}\nwrote {final / run.summary_path.name}")
     reason = shortfall(summary["n_scored"], summary["n_captions"], min_scored, unit="captions", verb="scored")
     exit_if_short(reason, _retry_advice(summary["failures"]))
+
+
+def _cache_line(accounting: dict, cache) -> str:
+    """Where the answers came from: a verdict from the cache was paid for by an earlier run."""
+    where = (
+        "the judge cache is off"
+        if cache is None
+        else f"{accounting['cache_hits']} from the judge cache {cache.path}"
+    )
+    return f"answers: {accounting['judged']} judged by {accounting['calls']} calls, {where}"
 
 
 def _retry_advice(failures: dict[str, int]) -> str:

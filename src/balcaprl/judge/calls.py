@@ -5,7 +5,7 @@ of a cached reference, reference decompositions), the evaluation protocols (DCSc
 matching and verification, CaptionQA's letters, CapArena's pairwise verdicts) and re-captioning all
 call through :meth:`JudgeCaller.call`. Per call, in order:
 
-1. the cache key (:func:`~balcaprl.judge.cache.cache_key`: model, sampling parameters, schema, trial,
+1. the cache key (:func:`~balcaprl.judge.cache.cache_key`: endpoint, model, sampling parameters, schema, trial,
    and what the messages say: an explicit identity, or the messages' hash);
 2. the calls in flight on this event loop: an identical one shares its answer (coalescing);
 3. the sqlite cache;
@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from balcaprl.judge.accounting import JudgeStats
-from balcaprl.judge.cache import JudgeCache, cache_key
+from balcaprl.judge.cache import JudgeCache, cache_key, endpoint_identity
 from balcaprl.judge.config import JudgeConfig, load_judge_config
 from balcaprl.judge.endpoint import Endpoint
 from balcaprl.judge.images import ImageLoader, PreparedImage
@@ -165,8 +165,8 @@ class JudgeCaller:
         trial: int | None = None,
         extra_body: dict[str, Any] | None = None,
     ) -> str:
-        """The cache key of a call (:func:`~balcaprl.judge.cache.cache_key` with this config's model
-        and sampling defaults). ``identity`` (what determines the messages, e.g.
+        """The cache key of a call (:func:`~balcaprl.judge.cache.cache_key` with this config's endpoint,
+        model and sampling defaults). ``identity`` (what determines the messages, e.g.
         :func:`prompt_identity`) stands in for the messages' hash when a caller wants to look a call
         up before building its messages, or to skip hashing an image; give one of the two."""
         if (messages is None) == (identity is None):
@@ -174,6 +174,7 @@ class JudgeCaller:
         cfg = self.config
         return cache_key(
             kind,
+            endpoint=endpoint_identity(cfg.base_url),
             model=cfg.model,
             temperature=cfg.temperature if temperature is USE_CONFIG else temperature,
             max_tokens=max_tokens or cfg.max_tokens,

@@ -19,6 +19,12 @@ For every rollout the scorer:
 A failed judge (``JudgeFailure``, or an exception from the judge) gives ``None`` for all three
 rewards, which TRL turns into NaN, so the advantage step leaves the rollout out; never a 0. The length
 control acts on judged rollouts only: a rollout without a verdict has no reward at all.
+
+One failure is not a rollout's but the run's: an endpoint that rejects the judge's configuration (a
+revoked or wrong API key, 401/403; an unknown model, 404) fails every later call too. Its rollouts
+are marked ``judge_rejected``, and :meth:`SharedVerdictScorer.check_batch_failures` stops the run at
+that batch with the judge's one-line error (a :class:`~balcaprl.errors.UserError`: exit status 2),
+before any update: the checkpoints written so far stay, and no final model is saved.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from typing import Any
 
 import torch
 
+from balcaprl.errors import ConfigError, UserError
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, length_gate, score_rollout
 from balcaprl.rewards.rubrics import training_rubric_name
 
 __all__ = [
     "JUDGE_EXCEPTION",
+    "JUDGE_REJECTED",
     "ScoredBatch",
     "ScoredRollout",
     "SharedVerdictScorer",
@@ -49,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 # Failure reason recorded when the judge raised instead of returning a JudgeFailure.
 JUDGE_EXCEPTION = "judge_exception"
+# Failure reason of every rollout of a batch whose judge raised a UserError: the endpoint rejected the
+# key, the permissions or the model (see the module docstring); the run stops on it.
+JUDGE_REJECTED = "judge_rejected"
 
 
 @dataclass
@@ -269,6 +280,8 @@ class SharedVerdictScorer:
         self.judge_requests += len(requests)
         try:
             outcomes = list(await self.judge.judge_batch(requests))
+        except UserError as err:  # not this batch's failure but the configuration's: stop the run
+            return [JudgeFailure(JUDGE_REJECTED, str(err))] * len(requests)  # type: ignore[arg-type]
         except Exception as err:  # a judge should return failures, but a crash must not become a reward
             logger.exception(
                 "the judge raised on a batch of %d rollouts; they count as failed", len(requests)
@@ -323,7 +336,8 @@ class SharedVerdictScorer:
         return rollout
 
     def check_batch_failures(self, rollouts: Sequence[ScoredRollout | Mapping[str, Any]]) -> None:
-        """Count a batch whose every rollout failed; raise after ``max_failed_batches_in_a_row`` in a row.
+        """Count a batch whose every rollout failed; raise after ``max_failed_batches_in_a_row`` in a row,
+        and at once (:class:`~balcaprl.errors.ConfigError`) when the endpoint rejected the judge.
 
         ``rollouts`` are :class:`ScoredRollout` objects or their ``as_dict()`` records.
         """
@@ -332,6 +346,15 @@ class SharedVerdictScorer:
             return rollout[name] if isinstance(rollout, Mapping) else getattr(rollout, name)
 
         failures = [value_of(r, "failure") for r in rollouts]
+        rejected = next(
+            (value_of(r, "failure_detail") for r in rollouts if value_of(r, "failure") == JUDGE_REJECTED),
+            None,
+        )
+        if rejected is not None:  # every process sees the same gathered batch, so all stop here
+            raise ConfigError(
+                f"{rejected}; training stopped before this batch's update (the checkpoints written so far are "
+                "kept; fix the judge, then continue with --resume)"
+            )
         if failures and all(f is not None for f in failures):
             self._failed_in_a_row += 1
             reasons = sorted(set(failures))
