@@ -191,7 +191,8 @@ class JudgeCache:
         """Refuse a damaged file before any call is paid (a page torn by a disk or a copy, garbage)."""
         problems = [row[0] for row in self._db.execute("PRAGMA quick_check(3)").fetchall()]
         if problems != ["ok"]:
-            raise self._corrupt("; ".join(str(p) for p in problems)[:200])
+            said = " ".join("; ".join(str(p) for p in problems).split())  # sqlite's lines, on one
+            raise self._corrupt(said[:200])
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored object, or None when absent (or unreadable, which is logged and treated as absent)."""
