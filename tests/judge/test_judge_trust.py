@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 import balcaprl.judge.cache as cache_module
 from balcaprl.cli import app
 from balcaprl.judge.cache import JudgeCache, cache_key, endpoint_identity
-from balcaprl.testing.judge_server import FaultScript, JudgeServer
+from balcaprl.testing.judge_server import JudgeServer
+from balcaprl.testing.revocation import RevokedKey
 from balcaprl.testing.scripted_judge import ScriptedJudge
 
 IMAGES = ("a.png", "b.png", "c.png", "d.png")
@@ -215,22 +216,9 @@ def test_a_damaged_cache_is_named_before_any_call(workspace, judge_server, damag
 # -------------------------------------------------------------------- 4. a rejected key stops the run
 
 
-class RevokedAfter(FaultScript):
-    """Answers the first ``calls`` requests, then 401 to every one (a key revoked mid-run)."""
-
-    def __init__(self, calls: int):
-        super().__init__()
-        self.calls = calls
-
-    def next_fault(self, text: str) -> str:
-        with self._lock:
-            self.calls -= 1
-            return "ok" if self.calls >= 0 else "unauthorized"
-
-
 def test_score_stops_at_a_revoked_key_in_one_line_and_keeps_what_was_paid(workspace):
     tmp = workspace[0]
-    with JudgeServer(ScriptedJudge(**LOUD), RevokedAfter(2)) as server:
+    with JudgeServer(ScriptedJudge(**LOUD), RevokedKey(after=2)) as server:
         result = score(workspace, judge_yaml(tmp, "loud", server, concurrency=1, cache_path=None), "out")
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

@@ -11,28 +11,20 @@ from typer.testing import CliRunner
 
 import balcaprl.train.trl_backend as trl_backend
 from balcaprl.cli import app
-from balcaprl.testing.judge_server import FaultScript, JudgeServer
+from balcaprl.testing.judge_server import JudgeServer
+from balcaprl.testing.revocation import RevokedKey
 from balcaprl.testing.scripted_judge import ScriptedJudge
-
-
-class Revocable(FaultScript):
-    """Every request answered until :attr:`revoked`, then 401 (the key was revoked)."""
-
-    revoked = False
-
-    def next_fault(self, text: str) -> str:
-        return "unauthorized" if self.revoked else "ok"
 
 
 class RevokeAfterStep(TrainerCallback):
     """Revokes the judge's key once ``step`` optimizer steps are done."""
 
-    def __init__(self, script: Revocable, step: int):
+    def __init__(self, script: RevokedKey, step: int):
         self.script, self.step = script, step
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= self.step:
-            self.script.revoked = True
+            self.script.revoke()
 
 
 def run_train(tmp_path, tiny_policy, tiny_dataset, server: JudgeServer, **judge_settings):
@@ -50,7 +42,7 @@ def run_train(tmp_path, tiny_policy, tiny_dataset, server: JudgeServer, **judge_
 
 
 def test_a_key_revoked_mid_run_stops_training_with_one_line(tiny_policy, tiny_dataset, tmp_path, monkeypatch):
-    script = Revocable()
+    script = RevokedKey()
     build = trl_backend.build_trainer
     monkeypatch.setattr(
         trl_backend,
