@@ -8,8 +8,9 @@ under ``extra_fields["reward_extra_info"]``) never reach an estimator, not even 
 ``BalancedPPOTrainerSync`` (``trainer.v1.trainer_mode=balcaprl_sync``) changes that step: it reads
 each rollout's reward columns from TransferQueue, in the batch's order, marks verl's synthetic padding
 rows as failed (they copy a real row's rewards and must not enter the batch statistics), logs reward
-and judge metrics, stops the run when the judge failed on every rollout of too many batches in a row,
-and then runs verl's own advantage step with the columns provided to the balcaprl estimator
+and judge metrics, stops the run when the judge failed on every rollout of too many batches in a row
+(at once when the endpoint rejected the judge's key or model: ``judge_rejected``), and then runs
+verl's own advantage step with the columns provided to the balcaprl estimator
 (``estimator.provide_rollout_rewards``). After each actor update it also reports the clipping and ratio
 metrics under the names the TRL backend uses (``policy/...``, see ``policy_loss.py``). Everything else is
 verl's ``PPOTrainerSync``.
@@ -31,7 +32,9 @@ from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from balcaprl.errors import ConfigError
 from balcaprl.rewards import REWARD_NAMES
+from balcaprl.train.rewards import JUDGE_REJECTED
 from balcaprl.train.verl_backend.estimator import (
     LENGTH_PENALTY_KEY,
     RolloutRewards,
@@ -141,6 +144,14 @@ class BalancedAdvantageStep:
 
     def _balcaprl_check_judge(self, columns: RolloutRewards, infos: Sequence[Any]) -> None:
         real = [i for i, info in enumerate(infos) if info is not None]
+        rejected = next(
+            (infos[i].get("failure_detail") for i in real if infos[i].get("failure") == JUDGE_REJECTED), None
+        )
+        if rejected is not None:  # the endpoint refused the key or the model: no later batch does better
+            raise ConfigError(
+                f"{rejected}; training stopped before this batch's update (fix the judge, then restart: verl "
+                "resumes from the newest checkpoint)"
+            )
         if real and bool(torch.isnan(columns.rewards[real]).all()):
             self._balcaprl_failed_in_a_row += 1
             limit = int(algorithm_setting(self.config.algorithm, "max_failed_batches_in_a_row", 3))
