@@ -343,6 +343,10 @@ def evaluate(
         prompts = (result.settings.get("prompts") or {}).get("kind")
         if prompts:
             line += f", {prompts} prompts"
+        if "cache_hits" in result.stats:  # a cached answer was paid for by an earlier run
+            line += (
+                f", {result.stats['calls']} judge calls, {result.stats['cache_hits']} answers from the cache"
+            )
         typer.echo(line + ")")
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")

@@ -1,7 +1,7 @@
 """Every command that pays a judge stops at a rejected key (issue 23): a key revoked after a few calls
 ends `evaluate`, `data recaption` and `judge audit` with one line on stderr and exit status 2, no
 traceback, whatever protocol was running (`score` and `train`: tests/judge/test_judge_trust.py and
-tests/train/test_train_judge_rejected.py)."""
+tests/train/test_train_judge_rejected.py); and `evaluate` says how many answers came from the cache."""
 
 from __future__ import annotations
 
@@ -65,3 +65,21 @@ def test_a_key_revoked_mid_run_stops_the_command_in_one_line(world, tmp_path, co
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "HTTP 401" in errors[0], result.output
     assert "Traceback" not in result.output
+
+
+def test_evaluate_says_how_many_answers_came_from_the_cache(world, tmp_path):
+    tmp, dataset, bench = world
+    with JudgeServer(ScriptedJudge(), handler=lambda call: "Yes") as server:
+        judge = write_judge_yaml(
+            tmp_path / "judge.yaml", server.base_url, cache_path=str(tmp_path / "c.sqlite")
+        )
+        outputs = []
+        for out in ("first", "second"):
+            args = commands(tmp, dataset, bench, judge, tmp_path / out)["evaluate captionqa"]
+            result = CliRunner(env={"COLUMNS": "60"}).invoke(app, [*map(str, args), "--min-scored", "0"])
+            assert result.exit_code == 0, result.output
+            outputs.append(" ".join(result.output.split()))
+        calls = server.counters.total
+    assert calls > 0
+    assert f"{calls} judge calls, 0 answers from the cache" in outputs[0]
+    assert f"0 judge calls, {calls} answers from the cache" in outputs[1]
