@@ -352,8 +352,8 @@ class SharedVerdictScorer:
         )
         if rejected is not None:  # every process sees the same gathered batch, so all stop here
             raise ConfigError(
-                f"{rejected}; training stopped before this batch's update (the checkpoints written so far are "
-                "kept; fix the judge, then continue with --resume)"
+                f"{rejected}; training stopped before this batch's update: fix the judge, then run again "
+                "(--resume continues from the newest checkpoint, if one was written; none is removed)"
             )
         if failures and all(f is not None for f in failures):
             self._failed_in_a_row += 1
