@@ -6,7 +6,8 @@
    sample, extrapolated to 1024: the time users would otherwise wait. Client and server share this
    machine's CPUs, so the CPU seconds each spends per request are printed too: a wave of 128 answers
    arriving together costs 128 x that before the last of them can start its next call, which is
-   where the wall time above the bound goes (``--http-backend`` compares the SDK's transports).
+   where the wall time above the bound goes. A bare aiohttp loop (the same calls, nothing else)
+   says what the machine and the server allow at all.
 2. Reference modes (skip with ``--skip-modes``; ``--skip-throughput`` skips part 1): joint vs cached-reference on synthetic groups of 8 rollouts; see
    ``balcaprl.testing.compare_modes`` for what these figures can and cannot show.
 
@@ -81,53 +82,50 @@ def _requests(n: int, tag: str, group_size: int = 8) -> list[JudgeRequest]:
     ]
 
 
-async def _bare_sdk(
-    base_url: str, n: int, concurrency: int, clock: _CpuClock, backend: str
-) -> dict[str, float]:
-    """The same calls with the bare SDK (no cache, no validation, no accounting): what the machine and
-    the server allow at all, to tell the judge's own overhead from the environment's."""
-    import openai
+async def _bare_loop(base_url: str, n: int, concurrency: int, clock: _CpuClock) -> dict[str, float]:
+    """The same calls with a bare aiohttp loop (no cache, no validation, no accounting): what the
+    machine and the server allow at all, to tell the judge's own overhead from the environment's."""
+    import json
 
-    from balcaprl.judge.connections import http_client
+    import aiohttp
+
     from balcaprl.judge.images import ImageLoader
     from balcaprl.judge.prompt import build_judge_messages
-    from balcaprl.judge.schemas import json_response_format
-    from balcaprl.rewards import Verdict
-    from balcaprl.rewards.rubrics import load_rubric
+    from balcaprl.judge.rubrics import load_rubric
+    from balcaprl.judge.schemas import json_response_format, verdict_schema
 
     rubric, loader = load_rubric("training"), ImageLoader(1024)
     bodies = [
-        {"model": "scripted", "max_completion_tokens": 4096, "response_format": json_response_format(Verdict, "verdict"),
-         "messages": build_judge_messages(rubric, loader.load(r.image), reference=r.reference, caption=r.caption)}
+        json.dumps({"model": "scripted", "max_completion_tokens": 4096,
+                    "response_format": json_response_format(verdict_schema("training"), "verdict_training"),
+                    "messages": build_judge_messages(rubric, loader.load(r.image), reference=r.reference,
+                                                     caption=r.caption)}).encode()
         for r in _requests(n, "bare")
     ]  # fmt: skip
-    clients = [
-        openai.AsyncOpenAI(api_key="EMPTY", base_url=base_url, max_retries=0, http_client=http)
-        for http in (http_client(backend) for _ in range(-(-concurrency // 32)))
-    ]
     gate = asyncio.Semaphore(concurrency)
+    headers = {"Authorization": "Bearer EMPTY", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
-    async def one(i: int) -> None:
-        async with gate:
-            await clients[i % len(clients)].post(
-                "/chat/completions", body=bodies[i], cast_to=openai.types.chat.ChatCompletion
-            )
+        async def one(i: int) -> None:
+            async with (
+                gate,
+                session.post(f"{base_url}/chat/completions", data=bodies[i], headers=headers) as r,
+            ):
+                json.loads(await r.read())
 
-    await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up wave
-    cpu, start = clock.read(), time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(n)))
-    wall = time.perf_counter() - start
-    client_cpu, server_cpu = (b - a for a, b in zip(cpu, clock.read(), strict=True))
-    for client in clients:
-        await client.close()
+        await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up wave
+        cpu, start = clock.read(), time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        wall = time.perf_counter() - start
+        client_cpu, server_cpu = (b - a for a, b in zip(cpu, clock.read(), strict=True))
     return {"wall_s": wall, "client_cpu_s": client_cpu, "server_cpu_s": server_cpu}
 
 
 async def _throughput(
-    base_url: str, n: int, concurrency: int, sample: int, cache: Path, clock: _CpuClock, backend: str
+    base_url: str, n: int, concurrency: int, sample: int, cache: Path, clock: _CpuClock
 ) -> dict[str, float]:
     config = JudgeConfig(base_url=base_url, model="scripted", api_key_env=None, cache_path=cache,
-                         concurrency=concurrency, timeout_s=60, max_retries=0, http_backend=backend)  # fmt: skip
+                         concurrency=concurrency, timeout_s=60, max_retries=0)  # fmt: skip
     judge = OpenAICompatibleJudge(config)
     try:
         # One full wave first: a training run's pool is warm after its first step.
@@ -157,10 +155,6 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--naive-sample", type=int, default=32)
-    parser.add_argument(
-        "--http-backend", choices=["httpx", "aiohttp"], default=JudgeConfig().http_backend,
-        help="the SDK's HTTP transport, for the judge and the bare loop alike (default: the config's)",
-    )  # fmt: skip
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-modes", action="store_true")
     args = parser.parse_args()
@@ -175,12 +169,10 @@ def main() -> None:
                 figures = asyncio.run(
                     _throughput(
                         base_url, args.requests, args.concurrency, args.naive_sample, Path(tmp) / "c.sqlite",
-                        clock, args.http_backend,
+                        clock,
                     )
                 )  # fmt: skip
-            bare_figures = asyncio.run(
-                _bare_sdk(base_url, args.requests, args.concurrency, clock, args.http_backend)
-            )
+            bare_figures = asyncio.run(_bare_loop(base_url, args.requests, args.concurrency, clock))
             bare = bare_figures["wall_s"]
         finally:
             process.terminate()
@@ -189,14 +181,14 @@ def main() -> None:
         ratio = figures["concurrent_s"] / bound
         naive_projected = figures["naive_sample_s"] / args.naive_sample * args.requests
         print(f"throughput: {args.requests} requests, concurrency {args.concurrency}, server latency "
-              f"{args.latency:.1f} s, http_backend {args.http_backend}")  # fmt: skip
+              f"{args.latency:.1f} s")  # fmt: skip
         print(f"  concurrent wall {figures['concurrent_s']:.2f} s vs bound {bound:.2f} s -> ratio {ratio:.3f}x "
               f"(target <= 1.10x; {'met' if ratio <= 1.10 else 'MISSED'}; failures {figures['failures']}, "
               f"call p50 {figures['p50']:.3f} s)")  # fmt: skip
-        print(f"  bare SDK loop, same calls, same server: wall {bare:.2f} s -> ratio {bare / bound:.3f}x "
+        print(f"  bare aiohttp loop, same calls, same server: wall {bare:.2f} s -> ratio {bare / bound:.3f}x "
               f"(what this machine allows at all; the judge adds {figures['concurrent_s'] / bare - 1:+.1%})")  # fmt: skip
         ms = 1000 / args.requests
-        for name, row in (("judge client", figures), ("bare SDK loop", bare_figures)):
+        for name, row in (("judge client", figures), ("bare aiohttp loop", bare_figures)):
             cpu = row["client_cpu_s"] + row["server_cpu_s"]
             print(f"  CPU per request, {name}: client {row['client_cpu_s'] * ms:.2f} ms + server "
                   f"{row['server_cpu_s'] * ms:.2f} ms = {cpu * ms:.2f} ms; {cpu:.1f} CPU-s over "

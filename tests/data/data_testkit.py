@@ -34,7 +34,7 @@ def scripted_app(model: ScriptedCaptioner):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    from balcaprl.rewards.rubrics import load_rubric
+    from balcaprl.judge.rubrics import load_rubric
 
     app = FastAPI()
 

@@ -14,7 +14,7 @@ from balcaprl.data.format import load_split, read_card, read_split_rows
 from balcaprl.data.recaption import recaption_dataset
 from balcaprl.data.sharegpt4v import PrepareOptions, prepare_sharegpt4v
 from balcaprl.judge import JudgeConfig, JudgeConfigError
-from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.judge.rubrics import load_rubric
 
 
 def rows_of(root):

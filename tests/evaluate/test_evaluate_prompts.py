@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.judge.rubrics import load_rubric
 from balcaprl.testing.rubrics import packaged_rubric_name
 
 PROTOCOL_RUBRICS = (

@@ -52,7 +52,7 @@ def test_json_and_text_calls_over_http(judge_server, tmp_path):
 
     async def go():
         async with caller:
-            a = await caller.call_json(messages("2 3 4"), Sum, kind="add")
+            a = await caller.call_json(messages("2 3 4"), Sum, kind="add", temperature=0.0)
             b = await caller.call_text(
                 messages("5 6"), kind="add_text", temperature=0.7, extra_body={"top_p": 0.9}
             )
@@ -84,7 +84,7 @@ def test_cache_keys_and_resume(judge_server, tmp_path):
     cfg = config(server.base_url, cache_path=tmp_path / "cache.sqlite")
 
     async def ask(caller, **kw):
-        return await caller.call_json(messages("1 2"), Sum, kind="add", **kw)
+        return await caller.call_json(messages("1 2"), Sum, kind="add", **{"temperature": 0.0, **kw})
 
     async def first_run():
         async with JudgeCaller(cfg) as caller:
@@ -112,19 +112,23 @@ def test_cache_keys_and_resume(judge_server, tmp_path):
 
 def test_identity_stands_in_for_the_messages(judge_server):
     caller = JudgeCaller(config("http://127.0.0.1:9/v1"), cache=None)
-    by_identity = caller.key("k", identity={"image_sha256": "ab", "prompt": "p"})
-    assert by_identity == caller.key("k", identity={"prompt": "p", "image_sha256": "ab"})
-    assert by_identity != caller.key("k", identity={"image_sha256": "ab", "prompt": "q"})
-    assert caller.key("k", messages=messages("1")) != caller.key("k", messages=messages("2"))
-    assert caller.key("k", messages=messages("1")) != caller.key("k", messages=messages("1"), schema=Sum)
+    by_identity = caller.key("k", temperature=0.0, identity={"image_sha256": "ab", "prompt": "p"})
+    assert by_identity == caller.key("k", temperature=0.0, identity={"prompt": "p", "image_sha256": "ab"})
+    assert by_identity != caller.key("k", temperature=0.0, identity={"image_sha256": "ab", "prompt": "q"})
+    assert caller.key("k", temperature=0.0, messages=messages("1")) != caller.key(
+        "k", temperature=0.0, messages=messages("2")
+    )
+    assert caller.key("k", temperature=0.0, messages=messages("1")) != caller.key(
+        "k", temperature=0.0, messages=messages("1"), schema=Sum
+    )
     with pytest.raises(ValueError, match="exactly one"):
-        caller.key("k")
+        caller.key("k", temperature=0.0)
     with pytest.raises(ValueError, match="need an `identity`"):  # messages built lazily: no hash to take
-        asyncio.run(caller.call(lambda: messages("1"), kind="k"))
+        asyncio.run(caller.call(lambda: messages("1"), kind="k", temperature=0.0))
     # an identity is kept apart from the key's own fields: it cannot stand in for another model
-    assert caller.key("k", identity={"model": "other"}) != JudgeCaller(
+    assert caller.key("k", temperature=0.0, identity={"model": "other"}) != JudgeCaller(
         config("http://127.0.0.1:9/v1", model="other"), cache=None
-    ).key("k", identity={})
+    ).key("k", temperature=0.0, identity={})
 
 
 def test_identical_calls_in_flight_share_one(judge_server):
@@ -134,7 +138,7 @@ def test_identical_calls_in_flight_share_one(judge_server):
     async def go():
         async with JudgeCaller(config(server.base_url)) as caller:
             results = await asyncio.gather(
-                *[caller.call_json(messages("7 8"), Sum, kind="add") for _ in range(5)]
+                *[caller.call_json(messages("7 8"), Sum, kind="add", temperature=0.0) for _ in range(5)]
             )
             return results, caller.stats
 
@@ -163,8 +167,8 @@ def test_faults_become_failure_reasons(judge_server, tmp_path, faults, reason, h
 
     async def go():
         async with JudgeCaller(cfg) as caller:
-            bad = await caller.call_json(messages("FAULTY 1 2"), Sum, kind="add")
-            good = await caller.call_json(messages("3 4"), Sum, kind="add")
+            bad = await caller.call_json(messages("FAULTY 1 2"), Sum, kind="add", temperature=0.0)
+            good = await caller.call_json(messages("3 4"), Sum, kind="add", temperature=0.0)
             return bad, good, caller.stats
 
     bad, good, stats = run(go)
@@ -192,9 +196,9 @@ def test_text_answers_accept_and_empty(judge_server):
 
     async def go():
         async with JudgeCaller(config(server.base_url)) as caller:
-            empty = await caller.call_text(messages("letter"), kind="qa")
-            rejected = await caller.call_text(messages("maybe"), kind="qa", accept=letter)
-            fine = await caller.call_text(messages("other"), kind="qa", accept=letter)
+            empty = await caller.call_text(messages("letter"), kind="qa", temperature=0.0)
+            rejected = await caller.call_text(messages("maybe"), kind="qa", temperature=0.0, accept=letter)
+            fine = await caller.call_text(messages("other"), kind="qa", temperature=0.0, accept=letter)
             return empty, rejected, fine, caller.stats
 
     empty, rejected, fine, stats = run(go)
@@ -209,7 +213,7 @@ def test_a_rejected_key_raises(judge_server):
 
     async def go():
         async with JudgeCaller(config(server.base_url)) as caller:
-            await caller.call_text(messages("x"), kind="qa")
+            await caller.call_text(messages("x"), kind="qa", temperature=0.0)
 
     with pytest.raises(JudgeConfigError, match="HTTP 401"):
         run(go)
@@ -224,10 +228,10 @@ def test_a_judge_lends_its_endpoint_and_cache(judge_server, tmp_path):
         caller = judge.caller()
         try:
             verdict = (await judge.judge_batch([request()]))[0]
-            answer = await caller.call_json(messages("1 1"), Sum, kind="add")
+            answer = await caller.call_json(messages("1 1"), Sum, kind="add", temperature=0.0)
             assert caller.endpoint is judge._endpoint and caller.cache is judge.cache
             await caller.aclose()  # closes nothing of the judge's
-            again = await caller.call_json(messages("1 1"), Sum, kind="add")
+            again = await caller.call_json(messages("1 1"), Sum, kind="add", temperature=0.0)
             return verdict, answer, again
         finally:
             await judge.aclose()
@@ -251,7 +255,7 @@ def test_generic_requests_carry_images(judge_server):
 
     async def go():
         async with JudgeCaller(config(server.base_url)) as caller:
-            return await caller.call_text(msgs, kind="look")
+            return await caller.call_text(msgs, kind="look", temperature=0.0)
 
     assert run(go).value == "ok"
     assert seen[0].images == [IMAGE] and seen[0].text == "what is it"

@@ -25,8 +25,6 @@ from balcaprl.judge import (
 from balcaprl.judge.sync import SyncJudge
 from balcaprl.rewards import score_verdict
 
-BACKENDS = ["aiohttp", "httpx"]  # JudgeConfig.http_backend: both must classify every fault alike
-
 
 def run(judge: OpenAICompatibleJudge, requests):
     async def go():
@@ -66,16 +64,15 @@ def test_hand_computed_rewards_over_http(judge_server):
         (["truncated"], "truncated_output", 1),  # finish_reason "length": no re-ask
         (["refusal"], "refused", 1),
         (["content_filter"], "refused", 1),
-        (["server_error", "server_error"], "server_error", 2),  # 1 try + 1 SDK retry
+        (["server_error", "server_error"], "server_error", 2),  # 1 try + 1 retry
         (["unavailable", "unavailable"], "server_error", 2),
         (["rate_limit", "rate_limit"], "rate_limited", 2),
         (["drop", "drop"], "server_error", 2),  # connection dropped mid-response
     ],
 )
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, faults, reason, hits, backend):
+def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, faults, reason, hits):
     server = judge_server({"FAULTY": faults})
-    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1, http_backend=backend))
+    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1))
     result = run(judge, [request("FAULTY red door"), request()])
     bad, good = result.outcomes
     assert isinstance(bad, JudgeFailure) and bad.reason == reason, bad
@@ -87,11 +84,10 @@ def test_each_fault_is_one_failure_and_never_fails_the_batch(judge_server, fault
 
 
 @pytest.mark.parametrize("fault", ["invalid_json", "schema_violation", "rate_limit", "server_error", "drop"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_transient_fault_recovers(judge_server, fault, backend):
-    # invalid answers get one re-ask; transport faults one SDK retry (429 honours retry-after).
+def test_a_transient_fault_recovers(judge_server, fault):
+    # invalid answers get one re-ask; transport faults one retry (429 honours retry-after).
     server = judge_server({"FLAKY": [fault]})
-    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1, http_backend=backend))
+    judge = OpenAICompatibleJudge(config(server.base_url, max_retries=1))
     result = run(judge, [request("FLAKY red door")])
     (outcome,) = result.outcomes
     assert isinstance(outcome, Judgement)
@@ -99,10 +95,9 @@ def test_a_transient_fault_recovers(judge_server, fault, backend):
     assert result.stats.reasks == (1 if fault in ("invalid_json", "schema_violation") else 0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_slow_answer_times_out(judge_server, backend):
+def test_slow_answer_times_out(judge_server):
     server = judge_server({"SLOW": ["slow:2", "slow:2"]})
-    judge = OpenAICompatibleJudge(config(server.base_url, timeout_s=0.3, max_retries=1, http_backend=backend))
+    judge = OpenAICompatibleJudge(config(server.base_url, timeout_s=0.3, max_retries=1))
     result = run(judge, [request("SLOW red door"), request()])
     assert isinstance(result.outcomes[0], JudgeFailure) and result.outcomes[0].reason == "timeout"
     assert isinstance(result.outcomes[1], Judgement)
@@ -322,10 +317,9 @@ def test_bad_images_are_bad_input_without_a_call(judge_server, tmp_path):
     assert result.stats.rejected == 6
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_new_event_loop_gets_a_working_client(judge_server, backend, caplog):
+def test_a_new_event_loop_gets_a_working_client(judge_server, caplog):
     server = judge_server()
-    judge = OpenAICompatibleJudge(config(server.base_url, http_backend=backend))
+    judge = OpenAICompatibleJudge(config(server.base_url))
     first = asyncio.run(judge.judge_batch([request()]))
     second = asyncio.run(judge.judge_batch([request("a black cat")]))  # a new loop: must not break
     assert isinstance(first[0], Judgement) and isinstance(second[0], Judgement)
@@ -333,12 +327,11 @@ def test_a_new_event_loop_gets_a_working_client(judge_server, backend, caplog):
     assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_closing_from_another_loop_closes_the_sessions_on_their_own(judge_server, backend, caplog):
+def test_closing_from_another_loop_closes_the_sessions_on_their_own(judge_server, caplog):
     # TRL runs async reward functions on a loop of its own thread; the demo closes the judge
     # afterwards with asyncio.run on the main thread
     server = judge_server()
-    judge = OpenAICompatibleJudge(config(server.base_url, http_backend=backend))
+    judge = OpenAICompatibleJudge(config(server.base_url))
     sync = SyncJudge(judge)
     try:
         assert isinstance(sync.judge_batch([request()])[0], Judgement)
@@ -353,12 +346,12 @@ def test_closing_from_another_loop_closes_the_sessions_on_their_own(judge_server
 
 def test_a_judge_left_open_exits_without_unclosed_session_errors(judge_server):
     # aiohttp logs an error for each session garbage-collected unclosed; a one-shot script that never
-    # calls aclose() must still exit quietly (connections.retire)
+    # calls aclose() must still exit quietly (calls.retire)
     server = judge_server()
     script = (
         "import asyncio, sys; sys.path.insert(0, sys.argv[2]); from judge_testkit import config, request; "
         "from balcaprl.judge import OpenAICompatibleJudge; from balcaprl.rewards import score_verdict; "
-        "judge = OpenAICompatibleJudge(config(sys.argv[1], http_backend='aiohttp')); "
+        "judge = OpenAICompatibleJudge(config(sys.argv[1])); "
         "print(score_verdict(asyncio.run(judge.judge_batch([request()]))[0].verdict).precision)"
     )
     done = subprocess.run(
@@ -369,9 +362,8 @@ def test_a_judge_left_open_exits_without_unclosed_session_errors(judge_server):
     assert "Unclosed" not in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("peer", ["refuses", "hangs up"])
-def test_a_failed_connection_is_a_server_error_not_a_timeout(backend, peer):
+def test_a_failed_connection_is_a_server_error_not_a_timeout(peer):
     async def go():
         async def hang_up(reader, writer):
             await reader.read(100)
@@ -382,7 +374,7 @@ def test_a_failed_connection_is_a_server_error_not_a_timeout(backend, peer):
         if peer == "refuses":
             listener.close()
             await listener.wait_closed()
-        judge = OpenAICompatibleJudge(config(f"http://127.0.0.1:{port}/v1", http_backend=backend))
+        judge = OpenAICompatibleJudge(config(f"http://127.0.0.1:{port}/v1"))
         try:
             return (await judge.judge_batch([request()]))[0]
         finally:
@@ -427,8 +419,8 @@ def test_the_server_tells_the_rubric_from_the_text_alone(judge_server, mode):
 
 
 def test_an_edited_rubric_never_reuses_cached_verdicts(judge_server, tmp_path, monkeypatch):
-    import balcaprl.rewards.rubrics as rubrics
-    from balcaprl.rewards.rubrics import load_rubric
+    import balcaprl.judge.rubrics as rubrics
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.testing import rubrics as lookup
 
     server = judge_server()
@@ -457,8 +449,8 @@ def test_an_edited_rubric_never_reuses_cached_verdicts(judge_server, tmp_path, m
 def test_verdict_calls_and_generic_calls_share_one_path_and_one_key_scheme(judge_server, tmp_path):
     from balcaprl.judge.calls import prompt_identity
     from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.judge.schemas import judge_call_kind, to_verdict, verdict_schema
-    from balcaprl.rewards.rubrics import load_rubric
 
     server = judge_server()
     judge = OpenAICompatibleJudge(config(server.base_url, cache_path=tmp_path / "judge.sqlite"))
@@ -471,7 +463,7 @@ def test_verdict_calls_and_generic_calls_share_one_path_and_one_key_scheme(judge
             rubric = load_rubric("training")
             again = await caller.call_json(
                 build_judge_messages(rubric, image, reference=REFERENCE, caption=CAPTION),
-                verdict_schema("training"), kind=judge_call_kind("verdict", "training"), identity=prompt_identity(rubric, image, 1024, reference=REFERENCE, caption=CAPTION),
+                verdict_schema("training"), kind=judge_call_kind("verdict", "training"), temperature=0.0, identity=prompt_identity(rubric, image, 1024, reference=REFERENCE, caption=CAPTION),
             )  # fmt: skip
             return judged, again, caller.stats
         finally:
@@ -486,8 +478,8 @@ def test_verdict_calls_and_generic_calls_share_one_path_and_one_key_scheme(judge
 def test_the_server_reports_the_clients_own_token_estimate(judge_server):
     from balcaprl.judge.images import ImageLoader
     from balcaprl.judge.prompt import build_judge_messages
+    from balcaprl.judge.rubrics import load_rubric
     from balcaprl.judge.tokens import approx_image_tokens, approx_prompt_tokens, approx_tokens
-    from balcaprl.rewards.rubrics import load_rubric
 
     server = judge_server()
     judge = OpenAICompatibleJudge(config(server.base_url, max_image_side=32))  # IMAGE is 32 x 32

@@ -8,7 +8,7 @@ import pytest
 from judge_testkit import RUN, paper_run_hashes, run_hashes, words
 
 from balcaprl.judge import JudgeConfig, JudgeConfigError, build_judge, load_judge_config
-from balcaprl.rewards.rubrics import (
+from balcaprl.judge.rubrics import (
     REFERENCE_MODES,
     RUBRIC_NAMES,
     VERDICT_RUBRICS,
@@ -55,7 +55,9 @@ def test_price_table_and_mapping_input():
         ("modle: gpt-4o\n", r"modle: unknown key; allowed here: api_key_env, base_url, cache_path"),
         ("reference_mode: both\n", "reference_mode"),
         ("concurrency: 0\n", "concurrency"),
-        ("http_backend: curl\n", "http_backend"),
+        ("http_backend: curl\n", "http_backend: unknown key"),  # one HTTP client: the setting is gone
+        # a typo's concurrency (3.1 M SDK clients and a hang, once) is refused when the config loads
+        ("concurrency: 100000000\n", "concurrency: .*less than or equal to 4096"),
         ("price_per_million_tokens: {prompt: 1}\n", r"price_per_million_tokens\.completion: required"),
         ("- a list\n", "expected a mapping"),
         (
@@ -161,7 +163,7 @@ def test_rubric_texts_are_only_what_the_judge_reads():
 
 def _edited(part: str, monkeypatch) -> dict[tuple[str, str], str]:
     """Every rubric's version after appending a sentence to one part (caches restored after)."""
-    import balcaprl.rewards.rubrics as rubrics
+    import balcaprl.judge.rubrics as rubrics
 
     original = rubrics._part
     monkeypatch.setattr(

@@ -16,7 +16,7 @@ from balcaprl.judge.prompt import (
     followup_ids,
     parse_judge_messages,
 )
-from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.judge.rubrics import load_rubric
 
 PREPARED = ImageLoader(max_side=1024).load(IMAGE)
 RUBRIC = load_rubric("training")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.data.recaption import RECAPTION_RUBRICS, Recaptioner
-from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.judge.rubrics import load_rubric
 
 PROMPT = "Describe this image in detail. <b>Be thorough</b>"
 

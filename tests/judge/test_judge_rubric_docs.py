@@ -10,7 +10,7 @@ from pathlib import Path
 from judge_testkit import paper_run_hashes, run_hashes
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "rubrics.md"
-PARTS = resources.files("balcaprl.rewards.rubrics").joinpath("parts")
+PARTS = resources.files("balcaprl.judge.rubrics").joinpath("parts")
 SECTIONS = {  # heading -> the summary row's name
     "Training prompt": "Training",
     "Evaluation prompt (b-CapScore)": "Evaluation",

@@ -12,6 +12,7 @@ import pytest
 from judge_testkit import CAPTION, IMAGE, REFERENCE, config, request
 
 from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
+from balcaprl.judge.rubrics import VERDICT_RUBRICS, load_rubric
 from balcaprl.judge.schemas import (
     JUDGE_CALL_KINDS,
     CoverageMarks,
@@ -23,7 +24,6 @@ from balcaprl.judge.schemas import (
     verdict_schema,
 )
 from balcaprl.rewards import RewardConfig, score_rollout, score_verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS, load_rubric
 from balcaprl.testing.scripted_judge import ScriptedJudge
 
 # Six reference clauses (scripted judge: one assertion per clause); the caption covers the 1st, 3rd, 6th.
@@ -158,7 +158,7 @@ def test_a_schema_that_contradicts_the_system_message_is_refused(judge_server):
     async def go(rubric):
         async with JudgeCaller(config(server.base_url)) as caller:
             return await caller.call_json(
-                messages, verdict_schema(rubric), kind=judge_call_kind("verdict", rubric)
+                messages, verdict_schema(rubric), kind=judge_call_kind("verdict", rubric), temperature=0.0
             )
 
     assert asyncio.run(go("training")).ok
@@ -243,7 +243,7 @@ def test_unknown_ids_are_a_broken_answer_re_asked_once_not_a_follow_up(judge_ser
 
 @pytest.mark.parametrize("mode", ["joint", "cached-reference"])
 def test_an_edited_shared_part_misses_the_cache_in_both_modes(judge_server, tmp_path, monkeypatch, mode):
-    import balcaprl.rewards.rubrics as rubrics
+    import balcaprl.judge.rubrics as rubrics
     from balcaprl.testing import rubrics as lookup
 
     server = judge_server()

@@ -23,7 +23,7 @@ ENV = "BALCAPRL_PLANTED_KEY"
 @pytest.fixture
 def debug_logs(caplog):
     caplog.set_level(logging.DEBUG)
-    for name in ("openai", "httpx2", "httpcore2", "balcaprl", "uvicorn", "uvicorn.error"):
+    for name in ("aiohttp", "aiohttp.client", "balcaprl", "uvicorn", "uvicorn.error"):
         logging.getLogger(name).setLevel(logging.DEBUG)
     return caplog
 

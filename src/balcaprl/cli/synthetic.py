@@ -132,8 +132,8 @@ def show(
     """Print one sample's scene graph, reference, and the oracle's verdict on a caption."""
     from balcaprl.data.format import read_split_rows
     from balcaprl.judge.protocol import Judgement, JudgeRequest
+    from balcaprl.judge.rubrics import VERDICT_RUBRICS
     from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
-    from balcaprl.rewards.rubrics import VERDICT_RUBRICS
     from balcaprl.synthetic.oracle import OracleJudge
 
     if rubric not in VERDICT_RUBRICS:

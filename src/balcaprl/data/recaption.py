@@ -12,9 +12,9 @@ that removes the route by which non-pointable inferences earn recall (docs/rubri
     ``reference_original`` keeps the original; a failed call keeps the original as ``reference``.
 
 Everything about the call comes from ``balcaprl.judge`` (nothing of it is rewritten here): the judge
-config (endpoint, API-key variable, concurrency, rate limits, timeouts, SDK retries, sampling,
+config (endpoint, API-key variable, concurrency, rate limits, timeouts, retries, sampling,
 ``max_image_side``, cache path, prices) and :class:`~balcaprl.judge.calls.JudgeCaller`, whose free-text
-``call_text`` brings the SDK clients, the concurrency bound, the rate limiters, the sqlite cache, the
+``call_text`` brings the HTTP session, the concurrency bound, the rate limiters, the sqlite cache, the
 accounting (:class:`~balcaprl.judge.JudgeStats`) and the classification of failures into
 :class:`~balcaprl.judge.JudgeFailure` reasons; :class:`~balcaprl.judge.images.ImageLoader`
 (downscaling, hashing, refusing paths out of the dataset), the ``recaption`` rubric and
@@ -67,7 +67,7 @@ WORK_DIR = ".recaption"
 PROGRESS_FILE = "progress.jsonl"
 FAILURES_FILE = "recaption_failures.jsonl"
 _CARD_KEYS = {"name", "version", "counts", "tokenizer", "rejections"}  # written by write_dataset itself
-# --rubric choice -> packaged rubric name (balcaprl.rewards.rubrics)
+# --rubric choice -> packaged rubric name (balcaprl.judge.rubrics)
 RECAPTION_RUBRICS = {"paper": "recaption", "strict": "recaption_strict"}
 _ABORT_AFTER = 16  # this many failures in a row before any success: the set-up is wrong, stop paying
 
@@ -88,8 +88,8 @@ class Recaptioner:
 
     ``model`` overrides the config's model (re-captioning uses a stronger model than judging).
     ``rubric``: a key of ``RECAPTION_RUBRICS`` (``paper``: the original prompt alone; ``strict``).
-    ``image_root``: image paths are resolved inside it. ``cache``: a ``JudgeCache``, None for none,
-    or (default) the config's ``cache_path``. Use ``async with``.
+    ``image_root``: image paths are resolved inside it. ``cache``: a ``JudgeCache`` to share, else
+    the config's ``cache_path`` (none when that is null). Use ``async with``.
     """
 
     def __init__(
@@ -99,11 +99,11 @@ class Recaptioner:
         image_root: Path | str,
         model: str | None = None,
         rubric: str = "paper",
-        cache: Any = "config",
+        cache: Any = None,
         http_client: Any = None,
     ) -> None:
         from balcaprl.judge.calls import JudgeCaller
-        from balcaprl.rewards.rubrics import load_rubric
+        from balcaprl.judge.rubrics import load_rubric
 
         if rubric not in RECAPTION_RUBRICS:
             raise ValueError(
@@ -111,8 +111,7 @@ class Recaptioner:
             )
         self.config = config.model_copy(update={"model": model}) if model else config
         self.rubric = load_rubric(RECAPTION_RUBRICS[rubric])
-        extra = {} if cache == "config" else {"cache": cache}
-        self.caller = JudgeCaller(self.config, image_root=image_root, http_client=http_client, **extra)
+        self.caller = JudgeCaller(self.config, cache=cache, image_root=image_root, http_client=http_client)
         self.images = self.caller.images
         self.cache = self.caller.cache
         self.stats = self.caller.stats
@@ -137,7 +136,8 @@ class Recaptioner:
 
     def key(self, image_sha256: str, prompt: str) -> str:
         """The cache key of one call: everything that changes the answer."""
-        return self.caller.key("recaption", identity=self._identity(image_sha256, prompt))
+        identity = self._identity(image_sha256, prompt)
+        return self.caller.key("recaption", identity=identity, temperature=self.config.temperature)
 
     async def recaption(
         self, image: Path | str, prompt: str, image_sha256: str | None = None
@@ -166,6 +166,7 @@ class Recaptioner:
             build_recaption_messages(self.rubric, prepared, prompt),
             kind="recaption",
             identity=self._identity(prepared.sha256, prompt),
+            temperature=self.config.temperature,
         )
         return result.key, RecaptionOutcome(
             result.value,

@@ -65,7 +65,7 @@ from balcaprl.evaluate.results import ProtocolResult, mean, write_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
-from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.judge.rubrics import load_rubric
 
 __all__ = [
     "CANNOT_ANSWER",

@@ -78,7 +78,7 @@ from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
-from balcaprl.rewards.rubrics import load_rubric
+from balcaprl.judge.rubrics import load_rubric
 
 __all__ = [
     "OFFICIAL_OPTIONS",

@@ -2,7 +2,7 @@
 and what every summary records about the prompts that ran.
 
 balcaprl does not ship the benchmarks' prompt texts. By default each protocol runs with our own
-wording (rubric parts under ``rewards/rubrics``, labelled ``paraphrase``); numbers from it are not
+wording (rubric parts under ``judge/rubrics``, labelled ``paraphrase``); numbers from it are not
 comparable with published tables. For comparable numbers, name the official sources in the evaluation
 config::
 
@@ -168,7 +168,7 @@ class PromptSource:
 
 def paraphrase_source(benchmark: str, rubrics: Sequence[str]) -> PromptSource:
     """Our own wording: the packaged rubrics' names and versions."""
-    from balcaprl.rewards.rubrics import load_rubric
+    from balcaprl.judge.rubrics import load_rubric
 
     return PromptSource("paraphrase", benchmark, rubrics={r: load_rubric(r).version for r in rubrics})
 

@@ -10,16 +10,17 @@ Typical use in a trainer::
     rewards = rewards_tensor(outcomes)                    # (N, 3), NaN rows for failures
 
 Generic calls (evaluation protocols, re-captioning) go through the same call path as the verdict
-judge's own (:meth:`JudgeCaller.call`: coalescing, cache, endpoint, one re-ask; one key scheme,
-:func:`cache_key`)::
+judge's own (:meth:`JudgeCaller.call`: cache, coalescing, limits, retries, one re-ask; one key
+scheme, :func:`cache_key`)::
 
     async with JudgeCaller("configs/judge.yaml") as caller:
-        result = await caller.call_json(messages, MySchema, kind="my_step")   # or call_text(...)
+        result = await caller.call_json(messages, MySchema, kind="my_step", temperature=0.0)
         value = result.value if result.ok else None                          # result.failure.reason
 
-Modules: ``client`` (the verdict judge), ``calls`` (the call path), ``endpoint`` (SDK clients,
-limits), ``transport`` (one HTTP call, classified), ``cache`` (sqlite, keys), ``prompt`` (messages),
-``schemas`` (answer formats), ``tokens`` (token estimates), ``images``, ``inflight``, ``accounting``.
+Modules: ``client`` (the verdict judge), ``calls`` (how one call is made, top to bottom: cache,
+coalescing, rate limits, concurrency bound, HTTP, retries, answer bounds, classification), ``cache``
+(sqlite, keys), ``prompt`` (messages), ``schemas`` (answer formats), ``tokens`` (token estimates),
+``images``, ``accounting``.
 
 Test doubles (the loopback server, the scripted judge) live in :mod:`balcaprl.testing`.
 """

@@ -3,8 +3,8 @@
 One :class:`JudgeStats` per batch (returned with the outcomes and logged), merged into the judge's
 running total. ``requests`` splits into ``cache_hits + coalesced + judged + skipped_empty + rejected``
 (rejected = bad input found before any call); ``calls`` counts the chat-completion calls actually made
-(re-asks and reference decompositions included; the SDK's own transport retries are not visible
-here and are not counted).
+(re-asks and reference decompositions included; a call's own retries are part of it, not counted
+apart).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class JudgeStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     failures: Counter = field(default_factory=Counter)
-    latencies_s: list[float] = field(default_factory=list)  # one per call, SDK retries included
+    latencies_s: list[float] = field(default_factory=list)  # one per call, its retries included
 
     def record_answer(self, *, cached: bool, shared: bool) -> None:
         """A request that reached the call path: shared with an identical call in flight, answered

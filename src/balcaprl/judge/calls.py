@@ -1,58 +1,92 @@
-"""The one call path: every chat request to the judge's endpoint, structured or free text.
+"""How one judge call is made, top to bottom: every call of the package comes through here.
 
-The verdict judge (:class:`~balcaprl.judge.client.OpenAICompatibleJudge`: joint verdicts, coverage
-of a cached reference, reference decompositions), the evaluation protocols (DCScore's extraction,
-matching and verification, CaptionQA's letters, CapArena's pairwise verdicts) and re-captioning all
-call through :meth:`JudgeCaller.call`. Per call, in order:
+:meth:`JudgeCaller.call`, in order:
 
-1. the cache key (:func:`~balcaprl.judge.cache.cache_key`: endpoint, model, sampling parameters, schema, trial,
-   and what the messages say: an explicit identity, or the messages' hash);
-2. the calls in flight on this event loop: an identical one shares its answer (coalescing);
-3. the sqlite cache;
-4. the endpoint (:class:`~balcaprl.judge.endpoint.Endpoint`: concurrency bound, rate limits, the SDK's
-   retries), with one re-ask of an invalid answer (bad JSON, wrong shape, or one that ``check``
-   rejects);
-5. the cache again: successes are stored, failures never (a retry can succeed later).
+1. **Key and cache.** The call's key (:meth:`JudgeCaller.key`: everything that decides its answer,
+   the endpoint included) is looked up in the sqlite cache; a stored answer is validated again as a
+   fresh one would be.
+2. **Coalescing.** Identical calls in flight share one (:meth:`Endpoint.coalesce`): the G rollouts of
+   a prompt often repeat a caption, TRL calls each reward function on the same completions, and in
+   cached-reference mode all G rollouts need the same reference decomposition at once.
+3. **Limits.** The request and token rate limiters, then the concurrency bound
+   (:meth:`Endpoint.send`). Providers count ``max_tokens`` against the token budget up front; so do we.
+4. **Retries.** Timeouts, dropped connections, 408/409/429 and 5xx are tried again, up to
+   ``max_retries`` times, after ``retry-after`` when the server gives one (up to
+   :data:`RETRY_AFTER_CAP_S`), else an exponential backoff with jitter (:func:`backoff_s`).
+5. **One attempt** (:meth:`Endpoint.attempt`): one HTTP exchange, under ``timeout_s`` for the whole
+   of it. The answer is read in chunks up to :func:`answer_byte_limit` -- bytes read and bytes
+   decompressed alike -- so an endless body, a gzip bomb or a 20 MB explanation ends as an
+   ``oversized_answer`` failure, and memory stays within concurrency x that limit.
+6. **Classification** (:func:`classify`): a validated answer, or a failure reason. A structured answer
+   that is not JSON or breaks its schema is re-asked once (:func:`reask_messages`).
 
-Each call ends as a value or a :class:`~balcaprl.judge.protocol.JudgeFailure` with a reason; only a
-configuration the endpoint rejects outright (401/403/404) raises
-:class:`~balcaprl.judge.config.JudgeConfigError`. :meth:`JudgeCaller.call` records the calls it
-makes (calls, tokens, latency, re-asks) in the given stats and leaves counting the *request* to its
-caller, who knows what one is: :meth:`~JudgeCaller.call_json` and :meth:`~JudgeCaller.call_text`
-count each call as one request in ``caller.stats``; the verdict judge counts its ``JudgeRequest``\\ s.
+Authentication, permission and not-found errors (401/403/404) are not failures of one request but
+a broken configuration that would fail every request: they raise :class:`JudgeConfigError` instead
+of filling a training run with NaN rewards.
 
-Repeated trials of one sampled question (DCScore asks its matching and verification three times at
-temperature > 0) differ only in ``trial``: each trial has its own cache entry, so a resumed run
-re-uses every trial it already paid for and asks only for the missing ones.
+The HTTP client is aiohttp, directly, one session per event loop: at 128+ calls in flight the
+client's CPU per call bounds the judge's throughput (``docs/measurements.md``). Repeated trials of one
+sampled question differ only in ``trial``, so each has its own cache entry and a resumed run asks only
+for the missing ones.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import email.utils
+import functools
 import hashlib
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+import os
+import random
+import time
+import weakref
+import zlib
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from aiolimiter import AsyncLimiter
 from pydantic import BaseModel, ValidationError
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache, cache_key, endpoint_identity
-from balcaprl.judge.config import JudgeConfig, load_judge_config
-from balcaprl.judge.endpoint import Endpoint
+from balcaprl.judge.config import JudgeConfig, JudgeConfigError, load_judge_config
 from balcaprl.judge.images import ImageLoader, PreparedImage
-from balcaprl.judge.protocol import JudgeFailure
+from balcaprl.judge.protocol import FailureReason, JudgeFailure
+from balcaprl.judge.rubrics import Rubric
 from balcaprl.judge.schemas import json_response_format, schema_digest
-from balcaprl.judge.transport import reask_messages
-from balcaprl.rewards.rubrics import Rubric
+from balcaprl.judge.tokens import approx_prompt_tokens
 
-__all__ = ["USE_CONFIG", "CallResult", "JudgeCaller", "messages_sha256", "prompt_identity"]
+__all__ = [
+    "AttemptFailed",
+    "CallAnswer",
+    "CallResult",
+    "Endpoint",
+    "JudgeCaller",
+    "prompt_identity",
+    "redact",
+]
 
 log = logging.getLogger("balcaprl.judge")
 
-USE_CONFIG: Any = object()  # a default meaning "what the judge config says" (cache, temperature)
+_DETAIL_CHARS = 300
+RETRY_AFTER_CAP_S = 120.0  # a server asking for a longer wait is not retried at all (as the openai SDK)
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.5, 8.0  # the openai SDK's backoff, kept so retries pace as before
+_ERROR_BODY_BYTES = 16 * 1024  # an error's body only feeds a 300-character detail
+_CHUNK_BYTES = 64 * 1024
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced (API keys must not reach logs or files)."""
+    if secret and len(secret) >= 4:
+        text = text.replace(secret, "[REDACTED]")
+    return text
 
 
 def messages_sha256(messages: list[dict[str, Any]]) -> str:
@@ -76,6 +110,9 @@ def prompt_identity(
     }
 
 
+# ----------------------------------------------------------------------------- results
+
+
 @dataclass(frozen=True)
 class CallResult:
     """One call's outcome: ``value`` (a schema instance, or the answer's text) or ``failure``."""
@@ -94,8 +131,23 @@ class CallResult:
         return self.failure is None
 
 
-def _encode(value: Any, schema: type[BaseModel] | None) -> dict[str, Any]:
-    return {"text": value} if schema is None else {"json": value.model_dump(mode="json")}
+@dataclass(frozen=True)
+class CallAnswer:
+    """What one endpoint call came to: ``parsed`` or ``failure``; ``content`` kept for a re-ask."""
+
+    parsed: Any
+    failure: JudgeFailure | None
+    content: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def worth_reasking(self) -> bool:
+        return self.failure is not None and self.failure.reason in ("invalid_json", "schema_violation")
+
+
+def _fail(reason: FailureReason, detail: str, secret: str | None = None, **usage: Any) -> CallAnswer:
+    return CallAnswer(None, JudgeFailure(reason, redact(detail, secret)[:_DETAIL_CHARS]), **usage)
 
 
 def _decode(
@@ -103,7 +155,7 @@ def _decode(
 ) -> Any:
     """A cached answer, validated again as a fresh one would be (``ValueError`` and friends if not)."""
     if schema is None:
-        value = stored.get("text", stored.get("caption"))  # "caption": rows of the old re-captioner
+        value = stored.get("text")
         if not isinstance(value, str) or not value.strip():
             raise ValueError("not a text answer")
     else:
@@ -113,43 +165,42 @@ def _decode(
     return value
 
 
+# ----------------------------------------------------------------------------- the caller
+
+
 class JudgeCaller:
     """Calls to the endpoint of a judge config (see the module docstring).
 
-    ``config``: a :class:`JudgeConfig`, a YAML path or a mapping. ``cache``: a :class:`JudgeCache`,
-    ``None`` for none, or (default) the one ``config.cache_path`` names (closed with the caller; a
-    cache passed in is left open for its owner). ``image_root``: where
-    :attr:`images` resolves relative paths (and which paths may not leave). ``endpoint``: share an
-    existing endpoint (its clients, limits and coalescing) instead of opening a new one.
-    Use ``async with`` or call :meth:`aclose`.
+    ``config``: a :class:`JudgeConfig`, a YAML path or a mapping. ``cache``: a :class:`JudgeCache` to
+    share (left open for its owner); by default the one ``config.cache_path`` names (none when that is
+    null), closed with the caller. ``image_root``: where :attr:`images` resolves relative paths (and
+    which paths may not leave). ``endpoint``: share an existing endpoint (its connections, limits and
+    coalescing) instead of opening a new one; ``http_client``: an ``aiohttp.ClientSession`` to send
+    through (its owner closes it). Use ``async with`` or call :meth:`aclose`.
     """
 
     def __init__(
         self,
         config: JudgeConfig | Path | str | dict[str, Any],
         *,
-        cache: JudgeCache | None | Any = USE_CONFIG,
+        cache: JudgeCache | None = None,
         image_root: Path | str | None = None,
-        http_client: Any = None,
+        http_client: aiohttp.ClientSession | None = None,
         endpoint: Endpoint | None = None,
     ):
         cfg = config if isinstance(config, JudgeConfig) else load_judge_config(config)
         self.config = cfg
-        self.endpoint = endpoint if endpoint is not None else Endpoint(cfg, http_client=http_client)
+        self.endpoint = endpoint if endpoint is not None else Endpoint(cfg, session=http_client)
         self._owns_endpoint = endpoint is None
-        self._owns_cache = cache is USE_CONFIG
-        if cache is USE_CONFIG:
-            cache = JudgeCache(cfg.cache_path) if cfg.cache_path is not None else None
+        self._owns_cache = cache is None
+        if cache is None and cfg.cache_path is not None:
+            cache = JudgeCache(cfg.cache_path)
         self.cache: JudgeCache | None = cache
         self.images = ImageLoader(cfg.max_image_side, root=image_root)
         self.stats = JudgeStats()
 
     def __repr__(self) -> str:  # never the key
         return f"JudgeCaller(base_url={self.config.base_url!r}, model={self.config.model!r})"
-
-    @property
-    def model(self) -> str:
-        return self.config.model
 
     # ----------------------------------------------------------------------------- keys and cache
 
@@ -160,15 +211,15 @@ class JudgeCaller:
         messages: list[dict[str, Any]] | None = None,
         identity: dict[str, Any] | None = None,
         schema: type[BaseModel] | None = None,
-        temperature: float | None | Any = USE_CONFIG,
+        temperature: float | None,
         max_tokens: int | None = None,
         trial: int | None = None,
         extra_body: dict[str, Any] | None = None,
     ) -> str:
-        """The cache key of a call (:func:`~balcaprl.judge.cache.cache_key` with this config's endpoint,
-        model and sampling defaults). ``identity`` (what determines the messages, e.g.
-        :func:`prompt_identity`) stands in for the messages' hash when a caller wants to look a call
-        up before building its messages, or to skip hashing an image; give one of the two."""
+        """The cache key of a call (:func:`~balcaprl.judge.cache.cache_key` with this config's endpoint
+        and model). ``identity`` (what determines the messages, e.g. :func:`prompt_identity`) stands in
+        for the messages' hash when a caller wants to look a call up before building its messages, or to
+        skip hashing an image; give one of the two."""
         if (messages is None) == (identity is None):
             raise ValueError("give exactly one of `messages` and `identity`")
         cfg = self.config
@@ -176,7 +227,7 @@ class JudgeCaller:
             kind,
             endpoint=endpoint_identity(cfg.base_url),
             model=cfg.model,
-            temperature=cfg.temperature if temperature is USE_CONFIG else temperature,
+            temperature=temperature,
             max_tokens=max_tokens or cfg.max_tokens,
             content=identity
             if identity is not None
@@ -202,7 +253,7 @@ class JudgeCaller:
         schema: type[BaseModel],
         *,
         kind: str,
-        temperature: float | None | Any = USE_CONFIG,
+        temperature: float | None,
         max_tokens: int | None = None,
         trial: int | None = None,
         identity: dict[str, Any] | None = None,
@@ -211,8 +262,8 @@ class JudgeCaller:
     ) -> CallResult:
         """A structured answer validated against ``schema`` (strict json_schema ``response_format``
         named ``balcaprl_<kind>``). ``check(value)`` may raise ``ValueError`` for answers that
-        validate but cannot be used; both are schema violations, re-asked once. Counted as one
-        request in :attr:`stats`."""
+        validate but cannot be used; both are schema violations, re-asked once. ``temperature``:
+        None omits it (the server's default). Counted as one request in :attr:`stats`."""
         result = await self.call(
             messages, kind=kind, schema=schema, check=check, temperature=temperature,
             max_tokens=max_tokens, trial=trial, identity=identity, extra_body=extra_body,
@@ -224,7 +275,7 @@ class JudgeCaller:
         messages: list[dict[str, Any]],
         *,
         kind: str,
-        temperature: float | None | Any = USE_CONFIG,
+        temperature: float | None,
         max_tokens: int | None = None,
         trial: int | None = None,
         identity: dict[str, Any] | None = None,
@@ -257,10 +308,10 @@ class JudgeCaller:
         messages: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]],
         *,
         kind: str,
+        temperature: float | None,
         schema: type[BaseModel] | None = None,
         check: Callable[[Any], None] | None = None,
         identity: dict[str, Any] | None = None,
-        temperature: float | None | Any = USE_CONFIG,
         max_tokens: int | None = None,
         trial: int | None = None,
         extra_body: dict[str, Any] | None = None,
@@ -276,7 +327,6 @@ class JudgeCaller:
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
-        temperature = cfg.temperature if temperature is USE_CONFIG else temperature
         max_tokens = max_tokens or cfg.max_tokens
         key = self.key(
             kind, messages=None if identity is not None else messages, identity=identity, schema=schema,
@@ -296,18 +346,24 @@ class JudgeCaller:
                 except (KeyError, TypeError, ValueError, ValidationError):
                     log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
             conversation = messages() if callable(messages) else messages
-            send = dict(
-                temperature=temperature, max_tokens=max_tokens, schema=schema, check=check,
-                response_format=None if schema is None else json_response_format(schema, kind),
-                extra_body=extra_body, truncated_ok=truncated_ok,
+            body = {"model": cfg.model, "messages": conversation, "max_completion_tokens": max_tokens}
+            if schema is not None:
+                body["response_format"] = json_response_format(schema, kind)
+            if temperature is not None:
+                body["temperature"] = temperature
+            body.update(extra_body or {})
+            read = functools.partial(
+                classify, schema=schema, check=check, max_tokens=max_tokens, truncated_ok=truncated_ok,
+                secret=self.endpoint.api_key, where=cfg.base_url,
             )  # fmt: skip
-            answer = await self.endpoint.send(conversation, stats, **send)
+            answer = await self.endpoint.send(body, stats, read)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
-                answer = await self.endpoint.send(reask_messages(conversation, answer), stats, **send)
+                body = {**body, "messages": reask_messages(conversation, answer)}
+                answer = await self.endpoint.send(body, stats, read)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:
@@ -316,7 +372,12 @@ class JudgeCaller:
                 )
                 return CallResult(None, answer.failure, key, **paid)
             if self.cache is not None:
-                self.cache.put(key, {**_encode(answer.parsed, schema), "kind": kind, "model": cfg.model})
+                value = (
+                    {"text": answer.parsed}
+                    if schema is None
+                    else {"json": answer.parsed.model_dump(mode="json")}
+                )
+                self.cache.put(key, {**value, "kind": kind, "model": cfg.model})
             return CallResult(answer.parsed, None, key, **paid)
 
         result, shared = await self.endpoint.coalesce(key, compute)
@@ -338,3 +399,411 @@ class JudgeCaller:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def reask_messages(messages: list[dict[str, Any]], answer: CallAnswer) -> list[dict[str, Any]]:
+    """The conversation for the one re-ask: the rejected answer, then what was wrong with it."""
+    assert answer.failure is not None
+    extra: list[dict[str, Any]] = []
+    if answer.content:
+        extra.append({"role": "assistant", "content": answer.content[:8000]})
+    extra.append(
+        {
+            "role": "user",
+            "content": f"That answer cannot be used ({answer.failure.reason}: {answer.failure.detail}). "
+            "Judge the same material again and reply with only the JSON object in the required format.",
+        }
+    )
+    return [*messages, *extra]
+
+
+# ----------------------------------------------------------------------------- the endpoint
+
+
+def answer_byte_limit(max_tokens: int) -> int:
+    """The most bytes an answer may have, read or decompressed: 64 KiB for the JSON around the text,
+    and 64 bytes per completion token the call allows (a token is a few characters; JSON may escape
+    each as ``\\uXXXX``). 320 KiB at the default 4,096 tokens: at 256 calls in flight, 80 MiB at most."""
+    return 64 * 1024 + 64 * max_tokens
+
+
+class AttemptFailed(Exception):
+    """An attempt that ended without an answer to classify: its failure, whether another attempt may
+    succeed (``retry``), and the wait the server asked for."""
+
+    def __init__(self, answer: CallAnswer, *, retry: bool, retry_after_s: float | None = None):
+        super().__init__(answer.failure)
+        self.answer, self.retry, self.retry_after_s = answer, retry, retry_after_s
+
+
+@dataclass
+class _Runtime:
+    """What belongs to one event loop: the HTTP session, the asyncio primitives, the limiters."""
+
+    loop: asyncio.AbstractEventLoop
+    session: aiohttp.ClientSession
+    semaphore: asyncio.Semaphore
+    rpm: AsyncLimiter | None
+    tpm: AsyncLimiter | None
+    in_flight: dict[str, asyncio.Future] = field(default_factory=dict)
+
+
+class Endpoint:
+    """One OpenAI-compatible endpoint as a :class:`JudgeConfig` describes it: its API key, its HTTP
+    session, the concurrency bound, the rate limiters and the calls in flight.
+
+    Bound to whichever event loop uses it: a new loop gets a fresh session and asyncio primitives
+    (both belong to one loop). ``session``: an ``aiohttp.ClientSession`` to send through instead of
+    its own (its owner closes it).
+    """
+
+    def __init__(self, config: JudgeConfig, *, session: aiohttp.ClientSession | None = None):
+        self.config = config
+        self.api_key = config.resolve_api_key()
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.headers = {"Authorization": f"Bearer {self.api_key}", "Accept-Encoding": "gzip, deflate"}
+        # what the openai SDK sent from the environment, so switching from it changes nothing upstream
+        for header, variable in (
+            ("OpenAI-Organization", "OPENAI_ORG_ID"),
+            ("OpenAI-Project", "OPENAI_PROJECT_ID"),
+        ):
+            if os.environ.get(variable):
+                self.headers[header] = os.environ[variable]
+        self._session = session
+        self.state: _Runtime | None = None
+        self._finalizer: weakref.finalize | None = None  # closes a session left open (see retire)
+
+    def runtime(self) -> _Runtime:
+        loop = asyncio.get_running_loop()
+        state = self.state
+        if state is not None and state.loop is loop:
+            return state
+        # First use, or a new event loop (asyncio.run called again): build fresh ones.
+        cfg = self.config
+        session = self._session
+        if session is None:
+            # No connection cap of aiohttp's own (its default is 100): the semaphore is the bound.
+            # auto_decompress off: answer_byte_limit must hold for decompressed bytes too (read_answer).
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+            )  # the attempt's own timeout is timeout_s (Endpoint.send)
+            if self._finalizer is not None:
+                self._finalizer()  # the previous loop's session
+            self._finalizer = weakref.finalize(self, retire, loop, session)
+        self.state = _Runtime(
+            loop=loop,
+            session=session,
+            semaphore=asyncio.Semaphore(cfg.concurrency),
+            rpm=AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None,
+            tpm=AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None,
+        )
+        return self.state
+
+    async def coalesce(self, key: str, compute: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
+        """``(value, shared)``: ``compute()``, unless a call with this key is in flight on this loop,
+        whose value (or exception) is then shared."""
+        in_flight = self.runtime().in_flight
+        waiting = in_flight.get(key)
+        if waiting is not None:
+            return await asyncio.shield(waiting), True
+        future = asyncio.get_running_loop().create_future()
+        in_flight[key] = future
+        try:
+            value = await compute()
+            future.set_result(value)
+            return value, False
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # mark it retrieved: only waiters (if any) re-raise it
+            raise
+        finally:
+            del in_flight[key]
+
+    def estimate_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """The prompt tokens the token limiter budgets for ``messages`` (every image at most
+        ``max_image_side`` on each side, see :mod:`balcaprl.judge.tokens`)."""
+        return approx_prompt_tokens(messages, self.config.max_image_side)
+
+    async def send(
+        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer]
+    ) -> CallAnswer:
+        """One call of a chat-completions ``body``: the rate limits, the concurrency bound, then
+        attempts until one is final or ``max_retries`` retries are spent; ``read(status, body)``
+        classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
+        runtime = self.runtime()
+        cfg = self.config
+        max_tokens = body["max_completion_tokens"]
+        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
+        if runtime.rpm is not None:
+            await runtime.rpm.acquire(1)
+        if runtime.tpm is not None:
+            estimate = self.estimate_tokens(body["messages"]) + max_tokens
+            await runtime.tpm.acquire(min(estimate, cfg.tokens_per_minute))
+        async with runtime.semaphore:
+            start = time.perf_counter()
+            for retry in range(cfg.max_retries + 1):
+                try:
+                    async with asyncio.timeout(cfg.timeout_s):
+                        status, raw = await self.attempt(runtime.session, payload, max_tokens)
+                    answer = read(status, raw)
+                    break
+                except AttemptFailed as failed:
+                    answer, wait = failed.answer, failed.retry_after_s
+                    if not failed.retry:
+                        break
+                except TimeoutError:
+                    answer = _fail("timeout", f"no answer within timeout_s ({cfg.timeout_s:g} s) per attempt")
+                    wait = None
+                except aiohttp.ClientError as error:  # refused, reset, dropped mid-body
+                    detail = f"{type(error).__name__}: connection failed or dropped ({error})"
+                    answer, wait = _fail("server_error", detail, self.api_key), None
+                if retry == cfg.max_retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
+                    break
+                await asyncio.sleep(backoff_s(retry, wait))
+            latency = time.perf_counter() - start
+        stats.record_call(latency, answer.prompt_tokens, answer.completion_tokens)
+        return answer
+
+    async def attempt(
+        self, session: aiohttp.ClientSession, payload: bytes, max_tokens: int
+    ) -> tuple[int, bytes]:
+        """One HTTP exchange: ``(status, body)``, the body read up to its limit (an error's
+        to 16 KiB). Raises ``aiohttp.ClientError`` (the connection), ``TimeoutError``, or
+        :class:`AttemptFailed` (an oversized or undecodable body; a status worth another attempt)."""
+        headers = {**self.headers, "Content-Type": "application/json"}
+        async with session.post(self.url, data=payload, headers=headers) as response:
+            status = response.status
+            limit = answer_byte_limit(max_tokens) if status < 400 else _ERROR_BODY_BYTES
+            raw = await read_answer(response, limit, truncate=status >= 400)
+            if status >= 400 and _should_retry(status, response.headers):
+                failure = status_failure(status, raw, self.api_key, self.config.base_url)
+                raise AttemptFailed(failure, retry=True, retry_after_s=_retry_after_s(response.headers))
+            return status, raw
+
+    async def aclose(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()  # closed here, not by the finalizer
+            self._finalizer = None
+        state, self.state = self.state, None
+        if state is None or self._session is not None:
+            return
+        # On its own loop, which may be another one (a trainer's reward loop, closed from the main
+        # thread): a session closed elsewhere logs "Unclosed client session".
+        pending = retire(state.loop, state.session)
+        if pending is not None and state.loop.is_running():
+            await asyncio.wrap_future(pending)
+
+
+def _final(reason: FailureReason, detail: str) -> AttemptFailed:
+    return AttemptFailed(_fail(reason, detail), retry=False)
+
+
+async def read_answer(response: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
+    """The body, decompressed (gzip or deflate), in chunks: at most ``limit`` bytes read and at most
+    ``limit`` bytes decompressed. Past either, an ``oversized_answer`` failure (:class:`AttemptFailed`,
+    not retried) -- or, with ``truncate``, the first ``limit`` bytes."""
+    declared = response.content_length
+    if declared is not None and declared > limit and not truncate:
+        raise _final(
+            "oversized_answer", f"the answer declares {declared:,} bytes; a judge answer may have {limit:,}"
+        )
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("identity", "", "gzip", "x-gzip", "deflate"):
+        raise _final("invalid_json", f"the answer is in content-encoding {encoding!r}, not one asked for")
+    # wbits 47: a gzip or a zlib header, told apart by the decompressor itself
+    inflate = None if encoding in ("identity", "") else zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)
+    body, read = bytearray(), 0
+    async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+        read += len(chunk)
+        if inflate is not None:
+            try:
+                chunk = inflate.decompress(chunk, limit + 1 - len(body))
+            except zlib.error as error:
+                raise _final("invalid_json", f"the answer's {encoding} body is corrupt: {error}") from None
+        body += chunk
+        if len(body) > limit or read > limit:
+            if truncate:
+                return bytes(body[:limit])
+            what = "read" if read > limit else "decompressed to"
+            raise _final(
+                "oversized_answer",
+                f"the answer {what} more than {limit:,} bytes; a judge answer may have {limit:,}",
+            )
+    return bytes(body)
+
+
+def _should_retry(status: int, headers: Mapping[str, str]) -> bool:
+    """What the openai SDK retries: the server's ``x-should-retry`` first, then 408, 409, 429, 5xx."""
+    says = headers.get("x-should-retry")
+    if says in ("true", "false"):
+        return says == "true"
+    return status in (408, 409, 429) or status >= 500
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """The wait a server asks for: ``retry-after-ms``, ``retry-after`` in seconds or as an HTTP date."""
+    for header, divisor in (("retry-after-ms", 1000), ("retry-after", 1)):
+        try:
+            return float(headers[header]) / divisor
+        except (KeyError, ValueError):
+            continue
+    try:
+        return email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp() - time.time()
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def backoff_s(retry: int, retry_after_s: float | None) -> float:
+    """The wait before retry ``retry + 1``: the server's ``retry-after`` when it gives a usable one,
+    else 0.5 s doubling per retry up to 8 s, less a random 0-25% (the openai SDK's schedule)."""
+    if retry_after_s is not None and math.isfinite(retry_after_s) and 0 < retry_after_s <= RETRY_AFTER_CAP_S:
+        return retry_after_s
+    return min(_BACKOFF_FIRST_S * 2.0**retry, _BACKOFF_MAX_S) * (1 - 0.25 * random.random())
+
+
+# ----------------------------------------------------------------------------- classification
+
+
+def _error_message(raw: bytes) -> str:
+    """The server's own message of an error body (OpenAI's ``{"error": {"message"}}``), else its text."""
+    try:
+        data = json.loads(raw)
+        message = data["error"]["message"] if isinstance(data.get("error"), dict) else data["error"]
+        return str(message)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return raw.decode("utf-8", "replace")
+
+
+def status_failure(status: int, raw: bytes, secret: str | None, where: str) -> CallAnswer:
+    """The failure an HTTP error status stands for (after retries, where it is retried)."""
+    message = f"HTTP {status}: {_error_message(raw)}"
+    if status in (401, 403, 404):
+        raise JudgeConfigError(
+            f"the judge endpoint {where} rejected the request with HTTP {status}: "
+            "check base_url, model and the API key variable named by api_key_env"
+        )
+    if status == 429:
+        return _fail("rate_limited", f"still rate limited: {message}", secret)
+    if status == 408:
+        return _fail("timeout", message, secret)
+    if status >= 500 or status == 409:
+        return _fail("server_error", message, secret)
+    return _fail("bad_input", f"the server rejected the request: {message}", secret)
+
+
+_NO_CHOICE: Any = object()
+
+
+def _completion_fields(raw: bytes) -> tuple[Any, str | None, str | None, dict[str, int]] | None:
+    """``(content, refusal, finish_reason, token usage)`` of a chat-completion body; None when it is
+    not one; ``content`` is ``_NO_CHOICE`` without choices. Fields of the wrong type read as absent."""
+    try:
+        data = json.loads(raw)  # ValueError: invalid JSON or invalid UTF-8
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}  # AttributeError: no dict
+    except (ValueError, AttributeError):
+        return None
+    count = {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")}
+    tokens = {k: v if type(v) is int and v >= 0 else 0 for k, v in count.items()}
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return _NO_CHOICE, None, None, tokens
+    message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
+    fields = (message.get("content"), message.get("refusal"), choices[0].get("finish_reason"))
+    return (*(v if isinstance(v, str) else None for v in fields), tokens)
+
+
+def _schema_failure(error: ValidationError) -> tuple[FailureReason, str]:
+    """A schema's length bounds (:mod:`balcaprl.judge.schemas`) broken: ``oversized_answer``, not worth
+    a re-ask; anything else: ``schema_violation``."""
+    problems = error.errors()
+    detail = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '<answer>'}: {e['msg']}" for e in problems[:5]
+    )
+    too_long = any(e["type"] in ("too_long", "string_too_long") for e in problems)
+    return ("oversized_answer" if too_long else "schema_violation"), detail[:_DETAIL_CHARS]
+
+
+def classify(
+    status: int,
+    raw: bytes,
+    *,
+    schema: type[BaseModel] | None,
+    check: Callable[[Any], None] | None,
+    max_tokens: int,
+    truncated_ok: bool,
+    secret: str | None,
+    where: str,
+) -> CallAnswer:
+    """What an HTTP answer comes to. With ``schema`` it must be a JSON object that validates against
+    it (``parsed`` is the model instance); without, it is free text (``parsed``: the stripped string).
+    ``check`` may raise ``ValueError`` for answers that parse but are still unusable (a schema
+    violation too, worth one re-ask, like invalid JSON). ``truncated_ok``: a free-text answer cut off
+    at ``max_tokens`` is kept (e.g. a letter followed by an explanation nobody asked for) instead of
+    failing as ``truncated_output``."""
+    if status >= 400:
+        return status_failure(status, raw, secret, where)
+    fields = _completion_fields(raw)
+    if fields is None:
+        return _fail("invalid_json", "the answer is not a chat completion", secret)
+    content, refusal, finish_reason, tokens = fields
+    if content is _NO_CHOICE:
+        return _fail("invalid_json", "the answer has no choices", secret, **tokens)
+    keep_cut = truncated_ok and schema is None and bool(content and content.strip())
+    if finish_reason == "length" and not keep_cut:
+        return _fail(
+            "truncated_output", f"the answer hit max_tokens ({max_tokens}) and was cut off", secret, **tokens
+        )
+    if finish_reason == "content_filter":
+        return _fail("refused", "the answer was stopped by the server's content filter", secret, **tokens)
+    if refusal:
+        return _fail("refused", f"the judge refused: {refusal}", secret, **tokens)
+    if not content or not content.strip():
+        return _fail("invalid_json", "the answer is empty", secret, **tokens)
+    if schema is None:
+        parsed: Any = content.strip()
+    else:
+        try:
+            data = json.loads(content)
+        except json.JSONDecodeError as error:
+            return CallAnswer(None, JudgeFailure("invalid_json", f"not JSON: {error}"), content, **tokens)
+        try:
+            parsed = schema.model_validate(data)
+        except ValidationError as error:
+            reason, detail = _schema_failure(error)
+            return CallAnswer(None, JudgeFailure(reason, detail), content, **tokens)
+    if check is not None:
+        try:
+            check(parsed)
+        except ValueError as error:
+            return CallAnswer(
+                None, JudgeFailure("schema_violation", str(error)[:_DETAIL_CHARS]), content, **tokens
+            )
+    return CallAnswer(parsed, None, content, **tokens)
+
+
+# ----------------------------------------------------------------------------- closing sessions
+# An aiohttp session belongs to one event loop, and one garbage-collected unclosed logs an error
+# ("Unclosed client session"), e.g. after `asyncio.run(judge.judge_batch(...))` without `aclose`, or
+# when the judge moves to a new loop. `retire` closes such a session: at once when its loop has ended
+# (nothing is left to wait for: the loop's connections ended with it), else on its loop.
+
+
+def _run_to_end(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that has nothing to wait for, without a loop; give up if it does wait."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+
+
+def retire(
+    loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession
+) -> concurrent.futures.Future | None:
+    """Close ``session`` of ``loop`` from anywhere (a new loop, a finalizer, exit); returns the pending
+    close when it was scheduled on ``loop``, None when it is already done."""
+    if loop.is_closed():
+        _run_to_end(session.close())
+        return None
+    return asyncio.run_coroutine_threadsafe(session.close(), loop)

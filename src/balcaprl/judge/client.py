@@ -2,10 +2,9 @@
 
 Per request, in order: clean the texts (empty caption -> scored 0 without a call; empty reference or
 unreadable image -> ``bad_input``), load the image once per batch, then make the call through the
-package's one call path (:meth:`~balcaprl.judge.calls.JudgeCaller.call`: identical calls in flight
-share one, then the sqlite cache, then the endpoint under its concurrency bound and rate limits, one
-re-ask of an invalid answer). Every request ends as a ``Judgement`` or a ``JudgeFailure``; no single
-failure fails the batch (only a configuration the endpoint rejects outright, 401/403/404, raises).
+package's one call path (:mod:`balcaprl.judge.calls`). Every request ends as a ``Judgement`` or a
+``JudgeFailure``; no single failure fails the batch (only a configuration the endpoint rejects
+outright, 401/403/404, raises).
 
 Reference modes (``config.reference_mode``):
 - ``joint``: one call per rollout decomposes both caption and reference (the paper).
@@ -39,12 +38,13 @@ import torch
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache
-from balcaprl.judge.calls import USE_CONFIG, JudgeCaller, prompt_identity
+from balcaprl.judge.calls import JudgeCaller, prompt_identity, redact
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError
 from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
 from balcaprl.judge.prompt import build_coverage_followup, build_judge_messages, clean_caption, clean_text
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
+from balcaprl.judge.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 from balcaprl.judge.schemas import (
     CoverageMarks,
     ReferenceAssertions,
@@ -56,9 +56,7 @@ from balcaprl.judge.schemas import (
     to_verdict,
     verdict_schema,
 )
-from balcaprl.judge.transport import redact
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS, Rubric, load_rubric
 
 __all__ = ["BatchResult", "OpenAICompatibleJudge", "build_judge"]
 
@@ -83,9 +81,8 @@ class OpenAICompatibleJudge:
     """A :class:`~balcaprl.judge.protocol.Judge` backed by any OpenAI-compatible chat endpoint.
 
     ``image_root``: resolve relative image paths against it and refuse paths that leave it.
-    ``cache``: a :class:`JudgeCache`, ``None`` for no cache, or (default) the one ``config.cache_path``
-    names; closed with the judge. ``http_client``: an ``httpx2.AsyncClient`` for the SDK (tests use a
-    mock transport).
+    The cache is the one ``config.cache_path`` names (none when it is null), closed with the judge.
+    ``http_client``: an ``aiohttp.ClientSession`` to send through (its owner closes it).
     """
 
     def __init__(
@@ -93,11 +90,10 @@ class OpenAICompatibleJudge:
         config: JudgeConfig,
         *,
         image_root: Path | str | None = None,
-        cache: JudgeCache | None | Any = USE_CONFIG,
         http_client: Any = None,
     ):
         self.config = config
-        self._calls = JudgeCaller(config, cache=cache, image_root=image_root, http_client=http_client)
+        self._calls = JudgeCaller(config, image_root=image_root, http_client=http_client)
         self._endpoint = self._calls.endpoint
         self.cache: JudgeCache | None = self._calls.cache
         self.images = self._calls.images
@@ -234,6 +230,7 @@ class OpenAICompatibleJudge:
         result = await self._calls.call(
             lambda: build_judge_messages(rubric, image, reference=reference, caption=caption),
             kind=judge_call_kind("verdict", rubric.name), schema=verdict_schema(rubric.name), stats=stats,
+            temperature=self.config.temperature,
             identity=self._identity(rubric, image, reference=reference, caption=caption),
         )  # fmt: skip
         stats.record_answer(cached=result.cached, shared=result.shared)
@@ -259,7 +256,7 @@ class OpenAICompatibleJudge:
         identity = self._identity(rubric, image, reference_assertions=assertions, caption=caption)
         result = await self._calls.call(
             messages, kind=judge_call_kind("coverage", rubric.name), schema=coverage_schema(rubric.name),
-            check=check, stats=stats, identity=identity,
+            check=check, stats=stats, identity=identity, temperature=self.config.temperature,
         )  # fmt: skip
         stats.record_answer(cached=result.cached, shared=result.shared)
         if not result.ok:
@@ -282,6 +279,7 @@ class OpenAICompatibleJudge:
         followup = await self._calls.call(
             lambda: build_coverage_followup(messages(), answer_json, wanted),
             kind="coverage_missing", schema=CoverageMarks, check=check_followup, stats=stats,
+            temperature=self.config.temperature,
             identity={**identity, "missing_ids": missing, "answer": answer_json},
         )  # fmt: skip
         if not followup.ok:
@@ -311,6 +309,7 @@ class OpenAICompatibleJudge:
         result = await self._calls.call(
             lambda: build_judge_messages(rubric, sent_image, reference=reference),
             kind=judge_call_kind("reference_assertions"), schema=ReferenceAssertions, stats=stats,
+            temperature=self.config.temperature,
             identity=self._identity(rubric, sent_image, reference=reference),
         )  # fmt: skip
         stats.reference_calls += result.calls

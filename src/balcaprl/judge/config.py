@@ -11,15 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
 from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
-from balcaprl.rewards.rubrics import ReferenceMode
+from balcaprl.judge.rubrics import ReferenceMode
 
 __all__ = [
+    "MAX_CONCURRENCY",
     "JudgeConfig",
     "JudgeConfigError",
     "JudgeSection",
@@ -27,6 +28,12 @@ __all__ = [
     "RubricOptions",
     "load_judge_config",
 ]
+
+# Each call in flight holds one connection (a file descriptor) and up to one answer's bytes
+# (calls.answer_byte_limit: 320 KiB at max_tokens 4096, so 1.3 GiB here at most). 4096 is 16x the
+# default and twice a paper-sized step (2,048 calls) all in flight; beyond it a typo such as
+# 100000000 would only exhaust sockets and memory, so it is refused when the config loads.
+MAX_CONCURRENCY = 4096
 
 # A judge configuration that cannot work (bad file, bad key, missing API key, rejected by the server):
 # the one config error, under the name the judge client raises it by.
@@ -88,15 +95,17 @@ class JudgeConfig(Section):
     concurrency: int = Field(
         256,
         ge=1,
+        le=MAX_CONCURRENCY,
         description="Most judge calls in flight at once (for the whole run: a training launch on N processes "
-        "gives each 1/N of this and of the rate caps).",
+        f"gives each 1/N of this and of the rate caps); at most {MAX_CONCURRENCY}.",
     )
-    timeout_s: float = Field(60.0, gt=0, description="Per-attempt HTTP timeout in seconds.")
-    max_retries: int = Field(4, ge=0, description="The SDK's retries on timeouts, 408/409/429 and 5xx.")
-    http_backend: Literal["httpx", "aiohttp"] = Field(
-        "aiohttp",
-        description="The SDK's HTTP transport: httpx (its default) or aiohttp (openai's "
-        "DefaultAioHttpClient; needs the `aiohttp` package, e.g. `pip install 'openai[aiohttp]'`).",
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Time limit of one attempt (sending, waiting, reading the answer), in seconds.",
+    )
+    max_retries: int = Field(
+        4, ge=0, description="Retries on timeouts, dropped connections, 408/409/429 and 5xx."
     )
     temperature: float | None = Field(0.0, ge=0, description="Sampling temperature; null omits it.")
     max_tokens: int = Field(4096, ge=16, description="Most completion tokens per call.")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from balcaprl.judge.images import PreparedImage, decode_data_url
-from balcaprl.rewards.rubrics import Rubric
+from balcaprl.judge.rubrics import Rubric
 
 __all__ = [
     "CleanText",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from balcaprl.judge.rubrics import VerdictRubric
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import VerdictRubric
 
 __all__ = [
     "FailureReason",
@@ -37,6 +37,7 @@ FailureReason = Literal[
     "refused",
     "truncated_output",
     "bad_input",
+    "oversized_answer",  # past a bound on what an answer may be: bytes, decompressed bytes, lengths
 ]
 
 

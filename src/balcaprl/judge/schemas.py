@@ -22,7 +22,9 @@ evaluation protocols' own schemas), named ``balcaprl_<kind>``. The wire schema i
 of JSON schema that strict structured outputs accept everywhere (OpenAI, vLLM/xgrammar, SGLang): every
 field required, no extra properties, and no length or numeric bounds (some servers reject them). The
 bounds still hold: every answer is validated locally with pydantic, and a violation is a
-``schema_violation`` after one re-ask.
+``schema_violation`` after one re-ask -- except the length bounds below, whose violation is an
+``oversized_answer`` at once (a judge that writes 10,000 assertions or an essay of an explanation is
+not asked to write it again).
 """
 
 from __future__ import annotations
@@ -32,17 +34,19 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from openai.lib._parsing import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
+from balcaprl.judge.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards import ReferenceAssertion, Verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards.verdict import LinguisticScore
 
 __all__ = [
-    "CALL_KINDS",
+    "MAX_ASSERTIONS",
+    "MAX_ASSERTION_CHARS",
+    "MAX_EXPLANATION_CHARS",
     "JUDGE_CALL_KINDS",
     "CallKind",
     "CoverageMark",
@@ -62,7 +66,15 @@ __all__ = [
 ]
 
 CallKind = Literal["verdict", "reference_assertions", "coverage", "coverage_missing"]
-_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+# How big a verdict may be. A caption is cut at caption_char_cap (4,000 characters) and a detailed
+# reference runs to a few hundred words: a few hundred atomic claims at most, each a short clause.
+MAX_ASSERTIONS = 512  # per list: caption assertions, reference assertions, coverage marks
+MAX_ASSERTION_CHARS = 1000
+MAX_EXPLANATION_CHARS = 4000  # "one or two sentences" asked for
+_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ASSERTION_CHARS)]
+_T = TypeVar("_T")
+_Many = Annotated[list[_T], Field(max_length=MAX_ASSERTIONS)]
 
 
 class _Strict(BaseModel):
@@ -121,7 +133,7 @@ class ReferenceText(_Strict):
 class ReferenceAssertions(_Strict):
     """The reference, split into atomic claims."""
 
-    reference_assertions: list[ReferenceText] = Field(
+    reference_assertions: _Many[ReferenceText] = Field(
         min_length=1, description="Every atomic claim of the reference, in order (never empty)."
     )
 
@@ -143,7 +155,7 @@ class CoverageMark(_Strict):
 class CoverageMarks(_Strict):
     """Coverage marks for the numbers the follow-up lists, and only those."""
 
-    reference_coverage: list[CoverageMark] = Field(
+    reference_coverage: _Many[CoverageMark] = Field(
         description="One mark for each reference assertion number the follow-up lists."
     )
 
@@ -153,7 +165,7 @@ def _linguistic_fields() -> dict[str, Any]:
         "clarity": (LinguisticScore, Field(description=_CLARITY)),
         "fluency": (LinguisticScore, Field(description=_FLUENCY)),
         "coherency": (LinguisticScore, Field(description=_COHERENCY)),
-        "explanation": (str, Field(description=_EXPLANATION)),
+        "explanation": (str, Field(max_length=MAX_EXPLANATION_CHARS, description=_EXPLANATION)),
     }
 
 
@@ -184,11 +196,11 @@ def verdict_schema(rubric: str) -> type[BaseModel]:
         f"{_camel(rubric)}Verdict",
         __base__=_Strict,
         caption_assertions=(
-            list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
+            _Many[_caption_assertion_schema(rubric)],  # type: ignore[misc]
             Field(description=_CAPTION_ASSERTIONS),
         ),
         reference_assertions=(
-            list[_ReferenceMark],
+            _Many[_ReferenceMark],
             Field(min_length=1, description="Every atomic claim of the reference in order, each marked."),
         ),
         **_linguistic_fields(),
@@ -203,11 +215,11 @@ def coverage_schema(rubric: str) -> type[BaseModel]:
         f"{_camel(rubric)}Coverage",
         __base__=_Strict,
         caption_assertions=(
-            list[_caption_assertion_schema(rubric)],  # type: ignore[misc]
+            _Many[_caption_assertion_schema(rubric)],  # type: ignore[misc]
             Field(description=_CAPTION_ASSERTIONS),
         ),
         reference_coverage=(
-            list[CoverageMark],
+            _Many[CoverageMark],
             Field(description="One mark for every numbered reference assertion, in order."),
         ),
         **_linguistic_fields(),
@@ -243,7 +255,6 @@ def to_verdict(answer: BaseModel) -> Verdict:
     return _as_verdict(answer.model_dump(mode="json"))
 
 
-CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
 _UNPORTABLE = {"minLength", "maxLength", "minimum", "maximum", "minItems", "maxItems", "title"}
 
 
@@ -290,10 +301,6 @@ def schema_digest(schema: type[BaseModel], kind: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _marks(marks: Sequence[CoverageMark]) -> dict[int, bool]:
-    return {mark.id: mark.covered for mark in marks}
-
-
 def check_coverage(coverage: Any, n_reference_assertions: int, *, partial: bool = False) -> None:
     """Raises ``ValueError`` unless the marks are the ids 1..M, one each (a schema violation: a mark
     for an unknown or repeated number would silently change the recall denominator). ``partial``:
@@ -319,7 +326,7 @@ def assemble_verdict(
     """A full verdict from a coverage answer (of any verdict rubric's :func:`coverage_schema`), the
     fixed reference list it marked, and the marks a follow-up gave for numbers it had left out
     (``ValueError`` unless together they mark every number exactly once)."""
-    covered = _marks(coverage.reference_coverage)
+    covered = {mark.id: mark.covered for mark in coverage.reference_coverage}
     for i, mark in (extra_marks or {}).items():
         if i in covered:
             raise ValueError(f"reference assertion {i} is marked twice (answer and follow-up)")

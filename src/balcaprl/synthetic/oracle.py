@@ -35,8 +35,8 @@ from PIL import Image
 
 from balcaprl.data.format import read_card
 from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
+from balcaprl.judge.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards import Verdict
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.linguistic import linguistic_scores
 from balcaprl.synthetic.parser import Assertion, parse_caption

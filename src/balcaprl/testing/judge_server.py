@@ -55,9 +55,10 @@ from balcaprl.errors import ConfigError
 from balcaprl.judge.images import decode_data_url
 from balcaprl.judge.prompt import ParsedJudgeMessages, followup_ids, parse_judge_messages
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest, SupportsFixedReference
+from balcaprl.judge.rubrics import VERDICT_RUBRICS
 from balcaprl.judge.schemas import JUDGE_CALL_KINDS, schema_name
 from balcaprl.judge.tokens import approx_prompt_tokens, approx_tokens
-from balcaprl.rewards.rubrics import VERDICT_RUBRICS
+from balcaprl.testing.hostile_answers import HOSTILE_FAULTS, hostile_response
 from balcaprl.testing.rubrics import packaged_rubric_name
 
 __all__ = [
@@ -87,6 +88,7 @@ FAULTS = (
     "drop",  # the connection is closed in the middle of the response
     "unauthorized",  # 401
     "echo_auth",  # 500 whose body repeats the Authorization header (tests secret redaction)
+    *HOSTILE_FAULTS,  # answers whose size is the attack (balcaprl.testing.hostile_answers)
 )
 
 # the verdict judge's own calls: response-format name -> (call, rubric or None)
@@ -470,6 +472,8 @@ def create_app(
         if name == "skip_ids" and "reference_coverage" in answer:
             marks = answer["reference_coverage"]
             answer["reference_coverage"] = marks[: len(marks) // 2]
+        if name in HOSTILE_FAULTS:  # balcaprl.testing.hostile_answers
+            return hostile_response(fault, orjson.dumps(answer).decode(), model)
         return _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
 
     async def _handle_generic(call: GenericCall, authorization: str):
@@ -493,6 +497,8 @@ def create_app(
             content = orjson.dumps(
                 {"unexpected": True} if name == "schema_violation" else answer, option=orjson.OPT_NON_STR_KEYS
             ).decode()
+        if name in HOSTILE_FAULTS:  # balcaprl.testing.hostile_answers
+            return hostile_response(fault, content, call.model)
         return _content_response(name, content, call.model, prompt_tokens)
 
     async def _transport_fault(name: str, arg: str, model: str, prompt_tokens: int, authorization: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from balcaprl.rewards.rubrics import REFERENCE_MODES, RUBRIC_NAMES, load_rubric
+from balcaprl.judge.rubrics import REFERENCE_MODES, RUBRIC_NAMES, load_rubric
 
 __all__ = ["packaged_rubric_name"]
 

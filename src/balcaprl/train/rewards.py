@@ -9,7 +9,7 @@ For every rollout the scorer:
 1. sends one ``JudgeRequest(image, caption, reference, rubric)``: the training rubric, or for the
    "w/o pointability" ablation (``RewardConfig.pointability = False``) the training rubric with the
    pointability test removed from the judge's prompt, as the paper's ablation removes it
-   (:func:`~balcaprl.rewards.rubrics.training_rubric_name`);
+   (:func:`~balcaprl.judge.rubrics.training_rubric_name`);
 2. counts the caption's tokens with the policy's tokenizer;
 3. scores the verdict with :func:`balcaprl.rewards.score_rollout` under the recipe's
    :class:`~balcaprl.rewards.RewardConfig`: eq. 2.3 with its pointability rule, the length mask on
@@ -40,8 +40,8 @@ import torch
 
 from balcaprl.errors import ConfigError, UserError
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeRequest
+from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, length_gate, score_rollout
-from balcaprl.rewards.rubrics import training_rubric_name
 
 __all__ = [
     "JUDGE_EXCEPTION",
