@@ -17,7 +17,7 @@ STAMP       = $(VENV)/.balcaprl-installed
 VERL_VENV  ?= .venv-verl
 VERL_STAMP  = $(VERL_VENV)/.balcaprl-installed
 
-.PHONY: setup setup-verl test test-verl check-gpu-pins demo bench lint clean
+.PHONY: setup setup-verl test test-verl check-gpu-pins demo ablation bench lint clean
 
 setup: $(STAMP)
 
@@ -55,6 +55,12 @@ check-gpu-pins:
 # (about 11 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
 demo: setup
 	$(VENV)/bin/balcaprl demo
+
+# The paper's ablation tables in miniature (Tables 3 and 4, the precision-weight table): every variant
+# x 3 seeds from one SFT start, 2 runs at a time; writes runs/ablation/comparison.md/.csv
+# (docs/demo.md). About 45 minutes on 2 cores (estimated from single runs; within 2 hours).
+ablation: setup
+	$(VENV)/bin/balcaprl demo --variants ablation --seeds 3 --jobs 2 --out runs/ablation
 
 bench: setup
 	$(PY) benchmarks/bench_advantages.py

@@ -22,7 +22,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # The command line as decided: group -> its commands (None: a command, not a group).
 TREE = {
     "demo": None,
-    "synthetic": {"build": None, "sft": None, "caption": None, "show": None, "init-policy": None},
+    "synthetic": {
+        "build": None,
+        "sft": None,
+        "caption": None,
+        "show": None,
+        "init-policy": None,
+        "probe": None,
+    },
     "data": {"prepare": {"sharegpt4v": None}, "recaption": None, "info": None},
     "judge": {"serve": None, "audit": None},
     "train": None,

@@ -14,8 +14,10 @@ from balcaprl.demo.report import (
     comparison_csv,
     comparison_markdown,
     comparison_rows,
+    direction_verdict,
     moving_average,
     paired_bootstrap,
+    seed_scene_bootstrap,
 )
 
 
@@ -112,3 +114,30 @@ def test_comparison_table_markdown_and_csv():
     assert csv[2].startswith("full,0.6,0.5,0.9,55.0,10.0,")
     assert csv[2].endswith(",8.0,12.0")
     assert csv[1].endswith(",,")  # no interval for the starting point
+
+
+def test_seed_scene_bootstrap_of_a_constant_is_that_constant_and_matches_a_hand_rolled_resample():
+    constant = seed_scene_bootstrap([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]], samples=50)
+    assert (constant.delta, constant.low, constant.high) == (0.5, 0.5, 0.5)
+    d = [[1.0, 2.0, 4.0], [0.0, -1.0, 3.0]]
+    got = seed_scene_bootstrap(d, samples=300, seed=4)
+    rng = np.random.default_rng(4)
+    means = []
+    for _ in range(300):  # the loop twin: seeds, then scenes, with replacement
+        rows = rng.integers(0, 2, size=2)
+        cols = rng.integers(0, 3, size=3)
+        means.append(sum(d[r][c] for r in rows for c in cols) / 6)
+    assert got.delta == pytest.approx(9 / 6)
+    assert (got.low, got.high) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    with pytest.raises(ValueError, match="seeds x scenes"):
+        seed_scene_bootstrap([1.0, 2.0])
+
+
+def test_direction_verdicts():
+    def interval(low, high):
+        return BootstrapInterval((low + high) / 2, low, high, 0.95, 100)
+
+    assert direction_verdict(interval(0.1, 0.3), +1) == "reproduced"
+    assert direction_verdict(interval(0.1, 0.3), -1) == "opposite"
+    assert direction_verdict(interval(-0.3, -0.1), -1) == "reproduced"
+    assert direction_verdict(interval(-0.1, 0.3), +1) == "not reproduced"

@@ -71,8 +71,8 @@ def test_the_recipes_judge_reaches_the_judge_client(monkeypatch):
 def test_judge_flag_replaces_the_recipes_judge_and_a_missing_judge_is_named(tmp_path, monkeypatch):
     seen = {}
 
-    def factory(cfg, image_root=None, processes=1):
-        seen.update(cfg=cfg, image_root=image_root, processes=processes)
+    def factory(cfg, image_root=None, processes=1, rollouts=False):
+        seen.update(cfg=cfg, image_root=image_root, processes=processes, rollouts=rollouts)
         raise SystemExit(0)  # stop before any model is loaded
 
     monkeypatch.setattr(balcaprl.judge, "build_judge", factory)
@@ -80,6 +80,7 @@ def test_judge_flag_replaces_the_recipes_judge_and_a_missing_judge_is_named(tmp_
     runner = CliRunner(env={"COLUMNS": "120"})
     runner.invoke(app, ["train", str(RECIPE_3B), "--judge", str(tmp_path / "judge.yaml")])
     assert seen["cfg"] == tmp_path / "judge.yaml" and seen["processes"] == 1  # one process: limits as written
+    assert seen["rollouts"] is True  # RL rollouts: no verdict cache unless the config asks
     assert seen["image_root"] == Path(load_recipe(RECIPE_3B).data.path).expanduser().resolve()
 
     no_judge = tmp_path / "no_judge.yaml"
@@ -96,8 +97,9 @@ def test_paper_recipe_runs_to_its_first_optimizer_step_through_the_cli(
     8 rollouts, max_pixels) on a tiny local Qwen2.5-VL checkpoint, through `balcaprl train`."""
     judges = []
 
-    def factory(cfg, image_root=None, processes=1):
+    def factory(cfg, image_root=None, processes=1, rollouts=False):
         assert cfg.model == "gpt-4o-mini"  # the recipe's judge section (a JudgeConfig) reaches the factory
+        assert rollouts  # training rollouts: the verdict cache stays off unless the config asks
         assert image_root == Path(tiny_dataset).resolve()
         judges.append(ScriptedJudge(fail_every=5))
         return judges[-1]

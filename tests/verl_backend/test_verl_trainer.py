@@ -76,6 +76,17 @@ def test_reward_columns_read_compute_score_dicts_and_drop_padding():
         reward_columns(["u_0_0"], [{}], [{"reward_extra_info": {"acc": 1.0}}])
 
 
+def test_batch_metrics_carry_the_judges_share_of_the_step():
+    # compute_score stamps each rollout: judging started (generation done) and finished
+    extra = [info(0.5, 0.2, 0.9), info(1.0, 0.0, 0.5), info(0.5, 0.5, 0.5)]
+    for row, (started, finished) in zip(extra, [(100.0, 103.0), (101.0, 102.0), (104.0, 106.5)], strict=True):
+        row["reward_extra_info"].update(judge_started_s=started, judge_finished_s=finished)
+    columns, infos = reward_columns(["u1_0_0", "u1_1_0", "u2_0_0"], [{}, {}, {}], extra)
+    metrics = batch_metrics(columns, infos)
+    assert metrics["judge/wall_s"] == 6.5  # 100 -> 106.5
+    assert metrics["judge/exposed_s"] == 2.5  # the last rollout generated at 104, judged at 106.5
+
+
 # ------------------------------------------------------------------------ on a local Ray cluster
 
 

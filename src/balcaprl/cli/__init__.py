@@ -84,6 +84,7 @@ synthetic_app.command("sft")(synthetic.sft)
 synthetic_app.command("caption")(synthetic.caption)
 synthetic_app.command("show")(synthetic.show)
 synthetic_app.command("init-policy")(synthetic.init_policy)
+synthetic_app.command("probe")(synthetic.probe)
 app.add_typer(synthetic_app, name="synthetic", rich_help_panel="Demo")
 
 # Data: dataset folders in the pinned format.

@@ -20,7 +20,18 @@ def demo(
     variants: str | None = typer.Option(
         None,
         "--variants",
-        help="Several variants, comma-separated, or 'all' (one shared dataset and SFT policy).",
+        help="Several variants, comma-separated, or a set: all (= ablation), table3, table4, weights "
+        "(one shared dataset and SFT policy).",
+    ),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        min=1,
+        help="RL seeds per variant; above 1 the comparison gives intervals over seeds and scenes and the "
+        "paper's direction per row (make ablation: 3).",
+    ),
+    jobs: int = typer.Option(
+        1, "--jobs", min=1, help="With --seeds: runs trained at a time, one process each (up to the cores)."
     ),
     steps: int | None = typer.Option(
         None, "--steps", min=1, help="RL steps per variant instead of the recipe's (quick sweeps)."
@@ -51,7 +62,7 @@ def demo(
     from rich.console import Console
 
     from balcaprl.demo.config import load_demo_config
-    from balcaprl.demo.pipeline import run_demo
+    from balcaprl.demo.pipeline import quiet_library_progress_bars, run_demo
     from balcaprl.demo.report import comparison_rows, rich_before_after_table, rich_comparison_table
     from balcaprl.demo.variants import parse_variants
     from balcaprl.progress import Progress
@@ -67,7 +78,7 @@ def demo(
     settings = load_demo_config(config, overrides)
 
     console = Console()
-    _quiet_library_progress_bars()
+    quiet_library_progress_bars()
     start = time.perf_counter()
 
     def log(message: str) -> None:
@@ -75,6 +86,14 @@ def demo(
         console.print(
             f"[dim]{time.perf_counter() - start:6.0f}s[/dim]  {message}", highlight=False, soft_wrap=True
         )
+
+    if seeds > 1 or jobs > 1:  # the ablation runner: every variant x seed, in parallel processes
+        from balcaprl.demo.ablation import run_ablation
+
+        ablation = run_ablation(settings, chosen, seeds=seeds, jobs=jobs, steps=steps, log=log)
+        console.print(ablation.comparison_path.read_text(encoding="utf-8"), highlight=False, soft_wrap=True)
+        console.print(f"comparison: {ablation.comparison_path} (+ .csv); run folder: {ablation.root}")
+        return
 
     # The long stages report on stdout with the demo's log lines: a bar on a terminal, a line every
     # 30 s (steps, rate, ETA) in a log file.
@@ -133,18 +152,3 @@ def _print_samples(console, result, n: int) -> None:
                 highlight=False,
                 soft_wrap=True,
             )
-
-
-def _quiet_library_progress_bars() -> None:
-    """transformers' and datasets' tqdm bars (weights loading, shard writing) and a deprecation warning
-    that TRL triggers at every save would bury the demo's own output."""
-    import warnings
-
-    import datasets
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    warnings.filterwarnings(
-        "ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning
-    )

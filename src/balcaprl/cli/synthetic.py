@@ -11,7 +11,7 @@ import typer
 from balcaprl.cli.common import OVERWRITE_HELP
 from balcaprl.errors import UserError
 
-__all__ = ["build", "caption", "init_policy", "sft", "show"]
+__all__ = ["build", "caption", "init_policy", "probe", "sft", "show"]
 
 
 def build(
@@ -204,3 +204,43 @@ def init_policy(
     with target.committing():
         create_policy(target.work, seed=seed)
     typer.echo(f"wrote {target.final}")
+
+
+def probe(
+    policy: Path = typer.Option(..., "--policy", help="Policy folder (e.g. from `balcaprl synthetic sft`)."),
+    data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
+    prompts: int = typer.Option(48, "--prompts", min=1, help="Training images, one group each."),
+    rollouts: int = typer.Option(8, "--rollouts", min=2, help="Sampled captions per image."),
+    temperature: float = typer.Option(0.7, "--temperature", min=0.01, help="Sampling temperature."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Caption cap."),
+    seed: int = typer.Option(0, "--seed"),
+    save: Path | None = typer.Option(
+        None, "--save", help="Also keep the sampled groups as JSON lines (a fixed sample for tests)."
+    ),
+) -> None:
+    """Measure the world's incentives at a policy's RL start: length band, terse share, correlations."""
+    from balcaprl.synthetic.probe import policy_groups, probe_groups, save_groups
+
+    groups = policy_groups(
+        policy, data, prompts=prompts, rollouts=rollouts, temperature=temperature,
+        max_new_tokens=max_new_tokens, seed=seed,
+    )  # fmt: skip
+    if save is not None:
+        command = (
+            f"balcaprl synthetic probe --policy {policy} --data {data} --prompts {prompts} --rollouts {rollouts} "
+            f"--temperature {temperature:g} --max-new-tokens {max_new_tokens} --seed {seed} --save {save}"
+        )
+        save_groups(groups, save, command=command)
+        typer.echo(f"saved {len(groups)} groups to {save}")
+    found = probe_groups(groups)
+    p, r, ling = found.variance_shares
+    lp, lr, ll = found.length_corr
+    typer.echo(
+        f"{found.n_captions} captions ({prompts} x {rollouts}), Table 3's equal weights, length mask 0.5 / 2\n"
+        f"length ratio: mean {found.mean_ratio:.2f}, below tau_l {found.below_band_share:.1%}, "
+        f"above tau_u {found.above_band_share:.1%}; terse (below tau_l, precision 1) {found.terse_share:.1%}\n"
+        f"within-group correlation precision-recall {found.precision_recall_corr:+.2f}; "
+        f"with length P {lp:+.2f} R {lr:+.2f} L {ll:+.2f}\n"
+        f"c-GDPO vs GRPO advantage correlation {found.advantage_corr:.3f}; "
+        f"GRPO within-group variance shares P {p:.2f} R {r:.2f} L {ling:.2f}"
+    )

@@ -92,6 +92,7 @@ def train(
         judge_config,
         image_root=Path(recipe.data.path).expanduser().resolve(),
         processes=processes.num_processes,
+        rollouts=True,
     )
     # Before any model is loaded: the model's path, the data, and a run folder that may be written.
     from balcaprl.model_paths import check_model_path
@@ -148,3 +149,8 @@ def _print_plan(
         chosen = Launcher("single", 1, description="one process on one GPU")
     result = plan_memory(recipe, chosen, gpu_memory)
     typer.echo(result.to_text())
+    from balcaprl.train.judge_plan import plan_judge
+
+    judge_plan = plan_judge(recipe)  # the judge's calls, tokens, dollars and minutes
+    if judge_plan is not None:
+        typer.echo(judge_plan.to_text())

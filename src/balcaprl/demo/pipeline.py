@@ -45,7 +45,14 @@ from balcaprl.demo.variants import Variant
 from balcaprl.errors import UserError
 from balcaprl.progress import Progress
 
-__all__ = ["DemoError", "DemoResult", "ProgressFactory", "VariantResult", "run_demo"]
+__all__ = [
+    "DemoError",
+    "DemoResult",
+    "ProgressFactory",
+    "VariantResult",
+    "quiet_library_progress_bars",
+    "run_demo",
+]
 
 STAGE_FILE = "demo_stage.json"
 SUMMARY_FILE = "summary.json"
@@ -103,10 +110,11 @@ def _mark_stage(folder: Path, settings: dict[str, Any], **extra: Any) -> None:
 
 
 def ensure_dataset(config: DemoConfig, root: Path, log: Log) -> Path:
-    from balcaprl.synthetic.build import build_dataset
+    from balcaprl.synthetic.build import GENERATOR_VERSION, build_dataset
 
     folder = root / "data"
-    settings = config.dataset.model_dump()
+    # The generator's version too: a folder built by an older world is not this world's dataset.
+    settings = {**config.dataset.model_dump(), "generator_version": GENERATOR_VERSION}
     if _stage_matches(folder, settings, "dataset"):
         log(f"dataset: reusing {folder}")
         return folder
@@ -365,6 +373,21 @@ def ensure_rl(
 
 
 # --------------------------------------------------------------------------------------------- run
+
+
+def quiet_library_progress_bars() -> None:
+    """transformers' and datasets' tqdm bars (weights loading, shard writing) and a deprecation warning
+    that TRL triggers at every save would bury the demo's own output."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings(
+        "ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning
+    )
 
 
 @dataclass

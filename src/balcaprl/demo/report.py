@@ -24,11 +24,13 @@ __all__ = [
     "comparison_csv",
     "comparison_markdown",
     "comparison_rows",
+    "direction_verdict",
     "moving_average",
     "paired_bootstrap",
     "plot_training_curves",
     "rich_before_after_table",
     "rich_comparison_table",
+    "seed_scene_bootstrap",
 ]
 
 # (metrics.jsonl key, label) of the curves in the figure's left panel.
@@ -91,6 +93,37 @@ def paired_bootstrap(
     alpha = (1 - level) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return BootstrapInterval(float(diff.mean()), float(low), float(high), level, samples)
+
+
+def seed_scene_bootstrap(
+    differences: Sequence[Sequence[float]], *, samples: int = 10_000, level: float = 0.95, seed: int = 0
+) -> BootstrapInterval:
+    """Percentile bootstrap of the mean of a (seeds x scenes) matrix of paired differences over both
+    sources of variation: each resample draws seeds with replacement, then scenes with replacement
+    (the same scenes for every seed drawn, as the scenes are shared), and takes the mean."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 2 or d.size == 0:
+        raise ValueError(f"need a non-empty seeds x scenes matrix, got shape {d.shape}")
+    if not 0 < level < 1 or samples < 1:
+        raise ValueError(f"need 0 < level < 1 and samples >= 1, got {level} and {samples}")
+    rng = np.random.default_rng(seed)
+    n_seeds, n_scenes = d.shape
+    means = np.empty(samples)
+    for k in range(samples):
+        rows = rng.integers(0, n_seeds, size=n_seeds)
+        cols = rng.integers(0, n_scenes, size=n_scenes)
+        means[k] = d[np.ix_(rows, cols)].mean()
+    alpha = (1 - level) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return BootstrapInterval(float(d.mean()), float(low), float(high), level, samples)
+
+
+def direction_verdict(interval: BootstrapInterval, sign: int) -> str:
+    """``reproduced`` when the interval excludes zero on the paper's side (``sign`` +1: higher),
+    ``opposite`` when it excludes zero on the other side, else ``not reproduced``."""
+    if not interval.excludes_zero:
+        return "not reproduced"
+    return "reproduced" if (interval.delta > 0) == (sign > 0) else "opposite"
 
 
 def moving_average(values: Sequence[float | None], window: int) -> list[float]:

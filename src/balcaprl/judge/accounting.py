@@ -46,6 +46,9 @@ class JudgeStats:
     completion_tokens: int = 0
     failures: Counter = field(default_factory=Counter)
     latencies_s: list[float] = field(default_factory=list)  # one per call, its retries included
+    # -- tail control (judge/tail.py) --
+    hedges: int = 0  # duplicate attempts sent (each also one of `calls`)
+    hedge_wins: int = 0  # duplicates that answered first
 
     def record_answer(self, *, cached: bool, shared: bool) -> None:
         """A request that reached the call path: shared with an identical call in flight, answered
@@ -63,10 +66,17 @@ class JudgeStats:
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
 
+    def record_hedge(self, won: bool, cancelled_prompt_tokens: int) -> None:
+        """A duplicate attempt: one more call, and the prompt of the attempt cancelled (billed, unseen)."""
+        self.hedges += 1
+        self.hedge_wins += int(won)
+        self.calls += 1
+        self.prompt_tokens += cancelled_prompt_tokens
+
     def merge(self, other: JudgeStats) -> None:
         for name in (
             "requests", "cache_hits", "coalesced", "judged", "skipped_empty", "rejected",
-            "calls", "reasks", "reference_calls", "prompt_tokens", "completion_tokens",
+            "calls", "reasks", "reference_calls", "prompt_tokens", "completion_tokens", "hedges", "hedge_wins",
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.failures.update(other.failures)
@@ -89,6 +99,8 @@ class JudgeStats:
             "calls": self.calls,
             "reasks": self.reasks,
             "reference_calls": self.reference_calls,
+            "hedges": self.hedges,
+            "hedge_wins": self.hedge_wins,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "failures": dict(sorted(self.failures.items())),

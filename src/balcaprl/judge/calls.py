@@ -9,7 +9,8 @@
    a prompt often repeat a caption, TRL calls each reward function on the same completions, and in
    cached-reference mode all G rollouts need the same reference decomposition at once.
 3. **Limits.** The request and token rate limiters, then the concurrency bound
-   (:meth:`Endpoint.send`). Providers count ``max_tokens`` against the token budget up front; so do we.
+   (:meth:`Endpoint.send`). The token limiter budgets a call's prompt at its model's image rate and
+   a realistic answer (:class:`~balcaprl.judge.tokens.CompletionBudget`), not the whole ``max_tokens``.
 4. **Retries.** Timeouts, dropped connections, 408/409/429 and 5xx are tried again, up to
    ``max_retries`` times, after ``retry-after`` when the server gives one (up to
    :data:`RETRY_AFTER_CAP_S`), else an exponential backoff with jitter (:func:`backoff_s`).
@@ -61,7 +62,9 @@ from balcaprl.judge.images import ImageLoader, PreparedImage
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
 from balcaprl.judge.rubrics import Rubric
 from balcaprl.judge.schemas import json_response_format, schema_digest
-from balcaprl.judge.tokens import approx_prompt_tokens
+from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
+from balcaprl.judge.throughput import AdaptiveLimit, auto_concurrency
+from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
 
 __all__ = [
     "AttemptFailed",
@@ -79,7 +82,6 @@ _DETAIL_CHARS = 300
 RETRY_AFTER_CAP_S = 120.0  # a server asking for a longer wait is not retried at all (as the openai SDK)
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.5, 8.0  # the openai SDK's backoff, kept so retries pace as before
 _ERROR_BODY_BYTES = 16 * 1024  # an error's body only feeds a 300-character detail
-_CHUNK_BYTES = 64 * 1024
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -442,10 +444,12 @@ class _Runtime:
 
     loop: asyncio.AbstractEventLoop
     session: aiohttp.ClientSession
-    semaphore: asyncio.Semaphore
+    semaphore: asyncio.Semaphore | AdaptiveLimit
     rpm: AsyncLimiter | None
     tpm: AsyncLimiter | None
     in_flight: dict[str, asyncio.Future] = field(default_factory=dict)
+    completion_budget: CompletionBudget = field(default_factory=CompletionBudget)
+    hedging: Hedging | None = None  # tail.py: when an attempt gets a duplicate (None: hedge off)
 
 
 class Endpoint:
@@ -494,9 +498,15 @@ class Endpoint:
         self.state = _Runtime(
             loop=loop,
             session=session,
-            semaphore=asyncio.Semaphore(cfg.concurrency),
+            # concurrency: auto -- a bound that follows the rate limits and the observed latency
+            semaphore=AdaptiveLimit(cfg.concurrency)
+            if cfg.concurrency_auto
+            else asyncio.Semaphore(cfg.concurrency),
             rpm=AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None,
             tpm=AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None,
+            hedging=Hedging(cfg.hedge_quantile, cfg.hedge_floor_s, cfg.hedge_max_share)
+            if cfg.hedge
+            else None,
         )
         return self.state
 
@@ -522,8 +532,8 @@ class Endpoint:
 
     def estimate_tokens(self, messages: list[dict[str, Any]]) -> int:
         """The prompt tokens the token limiter budgets for ``messages`` (every image at most
-        ``max_image_side`` on each side, see :mod:`balcaprl.judge.tokens`)."""
-        return approx_prompt_tokens(messages, self.config.max_image_side)
+        ``max_image_side`` on each side, at the model's image rate: see :mod:`balcaprl.judge.tokens`)."""
+        return approx_prompt_tokens(messages, self.config.max_image_side, self.config.model)
 
     async def send(
         self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer]
@@ -534,18 +544,31 @@ class Endpoint:
         runtime = self.runtime()
         cfg = self.config
         max_tokens = body["max_completion_tokens"]
+        if cfg.stream:  # the first byte is then the first token (tail.py)
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
+        # What a call really uses: its prompt at the model's image rate and a realistic answer
+        # (reserving the whole max_tokens paced the client at a fraction of its budget).
+        tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
+        if isinstance(runtime.semaphore, AdaptiveLimit):
+            runtime.semaphore.limit = auto_concurrency(
+                cfg.requests_per_minute,
+                cfg.tokens_per_minute,
+                tokens,
+                runtime.semaphore.latency_s(),
+                cfg.concurrency,
+            )
         if runtime.rpm is not None:
             await runtime.rpm.acquire(1)
         if runtime.tpm is not None:
-            estimate = self.estimate_tokens(body["messages"]) + max_tokens
-            await runtime.tpm.acquire(min(estimate, cfg.tokens_per_minute))
+            await runtime.tpm.acquire(min(tokens, cfg.tokens_per_minute))
         async with runtime.semaphore:
             start = time.perf_counter()
             for retry in range(cfg.max_retries + 1):
                 try:
-                    async with asyncio.timeout(cfg.timeout_s):
-                        status, raw = await self.attempt(runtime.session, payload, max_tokens)
+                    status, raw = await self._attempt_hedged(
+                        runtime, payload, max_tokens, body["messages"], stats
+                    )
                     answer = read(status, raw)
                     break
                 except AttemptFailed as failed:
@@ -562,20 +585,75 @@ class Endpoint:
                     break
                 await asyncio.sleep(backoff_s(retry, wait))
             latency = time.perf_counter() - start
+        if isinstance(runtime.semaphore, AdaptiveLimit):
+            runtime.semaphore.observe(latency)
         stats.record_call(latency, answer.prompt_tokens, answer.completion_tokens)
+        runtime.completion_budget.observe(answer.completion_tokens)
         return answer
 
+    async def _attempt_hedged(
+        self,
+        runtime: _Runtime,
+        payload: bytes,
+        max_tokens: int,
+        messages: list[dict[str, Any]],
+        stats: JudgeStats,
+    ) -> tuple[int, bytes]:
+        """One attempt, each copy under ``timeout_s`` as a whole (it holds against a trickle), with a
+        duplicate when it stalls (:func:`~balcaprl.judge.tail.first_answer`)."""
+
+        async def deadlined(on_first_byte: Callable[[], None]) -> tuple[int, bytes]:
+            async with asyncio.timeout(self.config.timeout_s):
+                return await self.attempt(runtime.session, payload, max_tokens, on_first_byte=on_first_byte)
+
+        def hedged(won: bool) -> None:
+            stats.record_hedge(won, self.estimate_tokens(messages))
+
+        return await first_answer(deadlined, runtime.hedging, hedged)
+
     async def attempt(
-        self, session: aiohttp.ClientSession, payload: bytes, max_tokens: int
+        self,
+        session: aiohttp.ClientSession,
+        payload: bytes,
+        max_tokens: int,
+        on_first_byte: Callable[[], None] = lambda: None,
     ) -> tuple[int, bytes]:
         """One HTTP exchange: ``(status, body)``, the body read up to its limit (an error's
         to 16 KiB). Raises ``aiohttp.ClientError`` (the connection), ``TimeoutError``, or
-        :class:`AttemptFailed` (an oversized or undecodable body; a status worth another attempt)."""
+        :class:`AttemptFailed` (an oversized or undecodable body; a status worth another attempt; no
+        first byte within ``first_byte_timeout_s``, or a silence longer than ``chunk_gap_timeout_s``).
+        A streamed answer comes back as the chat completion it stands for."""
+        cfg = self.config
         headers = {**self.headers, "Content-Type": "application/json"}
-        async with session.post(self.url, data=payload, headers=headers) as response:
+        response = None
+        try:
+            async with asyncio.timeout(cfg.first_byte_timeout_s):  # None: no limit of its own
+                response = await session.post(self.url, data=payload, headers=headers)
+                first = await response.content.readany()
+        except BaseException as error:  # cancelled (a hedge won), timed out, dropped: free the connection
+            if response is not None:
+                response.close()
+            if not isinstance(error, TimeoutError):
+                raise
+            raise AttemptFailed(
+                _fail(
+                    "timeout", f"no first byte within first_byte_timeout_s ({cfg.first_byte_timeout_s:g} s)"
+                ),
+                retry=True,
+            ) from None
+        on_first_byte()
+        async with response:
             status = response.status
-            limit = answer_byte_limit(max_tokens) if status < 400 else _ERROR_BODY_BYTES
-            raw = await read_answer(response, limit, truncate=status >= 400)
+            streamed = response.headers.get("Content-Type", "").startswith("text/event-stream")
+            # A stream repeats its envelope for every token: a few hundred bytes a token, not 64.
+            limit = (
+                answer_byte_limit(max_tokens * (8 if streamed else 1)) if status < 400 else _ERROR_BODY_BYTES
+            )
+            raw = await read_answer(
+                response, limit, truncate=status >= 400, first=first, gap_s=cfg.chunk_gap_timeout_s
+            )
+            if streamed and status < 400:
+                raw = assemble_stream(raw)
             if status >= 400 and _should_retry(status, response.headers):
                 failure = status_failure(status, raw, self.api_key, self.config.base_url)
                 raise AttemptFailed(failure, retry=True, retry_after_s=_retry_after_s(response.headers))
@@ -599,10 +677,32 @@ def _final(reason: FailureReason, detail: str) -> AttemptFailed:
     return AttemptFailed(_fail(reason, detail), retry=False)
 
 
-async def read_answer(response: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes:
+async def _chunks(response: aiohttp.ClientResponse, first: bytes, gap_s: float | None):
+    """The body's chunks as they arrive (``first``: one already read), each within ``gap_s`` of the
+    one before (:class:`AttemptFailed` ``timeout``, retried, past it)."""
+    chunk = first
+    while chunk:
+        yield chunk
+        try:
+            async with asyncio.timeout(gap_s):
+                chunk = await response.content.readany()
+        except TimeoutError:
+            failure = _fail("timeout", f"the answer stopped for more than chunk_gap_timeout_s ({gap_s:g} s)")
+            raise AttemptFailed(failure, retry=True) from None
+
+
+async def read_answer(
+    response: aiohttp.ClientResponse,
+    limit: int,
+    *,
+    truncate: bool = False,
+    first: bytes | None = None,
+    gap_s: float | None = None,
+) -> bytes:
     """The body, decompressed (gzip or deflate), in chunks: at most ``limit`` bytes read and at most
     ``limit`` bytes decompressed. Past either, an ``oversized_answer`` failure (:class:`AttemptFailed`,
-    not retried) -- or, with ``truncate``, the first ``limit`` bytes."""
+    not retried) -- or, with ``truncate``, the first ``limit`` bytes. ``first``: the body's first
+    chunk, already read; ``gap_s``: the longest wait for the next chunk (see :func:`_chunks`)."""
     declared = response.content_length
     if declared is not None and declared > limit and not truncate:
         raise _final(
@@ -614,7 +714,9 @@ async def read_answer(response: aiohttp.ClientResponse, limit: int, *, truncate:
     # wbits 47: a gzip or a zlib header, told apart by the decompressor itself
     inflate = None if encoding in ("identity", "") else zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)
     body, read = bytearray(), 0
-    async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+    if first is None:
+        first = await response.content.readany()
+    async for chunk in _chunks(response, first, gap_s):
         read += len(chunk)
         if inflate is not None:
             try:

@@ -330,12 +330,14 @@ def build_judge(
     cache_path: Path | str | None = None,
     http_client: Any = None,
     processes: int = 1,
+    rollouts: bool = False,
 ) -> OpenAICompatibleJudge:
     """The judge a trainer or evaluator uses: from a :class:`JudgeConfig`, a YAML path or a mapping.
 
     ``no_cache`` disables the cache whatever the config says; ``cache_path`` overrides its location;
     ``processes``: how many clients (one per GPU process of a launch) share the configured limits
-    (:meth:`JudgeConfig.shared_by`). Raises :class:`JudgeConfigError` for a bad config or a missing
+    (:meth:`JudgeConfig.shared_by`); ``rollouts``: the judge scores RL rollouts, so the cache is off
+    unless the config's ``cache_rollouts`` turns it on. Raises :class:`JudgeConfigError` for a bad config or a missing
     API key variable.
     """
     from balcaprl.judge.config import load_judge_config
@@ -344,7 +346,7 @@ def build_judge(
     cfg = cfg.shared_by(processes)
     if cache_path is not None:
         cfg = cfg.model_copy(update={"cache_path": Path(cache_path).expanduser()})
-    if no_cache:
+    if no_cache or (rollouts and not cfg.cache_rollouts):
         cfg = cfg.model_copy(update={"cache_path": None})
     if cfg.cache_path is not None and not isinstance(cfg.cache_path, Path):
         raise JudgeConfigError(f"cache_path must be a path, got {cfg.cache_path!r}")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
@@ -129,6 +129,64 @@ class JudgeConfig(Section):
     price_per_million_tokens: PriceTable | None = Field(
         None, description="USD per 1M prompt/completion tokens, for cost estimates; null = no estimate."
     )
+
+    # -- the judge in training (issue 24, judge-speed) --
+    cache_rollouts: bool = Field(
+        False,
+        description="Use the verdict cache for RL rollouts too. Off by default: sampled rollouts almost never "
+        "repeat, so a training run would pay a cache write per call for no hits (and a cache on a shared "
+        "filesystem is unsafe for SQLite across hosts). Evaluation and re-scoring always use the cache.",
+    )
+
+    # -- tail control (issue 24, judge-speed; judge/tail.py) --
+    stream: bool = Field(
+        False,
+        description="Ask for a streamed answer (stream: true, usage in its last chunk), so the time to the first "
+        "byte is the time to the first token: what tells a stalled call from a long one. For endpoints that "
+        "stream (OpenAI, vLLM, SGLang).",
+    )
+    first_byte_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Time limit to an attempt's first byte of answer (streamed: its first token); null = "
+        "timeout_s alone. Unstreamed, the first byte comes with the whole answer: keep it near timeout_s.",
+    )
+    chunk_gap_timeout_s: float | None = Field(
+        None, gt=0, description="Longest silence between two chunks of an answer being read; null = no limit."
+    )
+    hedge: bool = Field(
+        True,
+        description="An attempt with no first byte after hedge_quantile of the observed times to first byte "
+        "(at least hedge_floor_s) gets one duplicate; the first answer wins, the other is cancelled.",
+    )
+    hedge_quantile: float = Field(
+        0.98,
+        gt=0,
+        lt=1,
+        description="See hedge; well above 1 - hedge_max_share, so the cap is kept for the tail.",
+    )
+    hedge_floor_s: float = Field(5.0, gt=0, description="The shortest wait before a duplicate (see hedge).")
+    hedge_max_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Duplicates at most this share of the attempts started (counted in the cost).",
+    )
+
+    # -- concurrency: auto (issue 24, judge-speed; judge/throughput.py) --
+    concurrency_auto: bool = Field(
+        False,
+        description="Set by `concurrency: auto`: as many calls in flight as requests_per_minute and "
+        f"tokens_per_minute can feed at the observed latency (Little's law), at most {MAX_CONCURRENCY} "
+        "for the run; all of them without rate limits.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _concurrency_auto(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("concurrency") == "auto":
+            data = {**data, "concurrency": MAX_CONCURRENCY, "concurrency_auto": True}
+        return data
 
     @field_validator("cache_path")
     @classmethod

@@ -5,6 +5,10 @@ The folder is exactly what the real data path writes (``train.parquet``, ``eval.
 difference, plus ``scenes.jsonl``: one scene graph per image with its file hash, decoded-pixel hash
 and thumbnail, which is what :meth:`OracleJudge.from_dataset` reads.
 
+Each sample has the re-captioned reference (``reference``) and the degraded original it replaced
+(``reference_original``, :func:`~balcaprl.synthetic.captioners.original_caption`): the paper's
+"w/o recap" row trains against the latter (``data.reference: reference_original``).
+
 ``reference_tokens`` are counted with a policy's tokenizer when one is given, else with the synthetic
 world's own word-level tokenizer (the tokenizer every tiny policy uses, so the counts are the same).
 
@@ -22,6 +26,7 @@ from pathlib import Path
 from balcaprl.data.format import DatasetSample, TokenCounter, write_dataset
 from balcaprl.files import atomic_write_text
 from balcaprl.progress import Progress
+from balcaprl.synthetic.captioners import original_caption
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.lexicon import PROMPT
 from balcaprl.synthetic.oracle import SCENES_FILE, scene_record
@@ -33,7 +38,7 @@ __all__ = ["DATASET_NAME", "SOURCE", "build_dataset", "build_results", "build_se
 
 DATASET_NAME = "balcaprl-synthetic-shapes"
 SOURCE = "synthetic"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: richer references, reference_original (the degraded original)
 
 
 def build_settings(
@@ -91,6 +96,7 @@ def build_dataset(
     else:
         counter = TokenCounter.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
     rng = random.Random(seed + 1)  # captions; scenes use `seed` itself
+    original_rng = random.Random(seed + 2)  # its own stream: the re-captioned references stay as they were
     records = []
     splits: dict[str, list[DatasetSample]] = {}
     scenes = generate_scenes(n_train + n_eval, seed, prefix="shapes", spec=spec)
@@ -107,6 +113,7 @@ def build_dataset(
                         image=encoded,
                         prompt=PROMPT,
                         reference=reference_caption(scene, rng),
+                        reference_original=original_caption(scene, original_rng),
                         source=SOURCE,
                         image_name=name,
                     )

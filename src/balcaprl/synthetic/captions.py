@@ -162,7 +162,9 @@ def reference_caption(scene: Scene, rng: random.Random) -> str:
         rng.shuffle(objects)
     sentences = [overview_sentence(scene, rng)]
     sentences += [describe_object(o, rng) for o in objects]
-    n_relations = 2 if 4 <= len(objects) <= 5 else 1  # keeps big scenes near 120 tokens
+    # Every neighbour relation of a small scene (the re-captioner is thorough: its references are
+    # richer than what the base captioner says); fewer in big scenes, to keep them near 120 tokens.
+    n_relations = 3 if len(objects) <= 3 else 2 if len(objects) <= 5 else 1
     relations = relation_sentences(scene, rng, n_relations)
     for sentence in relations:  # spread relations among the object sentences, after both are introduced
         sentences.append(sentence)

@@ -38,7 +38,7 @@ from balcaprl.synthetic.captions import (
 from balcaprl.synthetic.lexicon import CELL_NAMES, COLORS, KINDS, META_SENTENCES, SIZES
 from balcaprl.synthetic.scenes import Scene, SceneObject
 
-__all__ = ["FLAW_KINDS", "FlawKind", "flawed_caption"]
+__all__ = ["FLAW_KINDS", "FlawKind", "flawed_caption", "hallucinated_object"]
 
 FlawKind = Literal["too_short", "hallucination", "meta", "repetition", "list", "run_on"]
 FLAW_KINDS: tuple[FlawKind, ...] = get_args(FlawKind)
@@ -57,11 +57,14 @@ def _too_short(scene: Scene, rng: random.Random) -> str:
     )
 
 
-def _hallucinated_object(scene: Scene, obj: SceneObject, rng: random.Random) -> SceneObject:
-    """``obj`` with one attribute changed so that the result is false of the scene."""
+def hallucinated_object(
+    scene: Scene, obj: SceneObject, rng: random.Random, *, move: bool = True
+) -> SceneObject:
+    """``obj`` with one attribute changed so that the result is false of the scene (``move``: its
+    cell may be the attribute changed)."""
     taken_pairs = {(o.kind, o.color) for o in scene.objects}
     free_cells = [c for c in CELL_NAMES if c not in {o.cell for o in scene.objects}]
-    choices = ["color", "kind", "size"] + (["cell"] if free_cells else [])
+    choices = ["color", "kind", "size"] + (["cell"] if free_cells and move else [])
     what = rng.choice(choices)
     if what == "color":
         options = [c for c in COLORS if (obj.kind, c) not in taken_pairs]
@@ -85,7 +88,7 @@ def _hallucination(scene: Scene, rng: random.Random) -> str:
     objects = list(scene.objects)
     n_wrong = 1 if len(objects) <= 3 else 2
     wrong = set(rng.sample(range(len(objects)), n_wrong))
-    described = [_hallucinated_object(scene, o, rng) if i in wrong else o for i, o in enumerate(objects)]
+    described = [hallucinated_object(scene, o, rng) if i in wrong else o for i, o in enumerate(objects)]
     sentences = [overview_sentence(scene, rng)] + [
         describe_object(replace(o, text=None), rng) for o in described
     ]

@@ -13,8 +13,12 @@ assertion the two rubrics agree, because in this world every pointable claim is 
 ``training_without_pointability`` (the "w/o pointability" ablation) judges like ``training`` but,
 as its prompt asks nothing about pointability, marks every caption assertion pointable.
 
-A reference is split into its true pointable facts of the scene, so the oracle needs the image for a
-reference decomposition too (cached-reference mode: ``rubric.reference_image: true``).
+A reference is decomposed whole, as a judge reading it would: every distinct assertion it makes, its
+errors and its commentary included. A caption covers a reference assertion when it makes the same
+assertion (same key), true or not: so a flawed reference rewards repeating its flaws, as a weak
+reference does in the paper's "w/o recap" row. Deciding what a reference's words refer to needs the
+scene, so the oracle needs the image for a reference decomposition too (cached-reference mode:
+``rubric.reference_image: true``).
 
 Deterministic, pure Python, no model: thousands of verdicts a second on one core (see
 ``benchmarks/bench_oracle.py``).
@@ -51,21 +55,20 @@ THUMB_TOLERANCE = 6.0
 
 
 def _reference_assertions(scene: Scene, reference: str, rubric: Rubric) -> list[Assertion]:
-    """The reference's true pointable facts, once each; a reference with none falls back to the
-    scene graph's own description (so recall is always defined)."""
-    facts = _unique_true(parse_caption(reference, scene, rubric).assertions)
+    """Everything the reference asserts, once each (false and non-pointable assertions included:
+    the judge decomposes the reference it is given, not the scene); a reference that asserts nothing
+    falls back to the scene graph's own description (so recall is always defined)."""
+    facts = _unique(parse_caption(reference, scene, rubric).assertions)
     if not facts:
-        facts = _unique_true(
-            parse_caption(reference_caption(scene, random.Random(0)), scene, rubric).assertions
-        )
+        facts = _unique(parse_caption(reference_caption(scene, random.Random(0)), scene, rubric).assertions)
     return facts
 
 
-def _unique_true(assertions: Iterable[Assertion]) -> list[Assertion]:
+def _unique(assertions: Iterable[Assertion]) -> list[Assertion]:
     seen: set[tuple] = set()
     out = []
     for a in assertions:
-        if a.pointable and a.visible and a.kind != "inference" and a.key not in seen:
+        if a.kind != "unclear" and a.key not in seen:  # an unparsable fragment is nothing to cover
             seen.add(a.key)
             out.append(a)
     return out
@@ -84,7 +87,7 @@ def oracle_verdict(
             if len(_ref_cache) > 100_000:  # references are per image, so this only trips on odd use
                 _ref_cache.clear()
             _ref_cache[cache_key] = ref
-    true_keys = {a.key for a in parsed.assertions if a.pointable and a.visible}
+    said = {a.key for a in parsed.assertions}  # same key, same claim: true exactly when the reference's is
     scores = linguistic_scores(parsed)
     judged_pointability = rubric != "training_without_pointability"
     return Verdict(
@@ -92,7 +95,7 @@ def oracle_verdict(
             {"text": a.text, "pointable": a.pointable or not judged_pointability, "visible": a.visible}
             for a in parsed.assertions
         ],
-        reference_assertions=[{"text": a.text, "covered": a.key in true_keys} for a in ref],
+        reference_assertions=[{"text": a.text, "covered": a.key in said} for a in ref],
         clarity=scores.clarity,
         fluency=scores.fluency,
         coherency=scores.coherency,

@@ -97,6 +97,7 @@ class ParsedCaption:
     repeated_openers: int = 0  # sentences opening with the same two words as an earlier one
     empty_sentences: int = 0  # sentences that assert nothing at all (not even commentary)
     stutters: int = 0  # a word repeated immediately ("the the")
+    scene_objects: int = 0  # shapes in the image: how much there is to say (the linguistic judge sees it)
 
 
 # --- chunks ------------------------------------------------------------------------------------------
@@ -393,6 +394,7 @@ class _CaptionParser:
     def parse(self, caption: str) -> ParsedCaption:
         tokens = lx.words_of(caption)
         self.parsed.n_words = len(tokens)
+        self.parsed.scene_objects = len(self.scene.objects)
         self.parsed.stutters = sum(a == b and a.isalpha() for a, b in zip(tokens, tokens[1:], strict=False))
         openers: Counter[tuple[str, ...]] = Counter()
         seen_sentences: set[tuple[str, ...]] = set()

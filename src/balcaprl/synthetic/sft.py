@@ -1,7 +1,8 @@
 """``balcaprl synthetic sft``: the warm start. Plain PyTorch teacher forcing of the tiny policy on a
-mix of reference and flawed captions.
+mix of the base captioner's captions (``synthetic.captioners``: detailed, terse or enumerating) and
+flawed ones. Not on the references: they are the re-captioner's, richer than what a base model says.
 
-Why a mix: a policy trained on references alone would leave RL little to fix; with some flawed
+Why a mix: a policy trained on good captions alone would leave RL little to fix; with some flawed
 captions (meta-commentary, repetition, lists, run-ons, hallucinations, too short) in its training
 data the warm-started policy still makes those mistakes some of the time, which is what the paper's
 rewards are designed to remove. Why these defaults: the notes on the tiny VLM (lr 5e-4 with a short
@@ -25,8 +26,8 @@ from PIL import Image
 from balcaprl.data.format import read_split_rows
 from balcaprl.outputs import present
 from balcaprl.progress import Progress
+from balcaprl.synthetic.captioners import sft_target
 from balcaprl.synthetic.evaluation import CaptionScores, evaluate_policy, score_captions
-from balcaprl.synthetic.flaws import FLAW_KINDS, flawed_caption
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import PolicySpec, build_policy, load_policy, prompt_messages, save_policy
 from balcaprl.synthetic.scenes import Scene
@@ -128,9 +129,9 @@ class _Batches:
         self.pad = self.tok.pad_token_id
 
     def target(self, row: dict[str, Any]) -> str:
-        if self.rng.random() < self.config.flawed_fraction:
-            return flawed_caption(self.scenes[row["id"]], self.rng.choice(FLAW_KINDS), self.rng)
-        return row["reference"]
+        # The base captioner's caption (or a flawed one), not the reference: the warm start stands for
+        # a base model, whose captions the re-captioned references are richer than.
+        return sft_target(self.scenes[row["id"]], self.rng, self.config.flawed_fraction)
 
     def next(self) -> tuple[list[dict[str, torch.Tensor]], int]:
         """One batch of ``batch_size`` captions, as ``micro_batches`` parts of similar caption length,

@@ -38,10 +38,12 @@ import asyncio
 import inspect
 import io
 import itertools
+import math
+import random
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,8 +67,10 @@ __all__ = [
     "FAULTS",
     "FaultScript",
     "GenericCall",
+    "AttemptTiming",
     "GenericHandler",
     "JudgeServer",
+    "LatencyModel",
     "ServerCounters",
     "create_app",
     "serve_forever",
@@ -269,8 +273,9 @@ def _completion(
     }
 
 
-def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes]) -> int:
-    """The client's own estimate (:mod:`balcaprl.judge.tokens`), with the largest image received."""
+def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes], model: str | None = None) -> int:
+    """The client's own estimate (:mod:`balcaprl.judge.tokens`), with the largest image received, at
+    the requested model's image rate."""
     side = 0
     for data in images:
         try:
@@ -278,7 +283,7 @@ def _prompt_tokens(messages: list[dict[str, Any]], images: list[bytes]) -> int:
                 side = max(side, *image.size)
         except (UnidentifiedImageError, OSError, ValueError):
             continue
-    return approx_prompt_tokens(messages, side)
+    return approx_prompt_tokens(messages, side, model)
 
 
 def _rubric(parsed: ParsedJudgeMessages, named: str | None) -> str:
@@ -390,9 +395,11 @@ def create_app(
     api_key: str | None = None,
     counters: ServerCounters | None = None,
     handler: GenericHandler | None = None,
+    latency: LatencyModel | None = None,
 ):
     """The FastAPI app serving ``judge`` (verdict calls) and ``handler`` (generic calls; see the
-    module docstring). ``api_key``: when set, requests must carry it (else 401)."""
+    module docstring). ``api_key``: when set, requests must carry it (else 401). ``latency``: answer
+    at a real endpoint's speed (:class:`LatencyModel`; ``POST /latency/reset``, ``GET /latency``)."""
     faults = faults or FaultScript()
     counters = counters or ServerCounters()
     app = FastAPI(title="balcaprl judge server", docs_url=None, redoc_url=None, openapi_url=None)
@@ -423,10 +430,27 @@ def create_app(
 
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
+    if latency is not None:
+
+        @app.get("/latency")
+        async def latency_counts() -> dict[str, int]:
+            return latency.as_dict()
+
+        @app.post("/latency/reset")
+        async def latency_reset() -> dict[str, int]:
+            latency.reset()
+            return latency.as_dict()
+
+    async def _timed(text: str, response: Response, streamed: bool = False) -> Response:
+        return response if latency is None else await latency.deliver(text, response, streamed)
+
     async def _handle(request: Request):
         authorization = request.headers.get("authorization", "")
         if api_key is not None and authorization != f"Bearer {api_key}":
             return _error(401, "invalid API key", "invalid_request_error")
+        over_rate = latency.admit() if latency is not None else None
+        if over_rate is not None:
+            return over_rate
         try:
             body = orjson.loads(await request.body())  # orjson's errors are ValueErrors
             if not isinstance(body, dict):
@@ -444,13 +468,15 @@ def create_app(
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
         if call is not None:
-            return await _handle_generic(call, authorization)
+            return await _timed(
+                call.text, await _handle_generic(call, authorization), bool(body.get("stream"))
+            )
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
         if kind == "coverage_missing":
             counters.followup_ids.append(followup_ids(body["messages"]))
-        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image] if parsed.image else [])
+        prompt_tokens = _prompt_tokens(body["messages"], [parsed.image] if parsed.image else [], model)
 
         fault = faults.next_fault(text)
         name, _, arg = fault.partition(":")
@@ -460,7 +486,7 @@ def create_app(
 
         answer = await _answer(judge, kind, rubric, parsed, body["messages"])
         if isinstance(answer, JudgeFailure):
-            return _failure_response(answer, model, prompt_tokens)
+            return await _timed(text, _failure_response(answer, model, prompt_tokens))
         if name == "schema_violation":
             if "clarity" in answer:
                 answer["clarity"] = 11
@@ -474,12 +500,13 @@ def create_app(
             answer["reference_coverage"] = marks[: len(marks) // 2]
         if name in HOSTILE_FAULTS:  # balcaprl.testing.hostile_answers
             return hostile_response(fault, orjson.dumps(answer).decode(), model)
-        return _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
+        content = _content_response(name, orjson.dumps(answer).decode(), model, prompt_tokens)
+        return await _timed(text, content, bool(body.get("stream")))
 
     async def _handle_generic(call: GenericCall, authorization: str):
         counters.by_kind[call.kind or "generic"] += 1
         counters.by_text[call.text] += 1
-        prompt_tokens = _prompt_tokens(call.messages, call.images)
+        prompt_tokens = _prompt_tokens(call.messages, call.images, call.model)
         fault = faults.next_fault(call.text)
         name, _, arg = fault.partition(":")
         early = await _transport_fault(name, arg, call.model, prompt_tokens, authorization)
@@ -546,6 +573,171 @@ def create_app(
     return app
 
 
+# ----------------------------------------------------------------------------------------------------
+# The latency model: a judge at a real endpoint's speed (issue 24; kept apart from the fault script).
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptTiming:
+    """When one attempt's answer arrives: nothing for ``first_byte_s``, then the body in pieces until
+    ``total_s``; a ``stalled`` attempt sends nothing at all (the client must give up on it)."""
+
+    first_byte_s: float
+    total_s: float
+    stalled: bool
+
+
+@dataclass
+class LatencyModel:
+    """How long a judge takes, per attempt, deterministically from ``(seed, text, attempt number)``.
+
+    The time to the first token is ``first_byte_s`` times a lognormal factor ``exp(sigma * z)``
+    (queueing and prefill at a loaded endpoint: the heavy tail); decoding the answer then takes
+    ``per_char_s`` per character of the caption (a judge's answer restates the caption's assertions,
+    so its decode time grows with the caption) times a milder factor ``exp(decode_sigma * z')``. With
+    the defaults a call with a typical caption (700 characters) has a median about 6 s and a p99
+    about 30 s, as measured against a hosted judge. A streamed request (``"stream": true``) gets its answer
+    as server-sent events in ``chunks`` pieces from the first token on (usage in the last event, as
+    ``stream_options.include_usage`` asks); an unstreamed one gets nothing until the whole answer is
+    ready, as from a real endpoint. With probability ``stall_p`` an attempt stalls -- and the first
+    attempt at a text containing one of ``stall_first`` always does: nothing is sent for ``stall_s``
+    (longer than any timeout). Above ``rpm_cap``
+    requests in the last minute the answer is 429 with ``retry-after`` (the request is not served and
+    draws no latency). ``time_scale`` divides every duration, and the minute of ``rpm_cap`` too, so
+    a benchmark runs a real endpoint's shape 10x faster. ``trickle_bytes_per_s`` instead sends the
+    body at that rate from the first token on (an answer that trickles in forever).
+
+    The n-th attempt at a text (counted here, :meth:`reset` between benchmark runs) always gets the
+    n-th draw, so two schedules that send the same captions see the same first-attempt latencies.
+    """
+
+    seed: int = 0
+    time_scale: float = 1.0
+    first_byte_s: float = 1.8
+    per_char_s: float = 0.006
+    sigma: float = 1.12
+    decode_sigma: float = 0.25
+    stall_p: float = 0.0
+    stall_s: float = 3600.0
+    rpm_cap: int | None = None
+    chunks: int = 8
+    trickle_bytes_per_s: float | None = None
+    stall_first: list[str] = field(default_factory=list)
+    served: int = 0
+    stalls: int = 0
+    rate_limited: int = 0
+    _attempts: Counter = field(default_factory=Counter, repr=False)
+    _admitted: deque = field(default_factory=deque, repr=False)
+
+    def timing(self, text: str, attempt: int) -> AttemptTiming:
+        """The ``attempt``-th (0-based) attempt at ``text``: a pure function of the model's fields."""
+        draw = random.Random(f"{self.seed}|{attempt}|{text}")
+        queue, decode = (
+            math.exp(self.sigma * draw.gauss(0.0, 1.0)),
+            math.exp(self.decode_sigma * draw.gauss(0.0, 1.0)),
+        )
+        stalled = draw.random() < self.stall_p
+        first = self.first_byte_s * queue / self.time_scale
+        total = first + self.per_char_s * len(text) * decode / self.time_scale
+        return AttemptTiming(first, total, stalled)
+
+    def reset(self) -> None:
+        self._attempts.clear()
+        self._admitted.clear()
+        self.served = self.stalls = self.rate_limited = 0
+
+    def admit(self) -> Response | None:
+        """None when the request is within ``rpm_cap``, else the 429 to answer."""
+        if self.rpm_cap is None:
+            return None
+        now, minute = time.monotonic(), 60.0 / self.time_scale
+        while self._admitted and self._admitted[0] <= now - minute:
+            self._admitted.popleft()
+        if len(self._admitted) < self.rpm_cap:
+            self._admitted.append(now)
+            return None
+        self.rate_limited += 1
+        wait = self._admitted[0] + minute - now
+        return _error(
+            429, "rate limit reached for requests per minute (latency model)", "rate_limit_error",
+            {"retry-after-ms": str(max(1, int(wait * 1000)))},
+        )  # fmt: skip
+
+    async def deliver(self, text: str, response: Response, streamed: bool = False) -> Response:
+        """``response`` (a ready, non-streamed one) as this model sends it for the next attempt at
+        ``text``: at its first token as events (``streamed``), else whole when it is all decoded."""
+        attempt = self._attempts[text]
+        timing = self.timing(text, attempt)
+        self._attempts[text] += 1
+        self.served += 1
+        if timing.stalled or (attempt == 0 and any(needle in text for needle in self.stall_first)):
+            self.stalls += 1
+            await asyncio.sleep(self.stall_s)
+        body = bytes(response.body)
+        events = _as_events(body) if streamed and response.status_code == 200 else None
+        if self.trickle_bytes_per_s is not None:
+            await asyncio.sleep(timing.first_byte_s)
+            pieces, gap = [body[i : i + 1] for i in range(len(body))], 1.0 / self.trickle_bytes_per_s
+        elif events is None:  # unstreamed: nothing until the answer is whole
+            await asyncio.sleep(timing.total_s)
+            return response
+        else:
+            await asyncio.sleep(timing.first_byte_s)
+            pieces = events(self.chunks)
+            gap = (timing.total_s - timing.first_byte_s) / max(1, len(pieces) - 1)
+
+        async def trickle():
+            for i, piece in enumerate(pieces):
+                if i:
+                    await asyncio.sleep(gap)
+                yield piece
+
+        headers = {
+            k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")
+        }
+        media_type = "text/event-stream" if events is not None else response.media_type
+        return StreamingResponse(
+            trickle(), status_code=response.status_code, headers=headers, media_type=media_type
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {"served": self.served, "stalls": self.stalls, "rate_limited": self.rate_limited}
+
+
+def _as_events(body: bytes) -> Callable[[int], list[bytes]] | None:
+    """A chat completion as server-sent events written in n pieces (content deltas; the finish_reason,
+    usage and ``[DONE]`` events with the last), as a function of n; None for a body that is not a
+    completion."""
+    try:
+        completion = orjson.loads(body)
+        choice = completion["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+    def events(n: int) -> list[bytes]:
+        head = {k: completion.get(k) for k in ("id", "created", "model")} | {
+            "object": "chat.completion.chunk"
+        }
+        text = message.get("content") or ""
+        size = max(1, -(-len(text) // max(1, n)))
+        deltas = [{"content": text[i : i + size]} for i in range(0, len(text), size)] or [{"content": text}]
+        if message.get("refusal"):
+            deltas.append({"refusal": message["refusal"]})
+        chunks = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        chunks.append(
+            {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+        )
+        chunks.append({**head, "choices": [], "usage": completion.get("usage")})
+        events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+        pieces = events[: len(deltas)]  # one write per piece of content; the end rides with the last
+        pieces[-1] += b"".join(events[len(deltas) :])
+        return pieces
+
+    return events
+
+
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -580,10 +772,14 @@ class JudgeServer:
         api_key: str | None = None,
         log_level: str = "critical",
         handler: GenericHandler | None = None,
+        latency: LatencyModel | None = None,
     ):
         self.counters = ServerCounters()
         self.faults = faults or FaultScript()
-        self._app = create_app(judge, self.faults, api_key=api_key, counters=self.counters, handler=handler)
+        self.latency = latency
+        self._app = create_app(
+            judge, self.faults, api_key=api_key, counters=self.counters, handler=handler, latency=latency
+        )
         self._host, self._port, self._log_level = host, port, log_level
         self._server = None
         self._thread: threading.Thread | None = None
@@ -631,11 +827,13 @@ def serve_forever(
     on_ready: Callable[[str], None] = print,
     log_level: str = "warning",
     handler: GenericHandler | None = None,
+    latency: LatencyModel | None = None,
 ) -> None:
     """Serve in the foreground until interrupted (the `judge serve` command); ``on_ready(base_url)``
     is called once the socket is bound, so scripts can read the port when 0 was asked for."""
     sock = _bind(host, port)
     base_url = f"http://{host}:{sock.getsockname()[1]}/v1"
-    server = _uvicorn_server(create_app(judge, faults, api_key=api_key, handler=handler), log_level)
+    app = create_app(judge, faults, api_key=api_key, handler=handler, latency=latency)
+    server = _uvicorn_server(app, log_level)
     on_ready(base_url)
     server.run(sockets=[sock])

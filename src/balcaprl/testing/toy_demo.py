@@ -11,7 +11,7 @@ TOY_DEMO: dict = {
     "evaluation": {"scenes": 6, "max_new_tokens": 12, "bootstrap_samples": 200, "show": 2},
     "recipe": {
         "rollout": {"rollouts_per_prompt": 4, "max_caption_tokens": 12},
-        "train": {"prompts_per_batch": 2, "per_device_batch_size": 8, "max_steps": 3, "warmup": 1},
+        "train": {"prompts_per_batch": 2, "per_device_batch_size": 4, "max_steps": 3, "warmup": 1},
         "run": {"save_steps": 2, "log_rollouts_every": 1, "progress": False},
     },
 }

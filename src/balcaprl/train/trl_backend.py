@@ -58,6 +58,7 @@ from balcaprl.train.checkpointing import (
     write_recipe_snapshot,
 )
 from balcaprl.train.data import prepare_train_dataset
+from balcaprl.train.judge_overlap import JudgeOverlapMixin
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
 from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
@@ -166,7 +167,7 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class BalancedGRPOTrainer(GRPOTrainer):
+class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
     """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
 
     Args:
@@ -175,6 +176,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         rollout_log: optional per-rollout log.
         image_grid: the policy processor's image grid (None for processors without one, e.g. LLaVA);
             a colocated vLLM engine gets its limits, a vLLM server is checked against it.
+        judge_overlap: start the judge calls when the captions exist (``train/judge_overlap.py``).
         Everything else: as ``GRPOTrainer`` (``reward_funcs`` comes from ``scorer``).
     """
 
@@ -185,6 +187,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         advantage_step: AdvantageStep,
         rollout_log: RolloutLog | None = None,
         image_grid: ImageGrid | None = None,
+        judge_overlap: bool = True,
         **kwargs: Any,
     ):
         if "reward_funcs" in kwargs:
@@ -201,6 +204,7 @@ class BalancedGRPOTrainer(GRPOTrainer):
         engine = {"mm_processor_kwargs": image_grid.processor_kwargs()} if image_grid is not None else {}
         with vllm_engine_kwargs(**engine):
             super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
+        self._install_judge_overlap(judge_overlap)  # judging started as soon as the captions exist
         if self.use_vllm and self.vllm_mode == "server":
             self._check_served_image_tokens()
 
@@ -579,6 +583,7 @@ def build_trainer(
         advantage_step=advantage_step,
         rollout_log=rollout_log if recipe.run.log_rollouts_every else None,
         image_grid=grid,
+        judge_overlap=recipe.train.judge_overlap,
     )
     # Logging: metrics.jsonl always; rich progress instead of tqdm and printed dicts.
     trainer.remove_callback(PrinterCallback)

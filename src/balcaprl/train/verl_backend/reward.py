@@ -56,6 +56,7 @@ import importlib
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -66,6 +67,7 @@ from pydantic import Field, field_validator, model_validator
 from balcaprl.config import Section, load_config
 from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.rewards import RewardConfig
+from balcaprl.train.judge_overlap import stamped
 from balcaprl.train.rewards import JUDGE_EXCEPTION, ScoredRollout, SharedVerdictScorer, caption_text
 
 __all__ = ["RewardSettings", "compute_score", "gather_results", "result_keys", "scorer_for"]
@@ -137,6 +139,9 @@ def result_keys() -> tuple[str, ...]:
         "reference_tokens",
         "length_ratio",
         "length_penalty",
+        # when the judging of this rollout started and ended (time.time()): judge/wall_s, judge/exposed_s
+        "judge_started_s",
+        "judge_finished_s",
     )
 
 
@@ -178,7 +183,7 @@ def _build_judge(settings: RewardSettings):
                 "tokens_per_minute": share(config.tokens_per_minute),
             }
         )
-    return build_judge(config, image_root=settings.image_root)
+    return build_judge(config, image_root=settings.image_root, rollouts=True)
 
 
 class _RolloutScorer(SharedVerdictScorer):
@@ -287,6 +292,7 @@ async def compute_score(
     reward_kwargs, a row not exported by balcaprl, a reference without tokens) gives ``bad_input``. Both
     come back as NaN with ``failure_detail``; the trainer stops a run whose every rollout fails.
     """
+    started = time.time()  # verl calls this as soon as the rollout is generated
     extra_info = dict(extra_info or {})
     row_id = str(extra_info.get("id", extra_info.get("index", "")))
     try:
@@ -300,16 +306,18 @@ async def compute_score(
             raise ValueError("the reference caption has no tokens; no length ratio is possible")
     except Exception as err:  # a set-up or data problem: report it on every rollout it affects
         logger.error("balcaprl compute_score: bad input for row %s: %s", row_id, err)
-        return _failed("bad_input", f"{type(err).__name__}: {err}")
+        return stamped(_failed("bad_input", f"{type(err).__name__}: {err}"), started)
     try:
         scorer = scorer_for(settings)
     except Exception as err:  # e.g. the judge config names an API key variable this worker lacks
         logger.error("balcaprl compute_score: cannot build the judge: %s", err)
-        return _failed(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}", len(caption_ids), n_reference)
+        return stamped(
+            _failed(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}", len(caption_ids), n_reference), started
+        )
     rollout = await scorer.score_rollout(row_id, caption, caption_ids, image, ground_truth, n_reference)
     if rollout.failure == JUDGE_EXCEPTION:
         logger.warning("judge raised for row %s: %s", row_id, rollout.failure_detail)
-    return _as_result(rollout, settings)
+    return stamped(_as_result(rollout, settings), started)
 
 
 def _failed(reason: str, detail: str, caption_tokens: float = math.nan, reference_tokens: float = math.nan):

@@ -34,6 +34,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from balcaprl.errors import ConfigError
 from balcaprl.rewards import REWARD_NAMES
+from balcaprl.train.judge_overlap import judge_stage_metrics
 from balcaprl.train.rewards import JUDGE_REJECTED
 from balcaprl.train.verl_backend.estimator import (
     LENGTH_PENALTY_KEY,
@@ -122,6 +123,7 @@ def batch_metrics(columns: RolloutRewards, infos: Sequence[Mapping[str, Any] | N
         values = [float(infos[i].get(name, _NAN)) for i in real]
         values = [v for v in values if not math.isnan(v)]
         metrics[f"balcaprl/{name}/mean"] = sum(values) / len(values) if values else _NAN
+    metrics.update(judge_stage_metrics([infos[i] for i in real]))  # judge/wall_s, judge/exposed_s
     return metrics
 
 

@@ -1,0 +1,418 @@
+"""The judge stage of a training step at a real judge's speed, under four schedules, in one run.
+
+A loopback judge server (separate process, the scripted judge) answers at a real endpoint's speed
+(:class:`~balcaprl.testing.judge_server.LatencyModel`: a heavy-tailed, lognormal time to the first
+token, then a decode time growing with the caption; stalls longer than any timeout; 429s above an
+RPM cap; streamed answers trickled in pieces). A simulated generator plays a step of ``--processes`` GPU processes: each
+finishes its rollouts at staggered times (longer captions later), its generation ends, then its
+old-log-prob forward runs ``--logprob-s``. The project's real judge client
+(:class:`~balcaprl.judge.client.OpenAICompatibleJudge`, one per process with its share of the
+limits, through :class:`~balcaprl.train.judge_overlap.EarlyJudge` as the trainer uses it) scores the
+rollouts under each schedule:
+
+- ``today``: judging starts after generation and the old-log-prob forward (TRL 1.16);
+- ``after_generation``: judging starts when the process's completions exist;
+- ``per_rollout``: each rollout is judged as soon as it finishes;
+- ``per_rollout_hedged``: the same with the client's hedging (``judge/tail.py``).
+
+Per step (``--steps`` seeded steps): generation time, rewards-ready time, the exposed judge time
+(rewards ready minus the end of generation and old log-probs, over all processes: TRL gathers the
+rewards), calls, hedges, failures, stalls and 429s served, and the judge stage against its
+all-in-flight ideal (every rollout's first attempt started at the schedule's start time with no limit
+and no stall: the latency model's own draw). In the same run, every schedule's rewards and
+``c_gdpo_advantages`` are compared with today's, bit for bit.
+
+Times are a real endpoint's divided by ``--time-scale`` (default 10: median call about 0.6 s, p99
+about 3 s, generation 6 s). Results: ``benchmarks/results/judge_stage.json`` (and a printed table).
+Run: ``nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py`` (the full shape, 2,048 rollouts
+over 8 processes x 20 steps x 4 schedules, took 22 minutes on 2 shared cores);
+``--steps 2 --rollouts 256`` for a quick look. Not a timed test: every figure is a ratio against
+a baseline of the same run, or a count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from balcaprl.advantages import c_gdpo_advantages
+from balcaprl.judge import JudgeConfig, JudgeRequest
+from balcaprl.judge.client import build_judge
+from balcaprl.judge.outcomes import rewards_tensor
+from balcaprl.testing.compare_modes import _png
+from balcaprl.testing.judge_server import LatencyModel
+from balcaprl.train.judge_overlap import EarlyJudge
+
+RESULTS = Path(__file__).parent / "results" / "judge_stage.json"
+SCHEDULES = ("today", "after_generation", "per_rollout", "per_rollout_hedged")
+
+_SERVER = (
+    "import json, sys; from balcaprl.testing.judge_server import LatencyModel, serve_forever; "
+    "from balcaprl.testing.scripted_judge import ScriptedJudge; "
+    "serve_forever(ScriptedJudge(), latency=LatencyModel(**json.loads(sys.argv[1])), "
+    "on_ready=lambda url: print(url, flush=True))"
+)
+
+# Scene clauses the scripted judge splits and matches word by word.
+_OBJECTS = [
+    "door",
+    "cat",
+    "lamp",
+    "chair",
+    "table",
+    "window",
+    "plant",
+    "clock",
+    "bicycle",
+    "umbrella",
+    "kettle",
+    "guitar",
+    "vase",
+    "bench",
+    "fence",
+]
+_COLOURS = ["red", "black", "green", "blue", "white", "yellow", "brown", "grey", "orange", "purple"]
+_PLACES = [
+    "on the left",
+    "on the right",
+    "in the corner",
+    "near the wall",
+    "under the shelf",
+    "by the stairs",
+]
+
+
+@dataclass
+class Rollout:
+    process: int
+    group: int  # global prompt index
+    request: JudgeRequest
+    finish_s: float  # when generation finished this rollout, from the step's start
+
+
+@dataclass
+class StepPlan:
+    rollouts: list[Rollout]
+    generation_end_s: list[float]  # per process
+
+    def rollouts_of(self, process: int) -> list[Rollout]:
+        return [r for r in self.rollouts if r.process == process]
+
+
+def plan_step(seed: int, processes: int, per_process: int, group_size: int, generation_s: float) -> StepPlan:
+    """One step's rollouts: captions of heavy-tailed length; each process finishes its rollouts in
+    order of length (decode time), the longest at its generation end (85-100% of ``generation_s``)."""
+    rng = random.Random(seed)
+    rollouts: list[Rollout] = []
+    ends: list[float] = []
+    for p in range(processes):
+        end = generation_s * rng.uniform(0.85, 1.0)
+        ends.append(end)
+        local: list[tuple[int, JudgeRequest]] = []
+        for g in range(per_process // group_size):
+            group = p * (per_process // group_size) + g
+            facts = [
+                f"a {rng.choice(_COLOURS)} {obj} {rng.choice(_PLACES)}" for obj in rng.sample(_OBJECTS, 8)
+            ]
+            reference = ". ".join(facts) + "."
+            image = _png(seed * 1000 + group)
+            for r in range(group_size):
+                n = max(2, min(24, round(rng.lognormvariate(2.0, 0.5))))  # clauses: median 7, long tail
+                clauses = [rng.choice(facts) if rng.random() < 0.7 else f"a {rng.choice(_COLOURS)} "
+                           f"{rng.choice(_OBJECTS)} {rng.choice(_PLACES)}" for _ in range(n)]  # fmt: skip
+                caption = f"Step {seed} rollout {group}-{r}. " + ". ".join(clauses) + "."
+                local.append((len(caption), JudgeRequest(image=image, caption=caption, reference=reference)))
+        longest = max(length for length, _ in local)
+        for i, (length, request) in enumerate(local):
+            finish = end * (0.2 + 0.8 * length / longest)
+            rollouts.append(Rollout(p, (p * per_process + i) // group_size, request, finish))
+    return StepPlan(rollouts, ends)
+
+
+@dataclass
+class StepResult:
+    schedule: str
+    step: int
+    generation_s: float  # the last process's generation end
+    logprob_end_s: float  # the last process's old-log-prob end: when the rewards are wanted
+    first_judge_s: float  # the schedule's first judge call start
+    rewards_ready_s: float
+    exposed_s: float
+    ideal_ready_s: float  # all-in-flight ideal of this schedule's start times
+    calls: int
+    hedges: int
+    failures: int
+    stalls_served: int
+    rate_limited_served: int
+    rewards: torch.Tensor = field(repr=False)
+    advantages: torch.Tensor = field(repr=False)
+
+    @property
+    def stage_s(self) -> float:
+        return self.rewards_ready_s - self.first_judge_s
+
+    @property
+    def ideal_stage_s(self) -> float:
+        return self.ideal_ready_s - self.first_judge_s
+
+    def row(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("rewards", "advantages")}
+        return {**data, "stage_s": self.stage_s, "ideal_stage_s": self.ideal_stage_s}
+
+
+def _server_counts(base_url: str, reset: bool = False) -> dict[str, int]:
+    root = base_url.removesuffix("/v1")
+    request = urllib.request.Request(
+        f"{root}/latency/reset" if reset else f"{root}/latency", method="POST" if reset else "GET"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def _hedging_config(config: JudgeConfig, scale: float, stream: bool) -> JudgeConfig:
+    """The config with the client's hedging, its floor scaled like every other time; ``stream``:
+    streamed answers (the first byte is then the first token, not the whole answer)."""
+    floor = JudgeConfig.model_fields["hedge_floor_s"].default / scale
+    return config.model_copy(update={"hedge": True, "stream": stream, "hedge_floor_s": floor})
+
+
+async def run_schedule(
+    schedule: str, step: int, plan: StepPlan, judges: list[Any], logprob_s: float, model: LatencyModel,
+    base_url: str,
+) -> StepResult:  # fmt: skip
+    """One step under one schedule; ``judges``: one client per process, kept from step to step as a
+    training run keeps them (their connections and the hedging's observed times)."""
+    _server_counts(base_url, reset=True)
+    processes = len(judges)
+    loop = asyncio.get_running_loop()
+    early = [EarlyJudge(judge, loop) for judge in judges]
+    t0 = time.perf_counter()
+    starts: dict[int, float] = {}  # rollout index -> when its judging started (s from t0)
+    ready: list[float] = [0.0] * processes
+    outcomes: list[Any] = [None] * len(plan.rollouts)
+
+    async def at(when_s: float) -> None:
+        await asyncio.sleep(max(0.0, t0 + when_s - time.perf_counter()))
+
+    async def process(p: int) -> None:
+        mine = [i for i, r in enumerate(plan.rollouts) if r.process == p]
+        gen_end = plan.generation_end_s[p]
+        if schedule.startswith("per_rollout"):
+            for i in sorted(mine, key=lambda i: plan.rollouts[i].finish_s):
+                await at(plan.rollouts[i].finish_s)
+                starts[i] = time.perf_counter() - t0
+                early[p].start([plan.rollouts[i].request])
+        await at(gen_end)
+        if schedule == "after_generation":
+            for i in mine:
+                starts[i] = time.perf_counter() - t0
+            early[p].start([plan.rollouts[i].request for i in mine])
+        await at(gen_end + logprob_s)
+        if schedule == "today":
+            for i in mine:
+                starts[i] = time.perf_counter() - t0
+        answers = await early[p].judge_batch([plan.rollouts[i].request for i in mine])
+        ready[p] = time.perf_counter() - t0
+        for i, outcome in zip(mine, answers, strict=True):
+            outcomes[i] = outcome
+
+    await asyncio.gather(*(process(p) for p in range(processes)))
+    counts = _server_counts(base_url)
+    rewards = rewards_tensor(outcomes, dtype=torch.float64)
+    groups = torch.tensor([r.group for r in plan.rollouts])
+    advantages = c_gdpo_advantages(rewards, groups, (1.0, 1.0, 1.0))
+    # The all-in-flight ideal: every rollout's first attempt, from its start, without limits or stalls.
+    ideal = max(starts[i] + model.timing(r.request.caption, 0).total_s for i, r in enumerate(plan.rollouts))
+    logprob_end = max(plan.generation_end_s) + logprob_s
+    return StepResult(
+        schedule=schedule,
+        step=step,
+        generation_s=max(plan.generation_end_s),
+        logprob_end_s=logprob_end,
+        first_judge_s=min(starts.values()),
+        rewards_ready_s=max(ready),
+        exposed_s=max(0.0, max(ready) - logprob_end),
+        ideal_ready_s=ideal,
+        calls=sum(e.stats.calls for e in early),
+        hedges=sum(getattr(e.stats, "hedges", 0) for e in early),
+        failures=sum(sum(e.stats.failures.values()) for e in early),
+        stalls_served=counts["stalls"],
+        rate_limited_served=counts["rate_limited"],
+        rewards=rewards,
+        advantages=advantages,
+    )
+
+
+def _start_server(model: LatencyModel) -> tuple[subprocess.Popen, str]:
+    params = {
+        k: v
+        for k, v in asdict(model).items()
+        if not k.startswith("_") and k not in ("served", "stalls", "rate_limited")
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, json.dumps(params)], stdout=subprocess.PIPE, text=True
+    )
+    line = process.stdout.readline() if process.stdout else ""
+    if "http://" not in line:
+        process.kill()
+        raise RuntimeError(f"the judge server did not start (printed {line!r})")
+    return process, line.split()[-1]
+
+
+def summarise(results: list[StepResult]) -> dict[str, Any]:
+    by: dict[str, list[StepResult]] = {}
+    for r in results:
+        by.setdefault(r.schedule, []).append(r)
+    today = {r.step: r for r in by["today"]}
+    summary: dict[str, Any] = {}
+    for schedule, rows in by.items():
+        calls = sum(r.calls for r in rows)
+        summary[schedule] = {
+            "steps": len(rows),
+            "median_exposed_s": statistics.median(r.exposed_s for r in rows),
+            "median_exposed_vs_today": statistics.median(
+                r.exposed_s / today[r.step].exposed_s if today[r.step].exposed_s > 0 else float("nan")
+                for r in rows
+            ),
+            "median_rewards_ready_vs_today": statistics.median(
+                r.rewards_ready_s / today[r.step].rewards_ready_s for r in rows
+            ),
+            "median_stage_vs_ideal": statistics.median(r.stage_s / r.ideal_stage_s for r in rows),
+            "max_stage_vs_ideal": max(r.stage_s / r.ideal_stage_s for r in rows),
+            "calls": calls,
+            "hedges": sum(r.hedges for r in rows),
+            "hedged_share": sum(r.hedges for r in rows) / calls if calls else 0.0,
+            "failures": sum(r.failures for r in rows),
+            "stalls_served": sum(r.stalls_served for r in rows),
+            "rate_limited_served": sum(r.rate_limited_served for r in rows),
+            "rewards_identical_to_today": all(
+                torch.equal(r.rewards.nan_to_num(-1.0), today[r.step].rewards.nan_to_num(-1.0)) for r in rows
+            ),
+            "advantages_identical_to_today": all(
+                torch.equal(r.advantages, today[r.step].advantages) for r in rows
+            ),
+        }
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--rollouts", type=int, default=2048, help="per step, over all processes")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--time-scale", type=float, default=10.0, help="real seconds per benchmark second")
+    parser.add_argument(
+        "--generation-s", type=float, default=60.0, help="a process's generation, real seconds"
+    )
+    parser.add_argument(
+        "--logprob-s", type=float, default=15.0, help="the old-log-prob forward, real seconds"
+    )
+    parser.add_argument("--stall-p", type=float, default=0.003, help="probability an attempt stalls")
+    parser.add_argument("--rpm-cap", type=int, default=10_000, help="the server's requests per (real) minute")
+    parser.add_argument(
+        "--concurrency", type=int, default=256, help="judge calls in flight, whole run (recipe)"
+    )
+    parser.add_argument(
+        "--overlap-concurrency", type=int, default=1024,
+        help="judge calls in flight for the overlapped schedules, whole run",
+    )  # fmt: skip
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="per attempt, real seconds (recipe)")
+    parser.add_argument(
+        "--stream", action="store_true",
+        help="hedged schedule: streamed answers (on this 2-core machine the loopback server's events cost "
+        "more CPU than they save; a hosted judge streams for free)",
+    )  # fmt: skip
+    parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server too (the finally below)
+    scale = args.time_scale
+    # Captions a third of a real one's length (the loopback judge's CPU per call grows with them, and it
+    # shares two cores with the client), decoded at 3x the time per character: a real caption's latency.
+    model = LatencyModel(
+        seed=24, time_scale=scale, stall_p=args.stall_p, rpm_cap=args.rpm_cap, per_char_s=3 * LatencyModel.per_char_s,
+        chunks=4,
+    )  # fmt: skip
+    server, base_url = _start_server(model)
+    # Today's client: the recipe's limits, no tail control (the default before hedging).
+    base = JudgeConfig(
+        base_url=base_url, model="balcaprl-local-judge", api_key_env=None, cache_path=None,
+        concurrency=args.concurrency, timeout_s=args.timeout_s / scale, max_retries=4, hedge=False,
+    )  # fmt: skip
+    overlapped = base.model_copy(update={"concurrency": args.overlap_concurrency})
+    hedged = _hedging_config(overlapped, scale, args.stream)
+    configs = {
+        "today": base,
+        "after_generation": overlapped,
+        "per_rollout": overlapped,
+        "per_rollout_hedged": hedged,
+    }
+    schedules = [s for s in args.schedules.split(",") if s]
+    if "today" not in schedules:
+        parser.error("--schedules must include today (the baseline)")
+    per_process = args.rollouts // args.processes
+    results: list[StepResult] = []
+
+    async def run_all() -> None:
+        judges = {
+            s: [
+                build_judge(configs[s], processes=args.processes, no_cache=True)
+                for _ in range(args.processes)
+            ]
+            for s in schedules
+        }
+        for step in range(args.steps):
+            plan = plan_step(step, args.processes, per_process, args.group_size, args.generation_s / scale)
+            for schedule in schedules:
+                result = await run_schedule(
+                    schedule, step, plan, judges[schedule], args.logprob_s / scale, model, base_url
+                )
+                results.append(result)
+                print(
+                    f"step {step:2d} {schedule:19s} gen {result.generation_s:5.2f}s ready {result.rewards_ready_s:6.2f}s "
+                    f"exposed {result.exposed_s:5.2f}s stage/ideal {result.stage_s / result.ideal_stage_s:4.2f} "
+                    f"calls {result.calls} hedges {result.hedges} failures {result.failures} "
+                    f"stalls {result.stalls_served} 429s {result.rate_limited_served}",
+                    flush=True,
+                )
+        for clients in judges.values():
+            for judge in clients:
+                await judge.aclose()
+
+    try:
+        asyncio.run(run_all())
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    summary = summarise(results)
+    print(json.dumps(summary, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "command": " ".join(["benchmarks/bench_judge_stage.py", *sys.argv[1:]]),
+        "settings": {k: str(v) for k, v in vars(args).items() if k != "out"},
+        "latency_model": {k: v for k, v in asdict(model).items() if not k.startswith("_")},
+        "summary": summary,
+        "steps": [r.row() for r in results],
+    }
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()

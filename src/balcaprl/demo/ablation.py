@@ -1,0 +1,322 @@
+"""The paper's ablation tables in miniature, with seeds and intervals: ``balcaprl demo --variants
+ablation --seeds 3 --jobs 2`` (``make ablation``).
+
+Every variant (:mod:`balcaprl.demo.variants`) is trained ``seeds`` times (``train.seed`` = 0, 1, ...)
+from the one dataset, SFT policy and "before" evaluation the demo makes (:mod:`balcaprl.demo.pipeline`
+stages, reused as they are), up to ``jobs`` runs at a time in separate processes (one torch thread
+each: one run per core). Each run is then evaluated on the same held-out scenes, and the report gives,
+per variant:
+
+- the mean change from the SFT start and its 95% interval over seeds and scenes
+  (:func:`~balcaprl.demo.report.seed_scene_bootstrap`), for b-CapScore, precision, recall, linguistic;
+- caption length, meta-commentary share (non-pointable assertions) and hallucination share
+  (non-visible assertions), averaged over seeds;
+- each direction the paper reports for its row (:class:`~balcaprl.demo.variants.Claim`), with the
+  interval of the difference and the verdict: reproduced / not reproduced / opposite.
+
+Written to ``OUTPUT/comparison.md`` and ``OUTPUT/comparison.csv``; every run folder is
+``OUTPUT/rl/VARIANT-seedN`` and resumes or is reused like the demo's.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from balcaprl.demo.config import DemoConfig
+from balcaprl.demo.pipeline import (
+    DemoError,
+    Evaluation,
+    Log,
+    ensure_dataset,
+    ensure_evaluation,
+    ensure_rl,
+    ensure_sft,
+    oracle_judge,
+    quiet_library_progress_bars,
+    rl_folder_name,
+)
+from balcaprl.demo.report import BootstrapInterval, HeldOut, direction_verdict, seed_scene_bootstrap
+from balcaprl.demo.variants import Variant, get_variant
+from balcaprl.progress import Progress
+
+__all__ = [
+    "AblationResult",
+    "ClaimCheck",
+    "VariantSummary",
+    "ablation_csv",
+    "ablation_markdown",
+    "run_ablation",
+    "summarise",
+]
+
+CHANGE_METRICS = (("b_capscore", 100.0), ("precision", 1.0), ("recall", 1.0), ("linguistic", 1.0))
+MEAN_METRICS = ("tokens", "non_pointable_share", "non_visible_share", "fluency")
+
+
+def run_name(variant: Variant, seed: int, steps: int | None) -> str:
+    return f"{rl_folder_name(variant, steps)}-seed{seed}"
+
+
+def _train_and_evaluate(
+    config_json: dict[str, Any], variant_name: str, seed: int, steps: int | None, sft_dir: str, data_dir: str
+) -> tuple[str, float]:
+    """One (variant, seed) run in a worker process: train (or resume, or reuse), then evaluate.
+    Returns the evaluation's name under OUTPUT/eval and the training seconds."""
+    import torch
+
+    from balcaprl.synthetic.oracle import OracleJudge
+
+    config = DemoConfig.model_validate(config_json)
+    torch.set_num_threads(config.threads)
+    quiet_library_progress_bars()
+    variant = get_variant(variant_name)
+    root = Path(config.output_dir).expanduser()
+    name = run_name(variant, seed, steps)
+    overrides = [*variant.overrides, f"train.seed={seed}"]
+    if steps is not None:
+        overrides.append(f"train.max_steps={steps}")
+    recipe = config.training_recipe(sft_dir, data_dir, root / "rl" / name, overrides)
+    oracle = OracleJudge.from_dataset(data_dir)
+    quiet: Log = lambda line: None  # noqa: E731  (the parent logs each run's start and end)
+    final, train_s = ensure_rl(recipe, lambda: oracle_judge(config, Path(data_dir), oracle, quiet), quiet)
+    silent = functools.partial(Progress, enabled=False)  # runs in parallel: one line each from the parent
+    ensure_evaluation(final, Path(data_dir), config, name, name, root, quiet, oracle, silent)
+    return name, train_s
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    metric: str
+    sign: int
+    baseline: str
+    interval: BootstrapInterval
+    verdict: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric} {'>' if self.sign > 0 else '<'} {self.baseline}"
+
+
+@dataclass
+class VariantSummary:
+    variant: Variant
+    seeds: int
+    changes: dict[str, BootstrapInterval]  # from the SFT start, over seeds and scenes
+    means: dict[str, float]  # MEAN_METRICS averaged over seeds and scenes
+    claims: list[ClaimCheck]
+    train_s: float
+
+
+@dataclass
+class AblationResult:
+    root: Path
+    before: dict[str, float]
+    variants: list[VariantSummary]
+    wall_s: float
+    comparison_path: Path
+
+
+def _matrix(evaluations: Sequence[Evaluation], key: str) -> list[list[float]]:
+    return [
+        [float(r.get(key) if r.get(key) is not None else math.nan) for r in e.records] for e in evaluations
+    ]
+
+
+def _minus(a: list[list[float]], b: list[list[float]], scale: float = 1.0) -> list[list[float]]:
+    return [[(x - y) * scale for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
+
+
+def _nan_free(matrix: list[list[float]]) -> list[list[float]]:
+    """Scenes with a missing figure in any run are left out of that figure (e.g. fluency of a failed judgement)."""
+    keep = [j for j in range(len(matrix[0])) if all(math.isfinite(row[j]) for row in matrix)]
+    return [[row[j] for j in keep] for row in matrix]
+
+
+def summarise(
+    variant: Variant,
+    runs: Sequence[Evaluation],
+    before: Evaluation,
+    full_runs: Sequence[Evaluation] | None,
+    boot: dict[str, Any],
+    train_s: float,
+) -> VariantSummary:
+    """The figures of one variant from its runs (one per seed), the SFT start and ``full``'s runs."""
+    changes = {}
+    for key, scale in CHANGE_METRICS:
+        start = _matrix([before], key) * len(runs)
+        changes[key] = seed_scene_bootstrap(_nan_free(_minus(_matrix(runs, key), start, scale)), **boot)
+    means = {}
+    for key in MEAN_METRICS:
+        values = [v for row in _matrix(runs, key) for v in row if math.isfinite(v)]
+        means[key] = sum(values) / len(values) if values else math.nan
+    claims = []
+    for claim in variant.claims:
+        if claim.baseline == "start":
+            base = _matrix([before], claim.metric) * len(runs)
+        elif full_runs is not None and variant.name != "full":
+            base = _matrix(full_runs[: len(runs)], claim.metric)
+        else:
+            continue  # full did not run beside it: nothing to compare against
+        scale = dict(CHANGE_METRICS).get(claim.metric, 1.0)
+        diff = _nan_free(_minus(_matrix(runs[: len(base)], claim.metric), base, scale))
+        interval = seed_scene_bootstrap(diff, **boot)
+        claims.append(
+            ClaimCheck(
+                claim.metric, claim.sign, claim.baseline, interval, direction_verdict(interval, claim.sign)
+            )
+        )
+    return VariantSummary(variant, len(runs), changes, means, claims, train_s)
+
+
+def run_ablation(
+    config: DemoConfig,
+    variants: Sequence[Variant],
+    *,
+    seeds: int = 3,
+    jobs: int = 2,
+    steps: int | None = None,
+    log: Log = print,
+) -> AblationResult:
+    """Train and evaluate every (variant, seed), ``jobs`` at a time, and write the comparison."""
+    if not variants:
+        raise DemoError("no variant to run")
+    if seeds < 1 or jobs < 1:
+        raise DemoError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
+    import torch
+
+    from balcaprl.synthetic.oracle import OracleJudge
+
+    start_clock = time.perf_counter()
+    torch.set_num_threads(config.threads)
+    root = Path(config.output_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "demo_config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+    data_dir = ensure_dataset(config, root, log)
+    sft_dir = ensure_sft(config, data_dir, root, log)
+    oracle = OracleJudge.from_dataset(data_dir)
+    before = ensure_evaluation(sft_dir, data_dir, config, "sft", "SFT", root, log, oracle)
+
+    work = [(v, s) for s in range(seeds) for v in variants]  # seed-major: every variant gets seed 0 first
+    config_json = config.model_dump(mode="json")
+    train_s: dict[tuple[str, int], float] = {}
+    log(f"ablation: {len(work)} runs ({len(variants)} variants x {seeds} seeds), {jobs} at a time")
+    paths = (str(sft_dir.resolve()), str(data_dir.resolve()))
+    if jobs == 1:  # one at a time, in this process (no worker start-up to pay)
+        for done, (v, s) in enumerate(work, start=1):
+            name, seconds = _train_and_evaluate(config_json, v.name, s, steps, *paths)
+            train_s[(v.name, s)] = seconds
+            log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
+    else:
+        # spawn, not fork: a forked torch (with its thread pools) and a running event loop do not mix
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=get_context("spawn")) as pool:
+            futures = {
+                pool.submit(_train_and_evaluate, config_json, v.name, s, steps, *paths): (v.name, s)
+                for v, s in work
+            }
+            for done, future in enumerate(as_completed(futures), start=1):
+                name, seconds = future.result()
+                train_s[futures[future]] = seconds
+                log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
+
+    def evaluation(v: Variant, s: int) -> Evaluation:
+        stored = json.loads((root / "eval" / f"{run_name(v, s, steps)}.json").read_text(encoding="utf-8"))
+        return Evaluation(HeldOut(**stored["held_out"]), stored["records"])
+
+    runs = {v.name: [evaluation(v, s) for s in range(seeds)] for v in variants}
+    e = config.evaluation
+    boot = {"samples": e.bootstrap_samples, "level": e.level, "seed": e.seed}
+    summaries = [
+        summarise(
+            v, runs[v.name], before, runs.get("full"), boot, sum(train_s[(v.name, s)] for s in range(seeds))
+        )
+        for v in variants
+    ]
+    before_means = {key: getattr(before.held_out, attr) for key, attr in _HELD_OUT_KEYS}
+    path = root / "comparison.md"
+    wall = time.perf_counter() - start_clock
+    path.write_text(ablation_markdown(before_means, summaries, seeds, e.level, wall), encoding="utf-8")
+    (root / "comparison.csv").write_text(ablation_csv(summaries), encoding="utf-8")
+    return AblationResult(root, before_means, summaries, wall, path)
+
+
+_HELD_OUT_KEYS = (
+    ("b_capscore", "b_capscore"),
+    ("precision", "precision"),
+    ("recall", "recall"),
+    ("linguistic", "linguistic"),
+    ("tokens", "mean_tokens"),
+    ("non_pointable_share", "non_pointable_share"),
+    ("non_visible_share", "non_visible_share"),
+    ("fluency", "fluency"),
+)
+
+
+def _ci(i: BootstrapInterval, spec: str) -> str:
+    return f"{i.delta:+{spec}} [{i.low:+{spec}}, {i.high:+{spec}}]"
+
+
+def ablation_markdown(
+    before: dict[str, float], summaries: Sequence[VariantSummary], seeds: int, level: float, wall_s: float
+) -> str:
+    pct = f"{level:.0%}"
+    lines = [
+        "| variant | paper row | Δ b-CapScore ["
+        + pct
+        + "] | Δ P | Δ R | Δ L | tokens | meta | halluc. | fluency |",
+        "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+        f"| SFT start (absolute) | | {before['b_capscore']:.1f} | {before['precision']:.3f} | {before['recall']:.3f} "
+        f"| {before['linguistic']:.3f} | {before['tokens']:.1f} | {before['non_pointable_share']:.3f} "
+        f"| {before['non_visible_share']:.3f} | {before['fluency']:.2f} |",
+    ]
+    for s in summaries:
+        c, m = s.changes, s.means
+        lines.append(
+            f"| {s.variant.name} | {s.variant.paper_row} | {_ci(c['b_capscore'], '.1f')} | {_ci(c['precision'], '.3f')} "
+            f"| {_ci(c['recall'], '.3f')} | {_ci(c['linguistic'], '.3f')} | {m['tokens']:.1f} "
+            f"| {m['non_pointable_share']:.3f} | {m['non_visible_share']:.3f} | {m['fluency']:.2f} |"
+        )
+    lines += ["", "Against the paper's directions (difference from the baseline, " + pct + " interval):", ""]
+    lines += ["| variant | paper's direction | difference | verdict |", "| --- | --- | --- | --- |"]
+    for s in summaries:
+        for claim in s.claims:
+            lines.append(
+                f"| {s.variant.name} | {claim.label} | {_ci(claim.interval, '.3f')} | {claim.verdict} |"
+            )
+    lines += [
+        "",
+        f"Changes are after RL minus the SFT start, per held-out scene, averaged over {seeds} seed(s) and the "
+        f"scenes; intervals resample seeds and scenes. Wall time {wall_s / 60:.1f} min.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def ablation_csv(summaries: Sequence[VariantSummary]) -> str:
+    fields = ["variant", "paper_row", "seeds"]
+    for key, _ in CHANGE_METRICS:
+        fields += [f"{key}_change", f"{key}_low", f"{key}_high"]
+    fields += list(MEAN_METRICS) + ["claims", "train_s"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for s in summaries:
+        row: dict[str, Any] = {"variant": s.variant.name, "paper_row": s.variant.paper_row, "seeds": s.seeds}
+        for key, _ in CHANGE_METRICS:
+            i = s.changes[key]
+            row.update({f"{key}_change": i.delta, f"{key}_low": i.low, f"{key}_high": i.high})
+        row.update({k: ("" if not math.isfinite(s.means[k]) else s.means[k]) for k in MEAN_METRICS})
+        row["claims"] = "; ".join(f"{c.label}: {c.verdict}" for c in s.claims)
+        row["train_s"] = round(s.train_s, 1)
+        writer.writerow(row)
+    return buffer.getvalue()

@@ -1,0 +1,214 @@
+"""A probe of the world's incentives at the RL start: what the rewards and the two estimators make of
+groups of rollouts, before any training.
+
+Given groups of captions (each group: one scene, its reference, G captions), :func:`probe_groups`
+judges every caption with the oracle (training rubric, the recipe's length mask) and measures what
+decides whether the paper's ablations can show anything:
+
+- how many captions fall outside the length band [tau_l, tau_u] on each side (the mask must have
+  something to gate, from below and from above);
+- how many are terse: shorter than tau_l x the reference and nothing but true (a short caption that
+  scores well on precision, the temptation the lower bound exists for);
+- the within-group correlation of precision and recall (one signal, or two that trade off?);
+- the correlation of c-GDPO's and GRPO's advantages (do the estimators differ at all?);
+- each reward's share of the summed within-group variance GRPO normalises by (balanced shares leave
+  Proposition 1 nothing to bite on).
+
+:func:`stand_in_groups` draws groups from the SFT target distribution (``sft_target``): what the SFT
+policy is trained to imitate, so a cheap stand-in for SFT rollouts in tests (the real policy is a
+blurred copy of it). :func:`policy_groups` samples the groups from a real policy instead
+(``balcaprl synthetic probe``); :func:`save_groups` keeps such a sample (``--save``), so a test can
+probe real SFT rollouts in seconds (``tests/synthetic/data/sft_rollouts.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from balcaprl.advantages import c_gdpo_advantages, grpo_advantages
+from balcaprl.rewards import RewardConfig, score_rollout
+from balcaprl.synthetic.captioners import sft_target
+from balcaprl.synthetic.captions import reference_caption
+from balcaprl.synthetic.lexicon import words_of
+from balcaprl.synthetic.oracle import oracle_verdict
+from balcaprl.synthetic.scenes import Scene
+
+__all__ = [
+    "Group",
+    "WorldProbe",
+    "load_groups",
+    "policy_groups",
+    "probe_groups",
+    "save_groups",
+    "stand_in_groups",
+]
+
+
+@dataclass(frozen=True)
+class Group:
+    scene: Scene
+    reference: str
+    captions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorldProbe:
+    n_captions: int
+    below_band_share: float  # rho < tau_l
+    above_band_share: float  # rho > tau_u
+    terse_share: float  # rho < tau_l and precision 1
+    mean_ratio: float
+    precision_recall_corr: float  # within groups (group means removed)
+    advantage_corr: float  # c-GDPO vs GRPO advantages over all rollouts
+    variance_shares: tuple[float, float, float]  # (P, R, L) shares of sum_k Var(w_k r_k) within groups
+    length_corr: tuple[float, float, float]  # within-group correlation of each reward with length
+
+
+def _within(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``values`` less their group's mean."""
+    out = values.astype(np.float64).copy()
+    for g in np.unique(groups):
+        out[groups == g] -= out[groups == g].mean(axis=0)
+    return out
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    if a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def probe_groups(groups: Sequence[Group], config: RewardConfig | None = None) -> WorldProbe:
+    """Judge every caption of ``groups`` and measure the world's incentives (see the module docstring).
+    ``config``: the rewards (default: Table 3's equal weights 0.3 / 0.3 / 0.3 with the length mask)."""
+    if config is None:
+        config = RewardConfig(weights={"precision": 0.3, "recall": 0.3, "linguistic": 0.3})
+    rows, lengths, ratios, index = [], [], [], []
+    for g, group in enumerate(groups):
+        ref_tokens = len(words_of(group.reference))
+        for caption in group.captions:
+            tokens = len(words_of(caption))
+            verdict = oracle_verdict(group.scene, caption, group.reference, "training")
+            score = score_rollout(verdict, config, tokens, ref_tokens)
+            rows.append(score.as_tuple())
+            lengths.append(tokens)
+            ratios.append(tokens / ref_tokens)
+            index.append(g)
+    rewards = np.asarray(rows)
+    group_index = np.asarray(index)
+    ratio = np.asarray(ratios)
+    weights = config.weights.as_list()
+    within = _within(rewards, group_index)
+    within_length = _within(np.asarray(lengths, dtype=np.float64), group_index)
+    weighted_var = (within * np.asarray(weights)) ** 2
+    total = weighted_var.sum()  # 0 when every group's captions score alike: no shares to give
+    shares = weighted_var.sum(axis=0) / total if total > 0 else np.full(3, np.nan)
+    tensor = torch.tensor(rewards, dtype=torch.float64)
+    c_gdpo = c_gdpo_advantages(tensor, group_index.tolist(), weights).numpy()
+    grpo = grpo_advantages(tensor, group_index.tolist(), weights).numpy()
+    return WorldProbe(
+        n_captions=len(rows),
+        below_band_share=float((ratio < config.length.tau_low).mean()),
+        above_band_share=float((ratio > config.length.tau_high).mean()),
+        terse_share=float(((ratio < config.length.tau_low) & (rewards[:, 0] == 1.0)).mean()),
+        mean_ratio=float(ratio.mean()),
+        precision_recall_corr=_corr(within[:, 0], within[:, 1]),
+        advantage_corr=_corr(c_gdpo, grpo),
+        variance_shares=tuple(float(s) for s in shares),  # type: ignore[arg-type]
+        length_corr=tuple(_corr(within[:, k], within_length) for k in range(3)),  # type: ignore[arg-type]
+    )
+
+
+def stand_in_groups(
+    scenes: Sequence[Scene], rng: random.Random, *, rollouts: int = 8, flawed_fraction: float = 0.5
+) -> list[Group]:
+    """One group per scene: its re-captioned reference and ``rollouts`` SFT targets (``sft_target``)."""
+    return [
+        Group(
+            scene,
+            reference_caption(scene, rng),
+            tuple(sft_target(scene, rng, flawed_fraction) for _ in range(rollouts)),
+        )
+        for scene in scenes
+    ]
+
+
+def policy_groups(
+    policy_dir: Path | str,
+    data_dir: Path | str,
+    *,
+    prompts: int = 48,
+    rollouts: int = 8,
+    temperature: float = 0.7,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    split: str = "train",
+    reference: str = "reference",
+) -> list[Group]:
+    """``rollouts`` sampled captions of the policy in ``policy_dir`` for each of the first ``prompts``
+    images of ``split`` (seeded): a group per image, with its ``reference`` column."""
+    import torch
+    from PIL import Image
+
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.synthetic.oracle import SCENES_FILE
+    from balcaprl.synthetic.policy import generate_captions, load_policy
+
+    if prompts < 1 or rollouts < 1:
+        raise ValueError(f"need prompts >= 1 and rollouts >= 1, got {prompts} and {rollouts}")
+    rows = read_split_rows(data_dir, split)[:prompts]
+    with (Path(data_dir) / SCENES_FILE).open() as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    scenes = {r["id"]: Scene.from_dict(r["scene"]) for r in records}
+    model, processor = load_policy(policy_dir)
+    images = [Image.open(r["image_path"]).convert("RGB") for r in rows for _ in range(rollouts)]
+    torch.manual_seed(seed)
+    captions = generate_captions(
+        model, processor, images, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature
+    )
+    return [
+        Group(
+            scenes[row["id"]],
+            row[reference] or row["reference"],
+            tuple(captions[i * rollouts : (i + 1) * rollouts]),
+        )
+        for i, row in enumerate(rows)
+    ]
+
+
+def save_groups(groups: Sequence[Group], path: Path | str, **meta: object) -> Path:
+    """Write ``groups`` as JSON lines: a header (``meta``, plus the world's generator version, which
+    :func:`load_groups` checks), then one group per line."""
+    from balcaprl.files import atomic_write_text
+    from balcaprl.synthetic.build import GENERATOR_VERSION
+
+    header = {"generator_version": GENERATOR_VERSION, **meta}
+    lines = [json.dumps(header, sort_keys=True)]
+    lines += [
+        json.dumps({"scene": g.scene.to_dict(), "reference": g.reference, "captions": list(g.captions)})
+        for g in groups
+    ]
+    atomic_write_text(Path(path), "\n".join(lines) + "\n")
+    return Path(path)
+
+
+def load_groups(path: Path | str) -> tuple[dict, list[Group]]:
+    """The header and groups :func:`save_groups` wrote; a sample from another version of the world is
+    refused (its captions were sampled from a policy trained on other targets)."""
+    from balcaprl.synthetic.build import GENERATOR_VERSION
+
+    header, *rows = (json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line)
+    if header.get("generator_version") != GENERATOR_VERSION:
+        raise ValueError(
+            f"{path}: sampled in world version {header.get('generator_version')}, this is version "
+            f"{GENERATOR_VERSION}; sample it again ({header.get('command', 'balcaprl synthetic probe --save')})"
+        )
+    groups = [Group(Scene.from_dict(r["scene"]), r["reference"], tuple(r["captions"])) for r in rows]
+    return header, groups

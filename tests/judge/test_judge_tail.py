@@ -1,0 +1,193 @@
+"""Tail control (``balcaprl.judge.tail`` in the call path): a trickling answer ends at its deadline, a
+first byte or a gap that takes too long is an attempt failed, streamed answers read as unstreamed
+ones, and a stalled attempt is hedged (counted, capped). Real HTTP against the loopback server with
+its latency model; no assertion on wall time: on counts and on which attempt won."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import yaml
+from judge_testkit import REFERENCE, config, judge_and_close, png_bytes, request
+from typer.testing import CliRunner
+
+from balcaprl.cli import app
+from balcaprl.judge import JudgeFailure, Judgement, OpenAICompatibleJudge
+from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
+from balcaprl.testing.judge_server import LatencyModel
+
+FAST = {"time_scale": 100.0, "seed": 1}  # calls of a few milliseconds
+
+
+def _judge(server, **overrides):
+    return OpenAICompatibleJudge(config(server.base_url, **{"hedge": False, **overrides}))
+
+
+def test_a_trickling_answer_fails_within_its_deadline(judge_server):
+    # 1 byte a second: each read arrives in time, only the deadline on the whole attempt ends it
+    server = judge_server(latency=LatencyModel(trickle_bytes_per_s=1.0, first_byte_s=0.0))
+    (outcome,) = judge_and_close(_judge(server, timeout_s=1.0, max_retries=1), [request()])
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == "timeout"
+    assert server.latency.served == 2  # the attempt and its one retry, each cut at timeout_s
+
+
+def test_a_silence_between_chunks_fails_the_attempt(judge_server):
+    server = judge_server(latency=LatencyModel(trickle_bytes_per_s=1.0, first_byte_s=0.0))
+    judge = _judge(server, timeout_s=60.0, chunk_gap_timeout_s=0.2, max_retries=0)
+    (outcome,) = judge_and_close(judge, [request()])
+    assert isinstance(outcome, JudgeFailure) and outcome.reason == "timeout"
+    assert "chunk_gap_timeout_s" in outcome.detail
+
+
+def test_no_first_byte_in_time_is_a_failed_attempt_and_the_retry_answers(judge_server):
+    server = judge_server(latency=LatencyModel(**FAST, stall_first=["purple elephant"], stall_s=60.0))
+    judge = _judge(server, timeout_s=60.0, first_byte_timeout_s=0.3, max_retries=1)
+    (outcome,) = judge_and_close(judge, [request()])
+    assert isinstance(outcome, Judgement)
+    assert server.latency.served == 2 and server.latency.stalls == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_streamed_answers_read_as_unstreamed_ones(judge_server, stream):
+    server = judge_server(latency=LatencyModel(**FAST, chunks=5))
+    plain = judge_server()  # no latency model: the plain answer to compare with
+    requests = [request(caption=f"A red door on the left, number {i}.") for i in range(6)]
+    got = OpenAICompatibleJudge(config(server.base_url, stream=stream))
+    want = OpenAICompatibleJudge(config(plain.base_url))
+    ours, theirs = judge_and_close(got, requests), judge_and_close(want, requests)
+    assert [o.verdict for o in ours] == [o.verdict for o in theirs]
+    assert got.stats.prompt_tokens == want.stats.prompt_tokens > 0  # usage from the stream's last event
+    assert got.stats.completion_tokens == want.stats.completion_tokens > 0
+
+
+def test_a_stalled_first_attempt_among_120_captions_is_hedged_in_balcaprl_score(judge_server, tmp_path):
+    server = judge_server(latency=LatencyModel(**FAST, stall_first=["STALLED"], stall_s=120.0))
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(12):
+        (images / f"{i}.png").write_bytes(png_bytes(colour=(i * 20, 0, 0)))
+    captions = tmp_path / "captions.jsonl"
+    rows = [
+        {"image": f"{i % 12}.png", "caption": f"A red door on the left, caption {i}."} for i in range(120)
+    ]
+    rows[77]["caption"] = "A red door on the left, STALLED caption."
+    captions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    references = tmp_path / "references.json"
+    references.write_text(json.dumps({f"{i}.png": REFERENCE for i in range(12)}))
+    judge_yaml = tmp_path / "judge.yaml"
+    # timeout_s 120: without the hedge the stalled call would hold the command for two minutes
+    judge_yaml.write_text(yaml.safe_dump({
+        "base_url": server.base_url, "model": "scripted", "api_key_env": None, "cache_path": None,
+        "timeout_s": 120.0, "max_retries": 0, "stream": True, "hedge_floor_s": 0.5,
+    }))  # fmt: skip
+    args = ["score", "--images", str(images), "--captions", str(captions), "--references", str(references),
+            "--judge", str(judge_yaml), "--out", str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, args)
+    assert result.exit_code == 0, result.output
+    scores = [json.loads(line) for line in (tmp_path / "out" / "scores.jsonl").read_text().splitlines()]
+    assert len(scores) == 120 and all(s["failure"] is None for s in scores)
+    assert server.latency.stalls == 1
+    assert (
+        server.counters.by_text["A red door on the left, STALLED caption."] == 2
+    )  # the stalled one + its hedge
+    assert server.latency.served == 121  # one duplicate in all: no other call was slow enough
+    accounting = json.loads((tmp_path / "out" / "summary.json").read_text())["accounting"]
+    assert (accounting["hedges"], accounting["hedge_wins"], accounting["calls"]) == (1, 1, 121)
+
+
+# ------------------------------------------------------------------------------------- the pieces
+
+
+def test_hedging_threshold_is_the_quantile_with_a_floor_and_the_cap_is_a_share():
+    hedging = Hedging(quantile=0.95, floor_s=0.5, max_share=0.05, min_seen=4, window=100)
+    assert hedging.threshold_s() is None  # too few first bytes seen
+    for seconds in [0.1 * i for i in range(1, 21)]:  # 0.1 .. 2.0
+        hedging.observe(seconds)
+    assert hedging.threshold_s() == pytest.approx(1.9)  # the 19th of 20 sorted
+    low = Hedging(quantile=0.5, floor_s=0.5, max_share=0.05, min_seen=1)
+    low.observe(0.1)
+    assert low.threshold_s() == 0.5  # the floor
+    hedging.started = 19
+    assert not hedging.allow()  # 1 > 0.05 x 19
+    hedging.started = 20
+    assert hedging.allow()  # 1 <= 0.05 x 20
+    hedging.hedges = 1
+    assert not hedging.allow()  # 2 > 0.05 x 20
+
+
+def _attempts(script):
+    """An attempt function playing ``script``: per call, (seconds to first byte or None, result)."""
+    calls = []
+
+    async def attempt(on_first_byte):
+        index = len(calls)
+        calls.append("started")
+        first_byte_s, result = script[index]
+        if first_byte_s is None:
+            await asyncio.sleep(3600)  # stalled
+        await asyncio.sleep(first_byte_s)
+        on_first_byte()
+        calls[index] = "answered"
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    return attempt, calls
+
+
+def test_a_stalled_attempt_gets_a_duplicate_which_wins_and_the_first_is_cancelled():
+    hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+    hedging.observe(0.01)
+    attempt, calls = _attempts([(None, "first"), (0.0, "duplicate")])
+    told = []
+    result = asyncio.run(first_answer(attempt, hedging, told.append))
+    assert result == "duplicate" and told == [True] and hedging.hedges == 1
+    assert calls == ["started", "answered"]
+
+
+def test_no_duplicate_past_the_cap_or_for_an_attempt_that_has_answered():
+    capped = Hedging(quantile=0.9, floor_s=0.01, max_share=0.0, min_seen=1)
+    capped.observe(0.01)
+    attempt, calls = _attempts([(0.1, "first")])
+    assert asyncio.run(first_answer(attempt, capped)) == "first" and capped.hedges == 0 and len(calls) == 1
+    quick = Hedging(quantile=0.9, floor_s=0.5, max_share=1.0, min_seen=1)
+    quick.observe(0.01)
+    attempt, calls = _attempts([(0.0, "first")])
+    assert asyncio.run(first_answer(attempt, quick)) == "first" and quick.hedges == 0
+
+
+def test_when_both_fail_the_first_attempts_failure_is_raised():
+    hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+    hedging.observe(0.01)
+    attempt, _ = _attempts([(0.2, ValueError("first")), (0.0, ValueError("second"))])
+    told = []
+    with pytest.raises(ValueError, match="first"):
+        asyncio.run(first_answer(attempt, hedging, told.append))
+    assert told == [False]
+
+
+def test_assemble_stream_joins_the_deltas_and_keeps_the_last_usage():
+    events = [
+        {
+            "id": "c1",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": '{"a"'}}],
+        },
+        {
+            "id": "c1",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": ": 1}"}, "finish_reason": None}],
+        },
+        {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"id": "c1", "model": "m", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}},
+    ]
+    raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    completion = json.loads(assemble_stream(raw))
+    assert completion["choices"][0]["message"]["content"] == '{"a": 1}'
+    assert completion["choices"][0]["finish_reason"] == "stop"
+    assert completion["usage"] == {"prompt_tokens": 7, "completion_tokens": 3}
+    assert assemble_stream(b'{"not": "a stream"}') == b'{"not": "a stream"}'
+    error = json.loads(assemble_stream(b'data: {"error": {"message": "overloaded"}}\n\n'))
+    assert error == {"error": {"message": "overloaded"}}
