@@ -23,11 +23,19 @@ and no stall: the latency model's own draw). In the same run, every schedule's r
 ``c_gdpo_advantages`` are compared with today's, bit for bit.
 
 Times are a real endpoint's divided by ``--time-scale`` (default 10: median call about 0.6 s, p99
-about 3 s, generation 6 s). Results: ``benchmarks/results/judge_stage.json`` (and a printed table).
-Run: ``nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py`` (the full shape, 2,048 rollouts
-over 8 processes x 20 steps x 4 schedules, took 22 minutes on 2 shared cores);
-``--steps 2 --rollouts 256`` for a quick look. Not a timed test: every figure is a ratio against
-a baseline of the same run, or a count.
+about 3 s, generation 6 s). Two sizes:
+
+- the default (``make bench``, about 4 minutes on 2 shared cores): 4 steps of 512 rollouts over 8
+  processes, the judge's concurrency and the server's RPM cap scaled by 512/2,048 so each process
+  sees the paper-shaped step's calls in flight per rollout; results in
+  ``benchmarks/results/judge_stage_quick.json``;
+- ``--paper``: the paper-shaped step, 20 steps of 2,048 rollouts over 8 processes at the recipe's
+  limits (256 calls in flight, 1,024 overlapped), 22 minutes on 2 shared cores; results in
+  ``benchmarks/results/judge_stage.json`` (the figures in docs/measurements.md).
+
+Run: ``nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py [--paper]``; ``--steps``,
+``--rollouts`` and the limits override either size. Not a timed test: every figure is a ratio
+against a baseline of the same run, or a count.
 """
 
 from __future__ import annotations
@@ -56,7 +64,12 @@ from balcaprl.testing.compare_modes import _png
 from balcaprl.testing.judge_server import LatencyModel
 from balcaprl.train.judge_overlap import EarlyJudge
 
-RESULTS = Path(__file__).parent / "results" / "judge_stage.json"
+RESULTS = Path(__file__).parent / "results" / "judge_stage.json"  # the --paper run
+QUICK_RESULTS = RESULTS.with_name("judge_stage_quick.json")
+PAPER_ROLLOUTS = 2048  # a paper step: 256 prompts x 8 rollouts
+# The sizes: (steps, rollouts per step). The limits below are the paper step's, scaled with the rollouts.
+SIZES = {"quick": (4, 512), "paper": (20, PAPER_ROLLOUTS)}
+PAPER_LIMITS = {"concurrency": 256, "overlap_concurrency": 1024, "rpm_cap": 10_000}
 SCHEDULES = ("today", "after_generation", "per_rollout", "per_rollout_hedged")
 
 _SERVER = (
@@ -308,11 +321,34 @@ def summarise(results: list[StepResult]) -> dict[str, Any]:
     return summary
 
 
+def sized(args: argparse.Namespace) -> None:
+    """Fill the size-dependent defaults: the quick or the paper size, limits scaled with the rollouts
+    (the paper step's calls in flight and rate per rollout), the results file of the size."""
+    steps, rollouts = SIZES["paper" if args.paper else "quick"]
+    args.steps = steps if args.steps is None else args.steps
+    args.rollouts = rollouts if args.rollouts is None else args.rollouts
+    share = args.rollouts / PAPER_ROLLOUTS
+    for name, paper_value in PAPER_LIMITS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, max(1, round(paper_value * share)))
+    if args.out is None:
+        args.out = RESULTS if args.paper else QUICK_RESULTS
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--paper", action="store_true",
+        help="the paper-shaped run: 20 steps of 2,048 rollouts (22 minutes here; results/judge_stage.json)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None, help="default: 4, or 20 with --paper")
     parser.add_argument("--processes", type=int, default=8)
-    parser.add_argument("--rollouts", type=int, default=2048, help="per step, over all processes")
+    parser.add_argument(
+        "--rollouts",
+        type=int,
+        default=None,
+        help="per step, over all processes; default: 512, or 2,048 with --paper",
+    )
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--time-scale", type=float, default=10.0, help="real seconds per benchmark second")
     parser.add_argument(
@@ -322,13 +358,17 @@ def main() -> None:
         "--logprob-s", type=float, default=15.0, help="the old-log-prob forward, real seconds"
     )
     parser.add_argument("--stall-p", type=float, default=0.003, help="probability an attempt stalls")
-    parser.add_argument("--rpm-cap", type=int, default=10_000, help="the server's requests per (real) minute")
     parser.add_argument(
-        "--concurrency", type=int, default=256, help="judge calls in flight, whole run (recipe)"
-    )
+        "--rpm-cap", type=int, default=None,
+        help="the server's requests per (real) minute; default 10,000 per 2,048 rollouts",
+    )  # fmt: skip
     parser.add_argument(
-        "--overlap-concurrency", type=int, default=1024,
-        help="judge calls in flight for the overlapped schedules, whole run",
+        "--concurrency", type=int, default=None,
+        help="judge calls in flight, whole run; default the recipe's 256 per 2,048 rollouts",
+    )  # fmt: skip
+    parser.add_argument(
+        "--overlap-concurrency", type=int, default=None,
+        help="judge calls in flight for the overlapped schedules, whole run; default 1,024 per 2,048 rollouts",
     )  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=60.0, help="per attempt, real seconds (recipe)")
     parser.add_argument(
@@ -337,8 +377,9 @@ def main() -> None:
         "more CPU than they save; a hosted judge streams for free)",
     )  # fmt: skip
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="default: results/judge_stage[_quick].json")
     args = parser.parse_args()
+    sized(args)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server too (the finally below)
     scale = args.time_scale

@@ -319,11 +319,18 @@ class TrainConfig(Section):
     )
 
     # -- judging overlapped with generation (issue 24, judge-speed) --
-    judge_overlap: bool = Field(
-        True,
-        description="TRL: start the batch's judge calls as soon as its captions exist, before the old-log-prob "
-        "forward (same calls, same rewards); false judges after it, as TRL does (docs/judge.md).",
+    judge_overlap: Literal["per_rollout", "batch", "off"] = Field(
+        "per_rollout",
+        description="TRL: per_rollout judges each rollout as colocated vLLM finishes it (elsewhere as batch); "
+        "batch starts the batch's judge calls as soon as its captions exist, before the old-log-prob forward; "
+        "off judges after it, as TRL does. Same calls, same rewards (docs/judge.md).",
     )
+
+    @field_validator("judge_overlap", mode="before")
+    @classmethod
+    def _overlap_from_bool(cls, value: Any) -> Any:
+        """The former boolean: true was overlap on (now the best schedule the engine allows), false off."""
+        return {True: "per_rollout", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _dual_clip_above_clip(self) -> TrainConfig:
@@ -597,7 +604,7 @@ PROVENANCE: dict[str, Provenance] = {
     "train.dataloader_num_workers": _choice("images are opened lazily on the main process"),
     "train.stop_after_step": _choice("none: run to the end"),
     "train.judge_overlap": _choice(
-        "the judge's calls start when the captions exist: same calls, less waiting"
+        "each rollout's judge call starts when its caption exists: same calls, less waiting"
     ),
     # run
     "run.save_steps": _choice(

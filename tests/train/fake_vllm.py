@@ -2,10 +2,16 @@
 colocate path: it records how it was built, processes each prompt's image with its *own* image
 processor, as vLLM does (the checkpoint's processor, with the ``mm_processor_kwargs`` it was given or
 without them), and refuses a prompt whose image-token count differs from what that processor makes,
-as vLLM does. Completions are a few random tokens with log-probs."""
+as vLLM does. Completions are a few random tokens with log-probs.
+
+``generate`` drives a stand-in of vLLM's engine the way vLLM's ``LLM.generate`` does (``_run_engine``):
+it adds every request under a request id counted up from 0 across calls, then loops ``step()``, which
+finishes one request at a time, shortest completion first (a seeded tie-break), not in the order the
+requests were added; the outputs come back sorted by request id."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -43,7 +49,8 @@ class FakeLLM:
         self.loaded_weights: list[str] = []
         self.random = random.Random(0)
         worker = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(load_weights=self._load)))
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+        self.llm_engine = FakeEngine(SimpleNamespace(driver_worker=worker), self)
+        self.request_counter = itertools.count()
         FakeLLM.instances.append(self)
 
     def _load(self, weights):
@@ -54,23 +61,32 @@ class FakeLLM:
         return int(grid.prod()) // self.image_processor.merge_size**2
 
     def generate(self, prompts, sampling_params=None, use_tqdm=False):
-        outputs = []
+        """vLLM's ``LLM.generate``: add all requests, step the engine until none is left, sort by id."""
         for prompt in prompts:
-            ids = list(prompt["prompt_token_ids"])
-            image = prompt["multi_modal_data"]["image"]
-            in_prompt, made = ids.count(self.image_token_id), self.engine_image_tokens(image)
-            self.counts.append((in_prompt, made))
-            self.image_sizes.append(image.size)
-            if in_prompt != made:
-                raise ValueError(
-                    f"vLLM: the prompt has {in_prompt} image placeholder tokens, the image makes {made}"
-                )
-            tokens = [self.random.choice(self.vocab) for _ in range(self.random.randint(1, 4))]
-            tokens.append(self.eos_token_id)
-            logprobs = [{token: SimpleNamespace(logprob=-1.0, rank=1)} for token in tokens]
-            completion = SimpleNamespace(token_ids=tokens, logprobs=logprobs)
-            outputs.append(SimpleNamespace(prompt_token_ids=ids, outputs=[completion]))
-        return outputs
+            self.llm_engine.add_request(str(next(self.request_counter)), prompt, sampling_params)
+        outputs = []
+        while self.llm_engine.has_unfinished_requests():
+            outputs.extend(output for output in self.llm_engine.step() if output.finished)
+        return sorted(outputs, key=lambda output: int(output.request_id))
+
+    def complete(self, request_id: str, prompt) -> SimpleNamespace:
+        """One request's finished output (the image checked as vLLM's input processor does)."""
+        ids = list(prompt["prompt_token_ids"])
+        image = prompt["multi_modal_data"]["image"]
+        in_prompt, made = ids.count(self.image_token_id), self.engine_image_tokens(image)
+        self.counts.append((in_prompt, made))
+        self.image_sizes.append(image.size)
+        if in_prompt != made:
+            raise ValueError(
+                f"vLLM: the prompt has {in_prompt} image placeholder tokens, the image makes {made}"
+            )
+        tokens = [self.random.choice(self.vocab) for _ in range(self.random.randint(1, 4))]
+        tokens.append(self.eos_token_id)
+        logprobs = [{token: SimpleNamespace(logprob=-1.0, rank=1)} for token in tokens]
+        completion = SimpleNamespace(token_ids=tokens, logprobs=logprobs)
+        return SimpleNamespace(
+            request_id=request_id, finished=True, prompt_token_ids=ids, outputs=[completion]
+        )
 
     def sleep(self, level: int = 1) -> None:
         pass
@@ -80,3 +96,33 @@ class FakeLLM:
 
     def reset_prefix_cache(self) -> None:
         pass
+
+
+class FakeEngine:
+    """vLLM's ``LLMEngine`` as ``LLM.generate`` drives it: ``add_request`` (the request id first),
+    ``has_unfinished_requests``, and ``step``, which returns the outputs that finished in it: here
+    one per step, the shortest completion first. ``finished``: request ids in the order they finished."""
+
+    def __init__(self, model_executor, llm: FakeLLM):
+        self.model_executor = model_executor
+        self.llm = llm
+        self.unfinished: list[tuple[float, SimpleNamespace]] = []
+        self.finished: list[str] = []
+
+    def add_request(self, request_id: str, prompt, params=None, **kwargs: Any) -> None:
+        output = self.llm.complete(request_id, prompt)
+        self.unfinished.append((len(output.outputs[0].token_ids) + self.llm.random.random(), output))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.unfinished)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.unfinished)
+
+    def step(self) -> list[SimpleNamespace]:
+        if not self.unfinished:
+            return []
+        first = min(range(len(self.unfinished)), key=lambda i: self.unfinished[i][0])
+        _, output = self.unfinished.pop(first)
+        self.finished.append(output.request_id)
+        return [output]

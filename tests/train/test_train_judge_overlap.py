@@ -3,7 +3,10 @@
 The tiny policy on CPU, trained twice from the same seed: with the judge's calls started as soon as
 the captions exist and without. Same captions, same calls, same rewards, same advantages; with
 overlap the calls start before TRL calls the reward functions; both runs log the judge's share of
-the step (``judge/wall_s``, ``judge/exposed_s``).
+the step (``judge/wall_s``, ``judge/exposed_s``). Then TRL's colocate path with the stand-in vLLM
+engine (tests/train/fake_vllm.py), which finishes requests one by one, shortest first: with
+``per_rollout`` each rollout's call starts while the engine still has rollouts running, in the order
+the engine finished them, and the rewards and advantages are those of ``off``.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import threading
 import pytest
 import torch
 from train_testkit import ScriptedJudge, tiny_recipe_dict
+from trl.generation.vllm_client import VLLMClient
 
 from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.recipe import recipe_from_dict
-from balcaprl.train.judge_overlap import EarlyJudge, judge_stage_metrics, stamped
+from balcaprl.train.judge_overlap import EarlyJudge, judge_stage_metrics, stamped, watching_finishes
 from balcaprl.train.metrics import read_jsonl
+from conftest import stand_in_vllm
 
 
 class WhenCalledJudge(ScriptedJudge):
@@ -34,13 +39,12 @@ class WhenCalledJudge(ScriptedJudge):
         return await super().judge_batch(requests)
 
 
-def _run(tiny_policy, tiny_dataset, out, overlap: bool):
+def _run(tiny_policy, tiny_dataset, out, overlap, judge=None, **sections):
     from balcaprl.train import build_trainer
 
-    judge = WhenCalledJudge()
-    recipe = recipe_from_dict(
-        tiny_recipe_dict(tiny_policy, tiny_dataset, out, train={"judge_overlap": overlap})
-    )
+    judge = judge or WhenCalledJudge()
+    train = {"judge_overlap": overlap, **sections.pop("train", {})}
+    recipe = recipe_from_dict(tiny_recipe_dict(tiny_policy, tiny_dataset, out, train=train, **sections))
     trainer = build_trainer(recipe, judge)
     batches = []
     score, rewards_step = trainer._generate_and_score_completions, trainer._calculate_rewards
@@ -75,6 +79,17 @@ def runs(tiny_policy, tiny_dataset, tmp_path_factory):
         overlap: _run(tiny_policy, tiny_dataset, tmp_path_factory.mktemp(f"overlap-{overlap}"), overlap)
         for overlap in (True, False)
     }
+
+
+def test_the_former_boolean_still_reads(tiny_policy, tiny_dataset, tmp_path):
+    def mode(value):
+        return recipe_from_dict(
+            tiny_recipe_dict(tiny_policy, tiny_dataset, tmp_path, train={"judge_overlap": value})
+        ).train.judge_overlap
+
+    assert (mode(True), mode(False), mode("batch")) == ("per_rollout", "off", "batch")
+    with pytest.raises(ValueError, match="judge_overlap"):
+        mode("sometimes")
 
 
 def test_overlap_starts_the_calls_before_the_reward_step(runs):
@@ -167,3 +182,216 @@ def test_stage_metrics_from_stamps_by_hand():
     assert judge_stage_metrics([{}]) == {}
     result = stamped({"score": 1.0}, started=5.0)
     assert result["judge_started_s"] == 5.0 and result["judge_finished_s"] >= 5.0
+
+
+# ------------------------------------------------------------- each rollout judged as vLLM finishes it
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_policy, tiny_dataset, tmp_path_factory):
+    """Two steps of TRL's colocate path on the stand-in engine, per_rollout and off; for per_rollout,
+    each start of rollouts' calls with how many requests the engine still had unfinished then."""
+    runs = {}
+    for mode in ("per_rollout", "off"):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            engines = stand_in_vllm(monkeypatch)
+            started: list[tuple[list[int], int]] = []
+
+            def recording(self, by_index, start=EarlyJudge.start_rollouts, engines=engines, started=started):
+                started.append(
+                    (sorted(by_index), engines.instances[0].llm_engine.get_num_unfinished_requests())
+                )
+                return start(self, by_index)
+
+            monkeypatch.setattr(EarlyJudge, "start_rollouts", recording)
+            run = _run(
+                tiny_policy,
+                tiny_dataset,
+                tmp_path_factory.mktemp(f"colocated-{mode}"),
+                mode,
+                rollout={"vllm": {"mode": "colocate"}},
+                train={"use_cpu": False, "max_steps": 2, "prompts_per_batch": 2},
+            )
+            run["engine"], run["started"] = engines.instances[0].llm_engine, started
+            runs[mode] = run
+    return runs
+
+
+def test_each_rollout_is_judged_as_the_engine_finishes_it(colocated):
+    run = colocated["per_rollout"]
+    engine, judge = run["engine"], run["judge"]
+    rollouts = len(engine.finished)
+    assert rollouts == 16  # 2 steps x 2 prompts x 4 rollouts, one request each (n=1 in colocate)
+    assert [int(i) for i in engine.finished] != sorted(int(i) for i in engine.finished)  # not in added order
+    # One call per rollout, started inside the engine step that finished it, while others still ran.
+    assert len(run["started"]) == rollouts == judge.calls
+    assert not any(judge.called_in_reward_step)
+    assert [unfinished for _, unfinished in run["started"]] == [7, 6, 5, 4, 3, 2, 1, 0] * 2
+    # The calls reached the judge in the engine's finish order: rollout i of a step is request id i.
+    finish_order = [int(i) % 8 for i in engine.finished]
+    assert [index for (index,), _ in run["started"]] == finish_order
+    captions = [caption for batch in run["batches"] for caption in batch["captions"]]  # request id order
+    assert [r.caption for r in judge.requests] == [captions[int(i)] for i in engine.finished]
+
+
+def test_per_rollout_gives_the_rewards_and_advantages_of_no_overlap(colocated):
+    on, off = colocated["per_rollout"], colocated["off"]
+    assert off["judge"].calls == 2  # one batch a step without overlap
+    assert sorted(r.caption for r in on["judge"].requests) == sorted(r.caption for r in off["judge"].requests)
+    assert on["engine"].finished == off["engine"].finished  # the same engine run
+    for a, b in zip(on["batches"], off["batches"], strict=True):
+        assert a["captions"] == b["captions"]
+        assert torch.equal(a["rewards"].nan_to_num(-1.0), b["rewards"].nan_to_num(-1.0))
+        assert torch.equal(a["advantages"], b["advantages"])
+    assert any(torch.isnan(a["rewards"]).any() for a in on["batches"])  # failures travel alike
+    assert on["trainer"].scorer.judge.mismatched == 0
+    usage = {
+        mode: [
+            r["judge/usage/prompt_tokens"]
+            for r in read_jsonl(run["out"] / "metrics.jsonl")
+            if r["kind"] == "step"
+        ]
+        for mode, run in colocated.items()
+    }
+    assert usage["per_rollout"] == usage["off"] and all(t > 0 for t in usage["off"])
+
+
+def test_watching_finishes_numbers_requests_by_the_order_they_were_added():
+    """vLLM's engine surface by hand: ids from a counter that does not start at 0, outputs that are not
+    finished, and an id the wrapper never saw added."""
+    from types import SimpleNamespace
+
+    class Engine:
+        def __init__(self):
+            self.pending = []
+
+        def add_request(self, request_id, prompt, params=None):
+            self.pending.append(request_id)
+
+        def step(self):
+            request_id = self.pending.pop()  # last added finishes first
+            return [
+                SimpleNamespace(request_id=request_id, finished=True),
+                SimpleNamespace(request_id="x", finished=True),  # not added during this call
+                SimpleNamespace(request_id=request_id, finished=False),
+            ]
+
+    engine, seen = Engine(), []
+    with watching_finishes(engine, seen.append):
+        for request_id in ("17", "18", "19"):
+            engine.add_request(request_id, prompt=None)
+        while engine.pending:
+            engine.step()
+    assert [[index for index, _ in step] for step in seen] == [[2], [1], [0]]
+    assert "add_request" not in vars(engine) and "step" not in vars(engine)  # the class's methods again
+
+
+def test_settle_keeps_early_calls_by_index_and_judges_a_mismatch_once_more():
+    inner = ScriptedJudge(fail_every=None, check_images=False)
+
+    async def go():
+        early = EarlyJudge(inner, asyncio.get_running_loop())
+        early.start_rollouts({1: _requests("b")[0], 0: _requests("a")[0], 2: _requests("stale")[0]})
+        early.settle(_requests("a", "b", "c"))  # rollout 2 decoded otherwise; rollout 3 never started
+        assert early.mismatched == 1
+        outcomes = await early.judge_batch(_requests("a", "b", "c"))
+        return early, outcomes
+
+    early, outcomes = asyncio.run(go())
+    assert [o.verdict.caption_assertions[0].text for o in outcomes] == ["a", "b", "c"]
+    assert [r.caption for r in inner.requests] == ["b", "a", "stale", "c"]  # one call each, "c" after settle
+    assert early.forget_started() == 0
+
+
+# ------------------------------------------------------------------ server mode: per-prompt responses
+
+
+class ScriptedServerClient:
+    """A stand-in for TRL's ``VLLMClient`` in front of a vLLM server: TRL's own
+    ``_generate_from_features`` (one request per prompt from a thread pool) over a ``_post`` that
+    answers the prompts last first (prompt ``j`` waits for ``j + 1``), ``n`` completions each."""
+
+    _generate_from_features = VLLMClient._generate_from_features
+    base_url, model = "http://vllm.invalid", "policy"
+
+    def __init__(self, prompts: int, n: int, vocab: list[int]):
+        self.n, self.vocab = n, vocab
+        self.answered = [threading.Event() for _ in range(prompts)]
+        self.order: list[int] = []
+
+    def _post(self, url, json):
+        j = int(json["token_ids"][0])  # the stand-in's prompts start with their own index
+        if j + 1 < len(self.answered):
+            assert self.answered[j + 1].wait(timeout=30), "deadlock guard: the thread pool did not run"
+        self.order.append(j)
+        self.answered[j].set()
+        tokens = [[self.vocab[(j * self.n + k) % len(self.vocab)], self.vocab[k]] for k in range(self.n)]
+        return {"choices": [{"token_ids": ids, "logprobs": None} for ids in tokens]}
+
+
+def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_policy):
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from balcaprl.train.judge_overlap import JudgeOverlapMixin
+
+    processor = AutoTokenizer.from_pretrained(tiny_policy)  # what the processor's batch_decode uses
+    vocab = [i for i in range(len(processor)) if i not in processor.all_special_ids]
+    prompts, n = 3, 2
+    client = ScriptedServerClient(prompts, n, vocab)
+    started: list[dict[int, JudgeRequest]] = []
+    trainer = SimpleNamespace(
+        judge_overlap="per_rollout",
+        early_judge=SimpleNamespace(start_rollouts=started.append),
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_generation=SimpleNamespace(vllm_client=client),
+        accelerator=SimpleNamespace(is_main_process=True),
+        num_generations=n,
+        processing_class=processor,
+        scorer=SimpleNamespace(image_column="image", reference_column="reference", rubric="training"),
+        _decoding=threading.Lock(),
+    )
+    trainer._judge_finished = lambda *a: JudgeOverlapMixin._judge_finished(trainer, *a)
+    inputs = [{"image": f"/img/{i // n}.png", "reference": "a red door"} for i in range(prompts * n)]
+    chat = [[{"role": "user", "content": "describe"}]] * len(inputs)
+    prompt_ids = [[j, 7, 7] for j in range(prompts)]
+    with JudgeOverlapMixin._watching_rollouts(trainer, chat, inputs):
+        output = client._generate_from_features(prompt_ids, [None] * prompts, {"n": n})
+    assert client.order == [2, 1, 0]
+    assert "_post" not in vars(client) and "_generate_from_features" not in vars(client)
+    # One start per response, its rollouts at j*n+k, captions as TRL decodes the returned ids.
+    assert [sorted(batch) for batch in started] == [[4, 5], [2, 3], [0, 1]]
+    decoded = processor.batch_decode(output["completion_ids"], skip_special_tokens=True)
+    by_index = {i: request for batch in started for i, request in batch.items()}
+    assert [by_index[i].caption for i in range(len(inputs))] == [text.strip() for text in decoded]
+    assert [by_index[i].image for i in range(len(inputs))] == [row["image"] for row in inputs]
+
+
+class InterleavingJudge(ScriptedJudge):
+    """Counts a batch's usage, then yields to the loop before answering: concurrent batches interleave."""
+
+    async def judge_batch(self, requests):
+        outcomes = await super().judge_batch(requests)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return outcomes
+
+
+def test_usage_of_overlapping_rollout_batches_is_counted_once():
+    inner = InterleavingJudge(fail_every=None, check_images=False)
+    captions = ["a red door", "a door", "blue", "a cat on a mat"]
+
+    async def go():
+        early = EarlyJudge(inner, asyncio.get_running_loop())
+        for index, caption in enumerate(captions):  # one batch per finished rollout, all in flight at once
+            early.start_rollouts({index: _requests(caption)[0]})
+        early.settle(_requests(*captions))
+        await early.judge_batch(_requests(*captions))
+        return early
+
+    early = asyncio.run(go())
+    assert inner.calls == 4
+    expected = sum(len(c.split()) + 3 for c in captions)  # caption words + the reference's 3
+    assert early.usage()["prompt_tokens"] == inner.usage()["prompt_tokens"] == expected

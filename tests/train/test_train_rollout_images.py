@@ -62,23 +62,6 @@ def large_images(tmp_path_factory) -> Path:
     )
 
 
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    """TRL's colocate path with the stand-in engine; TRL's distributed environment variables restored after."""
-    from fake_vllm import FakeLLM, FakeSamplingParams
-    from trl.generation import vllm_generation
-
-    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *a, **k: True)
-    monkeypatch.setattr(vllm_generation, "LLM", FakeLLM, raising=False)
-    monkeypatch.setattr(vllm_generation, "SamplingParams", FakeSamplingParams, raising=False)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(name, "0" if "RANK" in name else "1" if name == "WORLD_SIZE" else "")
-        monkeypatch.delenv(name)
-    FakeLLM.instances.clear()
-    monkeypatch.setattr(FakeLLM, "honour_processor_kwargs", True)
-    return FakeLLM
-
-
 def colocated_run(policy, dataset, out):
     from balcaprl.train import build_trainer
 

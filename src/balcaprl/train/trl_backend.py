@@ -58,7 +58,7 @@ from balcaprl.train.checkpointing import (
     write_recipe_snapshot,
 )
 from balcaprl.train.data import prepare_train_dataset
-from balcaprl.train.judge_overlap import JudgeOverlapMixin
+from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
 from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
@@ -176,7 +176,8 @@ class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
         rollout_log: optional per-rollout log.
         image_grid: the policy processor's image grid (None for processors without one, e.g. LLaVA);
             a colocated vLLM engine gets its limits, a vLLM server is checked against it.
-        judge_overlap: start the judge calls when the captions exist (``train/judge_overlap.py``).
+        judge_overlap: when the judge calls start: ``per_rollout`` as the rollout engine finishes each,
+            ``batch`` when the batch's captions exist, ``off`` as TRL does (``train/judge_overlap.py``).
         Everything else: as ``GRPOTrainer`` (``reward_funcs`` comes from ``scorer``).
     """
 
@@ -187,7 +188,7 @@ class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
         advantage_step: AdvantageStep,
         rollout_log: RolloutLog | None = None,
         image_grid: ImageGrid | None = None,
-        judge_overlap: bool = True,
+        judge_overlap: OverlapMode = "per_rollout",
         **kwargs: Any,
     ):
         if "reward_funcs" in kwargs:
