@@ -2,7 +2,8 @@
 
 Builds 200 scenes in memory, then judges reference captions and each flawed kind, with the image as
 encoded PNG bytes (the HTTP client's form: file-hash lookup), as a decoded PIL image (pixel-hash
-lookup), and once as JPEG bytes (thumbnail fallback). The oracle's target is thousands of verdicts
+lookup), and once as JPEG bytes (a near-exact match: thumbnail candidates, each rendered once to be
+compared). The oracle's target is thousands of verdicts
 a second, so that judging never bounds the demo's RL steps.
 
 Run: ``.venv/bin/python benchmarks/bench_oracle.py`` (about 20 s). Not a timed test.
@@ -57,7 +58,9 @@ def main() -> None:
         jpegs.append(buffer.getvalue())
     fresh = OracleJudge.from_scenes(scenes)
     rate = _rate(fresh, [JudgeRequest(j, r, r) for j, r in zip(jpegs, refs, strict=False)])
-    print(f"first sight of a JPEG copy (decode + thumbnail search over {len(fresh)} scenes): {rate:.0f}/s")
+    print(
+        f"first sight of a JPEG copy (decode, thumbnail candidates over {len(fresh)} scenes, render): {rate:.0f}/s"
+    )
 
 
 if __name__ == "__main__":

@@ -57,6 +57,12 @@ def ws(tmp_path_factory) -> Path:
     refusing = {"base_url": f"http://127.0.0.1:{closed_port()}/v1", "model": "m", "api_key_env": None,
                 "cache_path": None, "max_retries": 0, "timeout_s": 5}  # fmt: skip
     (root / "refusing-judge.yaml").write_text(yaml.safe_dump(refusing))
+    bomb = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 7))
+    (root / "bomb-judge.yaml").write_text(f"model: m\nl0: &l0 [x]\n{bomb}")  # 10**6 values once expanded
+    (root / "duplicate-judge.yaml").write_text(yaml.safe_dump(refusing) + "model: another\n")
+    (root / "duplicate-accelerate.yaml").write_text(
+        "distributed_type: MULTI_GPU\nnum_processes: 2\nnum_processes: 8\n"
+    )
     build_dataset(root / "dataset", n_train=2, n_eval=1, seed=0)
     build_dataset(root / "corrupt", n_train=2, n_eval=1, seed=0)
     (root / "corrupt" / "train.parquet").write_bytes(b"PAR1 this is not parquet")
@@ -168,6 +174,14 @@ CASES = [
          2, "error: give --resume or --overwrite, not both"),
     Case("score: the judge config does not exist", lambda ws, t: score(ws, t, judge="absent.yaml"),
          2, "error: judge config not found: {ws}/absent.yaml"),
+    Case("score: a judge config that is a YAML alias bomb", lambda ws, t: score(ws, t, judge="bomb-judge.yaml"),
+         2, "error: judge config {ws}/bomb-judge.yaml is not valid YAML: its aliases expand to more than "
+            "100,000 values"),
+    Case("score: a judge config with a key given twice", lambda ws, t: score(ws, t, judge="duplicate-judge.yaml"),
+         2, "error: judge config {ws}/duplicate-judge.yaml is not valid YAML: duplicate key 'model' at line 7 "
+            "(first at line 5); give each key once"),
+    Case("score: --captions /dev/zero (one endless line)", lambda ws, t: score(ws, t, captions="/dev/zero"),
+         2, "error: /dev/zero: line 1 is longer than 64 MiB (the limit for one line of a text input)"),
     Case("score: --min-scored above 1", lambda ws, t: score(ws, t, extra=("--min-scored", "2")),
          2, "Invalid value for '--min-scored'"),
     Case("score: an empty caption file", lambda ws, t: score(ws, t, captions="empty.jsonl"),
@@ -200,6 +214,10 @@ CASES = [
     Case("train: run.output_dir holds a run", run_with_run_folder,
          2, "error: run.output_dir {tmp}/run already holds a run (checkpoint-3); pass --resume to continue it, "
             "--overwrite to replace it", JUDGE_KEY),
+    Case("train --plan: an accelerate config with a key given twice",
+         lambda ws, t: ["train", str(RECIPE_3B), "--plan", "--launcher", str(ws / "duplicate-accelerate.yaml")],
+         2, "error: --launcher {ws}/duplicate-accelerate.yaml: cannot read it as an accelerate config (duplicate key "
+            "'num_processes' at line 3 (first at line 2); give each key once)"),
     Case("train: --resume and --overwrite",
          lambda ws, t: ["train", str(RECIPE_3B), f"data.path={ws / 'dataset'}", "--resume", "--overwrite"],
          2, "error: give --resume (or --resume-from) or --overwrite, not both"),
@@ -294,6 +312,9 @@ CASES = [
     Case("evaluate: captions that are not UTF-8",
          lambda ws, t: ["evaluate", "--captions", f"caparena={ws / 'latin1.jsonl'}", "--out", str(t / "e")],
          2, "error: --captions {ws}/latin1.jsonl: not UTF-8 at byte 34"),
+    Case("evaluate: --captions /dev/zero (one endless line)",
+         lambda ws, t: ["evaluate", "--captions", "/dev/zero", "--out", str(t / "e"), "--suite", "caparena"],
+         2, "/dev/zero: line 1 is longer than 64 MiB"),
     Case("evaluate: an empty caption file",
          lambda ws, t: ["evaluate", "--captions", str(ws / "empty.jsonl"), "--out", str(t / "e"), "--suite", "caparena"],
          1, "incomplete: --captions {ws}/empty.jsonl holds no captions: nothing scored"),
@@ -341,3 +362,56 @@ def test_bad_input(case: Case, ws: Path, tmp_path: Path, monkeypatch: pytest.Mon
     assert "Traceback" not in output
     if case.code == 2 and output.startswith("error:"):
         assert output.count("error:") == 1  # one line, said once
+
+
+def test_a_lone_surrogate_is_a_row_level_bad_input(ws: Path, tmp_path: Path):
+    """A JSON escape can put a lone surrogate into valid UTF-8: that caption's row is refused, the
+    others are judged, and every file is written."""
+    from balcaprl.testing.judge_server import JudgeServer
+    from balcaprl.testing.scripted_judge import ScriptedJudge
+
+    captions = tmp_path / "surrogate.jsonl"
+    captions.write_text(
+        '{"image": "a.png", "caption": "A red \\ud800 door."}\n{"image": "b.png", "caption": "A red door."}\n'
+    )
+    with JudgeServer(ScriptedJudge()) as server:
+        judge = tmp_path / "judge.yaml"
+        judge.write_text(yaml.safe_dump({"base_url": server.base_url, "model": "m", "api_key_env": None,
+                                         "cache_path": None}))  # fmt: skip
+        args = score(ws, tmp_path, captions=str(captions), judge=str(judge))
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "60"})
+    assert result.exit_code == 1, result.output  # one of two scored: --min-scored 1 says incomplete
+    assert "Traceback" not in result.output and "incomplete: only 1 of 2 captions scored" in squash(
+        result.output
+    )
+    rows = [json.loads(line) for line in (tmp_path / "out" / "scores.jsonl").read_text().splitlines()]
+    assert rows[0]["failure"] == "bad_input" and rows[0]["detail"] == (
+        "the caption of this row is not valid Unicode: a lone surrogate U+D800 at character 7"
+    )
+    assert rows[1]["failure"] is None and server.counters.total >= 1
+
+
+def test_a_password_in_base_url_is_refused_and_never_written(ws: Path, tmp_path: Path):
+    """Secrets come only from environment variables: a judge URL with a password stops the command
+    before anything is written (the run's recipe.yaml would have copied it), and no output echoes it."""
+    secret_url = "https://user:s3cr3t-pa55@judge.example/v1"
+    judge = tmp_path / "judge.yaml"
+    judge.write_text(yaml.safe_dump({"base_url": secret_url, "model": "m", "cache_path": None}))
+    runs = {
+        "score": score(ws, tmp_path, judge=str(judge)),
+        "train": [
+            "train",
+            str(RECIPE_3B),
+            f"data.path={ws / 'dataset'}",
+            f"run.output_dir={tmp_path / 'run'}",
+            NO_CACHE,
+            f"judge.base_url={secret_url}",
+        ],  # fmt: skip
+    }
+    for name, args in runs.items():
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "100", **dict(JUDGE_KEY)})
+        assert result.exit_code == 2, (name, result.output)
+        assert "base_url: holds a password (user:***@host)" in squash(result.output), result.output
+        assert "s3cr3t" not in result.output, result.output
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != judge and b"s3cr3t" in p.read_bytes()]
+    assert written == [] and not (tmp_path / "run" / "recipe.yaml").exists()

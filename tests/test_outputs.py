@@ -16,6 +16,7 @@ from balcaprl.outputs import (
     claim_output_file,
     ensure_writable_dir,
     present,
+    release_output_locks,
     shortfall,
 )
 
@@ -78,6 +79,7 @@ def test_overwrite_builds_aside_then_swaps_leaving_no_stale_file(tmp_path, monke
     target.commit()
     assert sorted(p.name for p in out.iterdir()) == ["cache.sqlite", "scores.jsonl"]
     assert (out / "scores.jsonl").read_text() == "new\n"
+    release_output_locks()  # what the command line does when the command ends
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left aside
 
 

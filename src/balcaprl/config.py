@@ -11,11 +11,17 @@ One way to write a config, whichever it is (training recipe, judge, demo, evalua
   ``run.report_to=[tensorboard]``, ``model.lora=null``), applied after the files;
 - one loader, :func:`load_config`, and one error, :class:`balcaprl.errors.ConfigError`, whose message
   names every bad key by its full dotted path and, for an unknown key, lists the keys allowed there.
+
+YAML is read with bounds (:func:`parse_yaml`): a file of at most 4 MiB, at most 100,000 values once
+its aliases are expanded (an "alias bomb", nine lines that expand to a billion values, is refused
+before anything expands it), and no key twice in one mapping (YAML would silently keep the last one;
+the error names the key and both lines).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -23,7 +29,8 @@ from typing import Any, TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from balcaprl.errors import ConfigError
+from balcaprl.errors import ConfigError, UserError
+from balcaprl.files import decode_utf8
 
 __all__ = [
     "Override",
@@ -32,7 +39,9 @@ __all__ = [
     "deep_merge",
     "format_validation_error",
     "load_config",
+    "parse_yaml",
     "read_config_file",
+    "redact_credentials",
     "section_without",
     "validate_config",
 ]
@@ -70,14 +79,106 @@ def section_without(model: type[BaseModel], *names: str, name: str | None = None
 # ------------------------------------------------------------------------------------------- files
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config is a few kilobytes; /dev/zero is not one
+MAX_CONFIG_VALUES = 100_000  # scalars, lists and mappings, with every alias expanded
+
+
+class _Refused(Exception):
+    """A YAML document the bounded loader will not build (the message says why and where)."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses duplicate keys and documents whose aliases expand too far."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node)  # on the composed graph, where an alias is one shared node
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    earlier = first.setdefault(key, line)
+                except TypeError:
+                    continue  # an unhashable key: the base class says so
+                if earlier != line:
+                    raise _Refused(
+                        f"duplicate key {key!r} at line {line} (first at line {earlier}); give each key once"
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values ``root`` holds with its aliases expanded; :class:`_Refused` above the bound."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in open_nodes:
+            raise _Refused(f"an alias at line {node.start_mark.line + 1} contains itself")
+        open_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(key) + size(value) for key, value in node.value)
+        else:
+            total = 1
+        open_nodes.discard(id(node))
+        if total > MAX_CONFIG_VALUES:
+            raise _Refused(
+                f"its aliases expand to more than {MAX_CONFIG_VALUES:,} values (line {node.start_mark.line + 1}); "
+                "a config never needs that many"
+            )
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` as YAML, within the bounds of the module docstring. Raises ``ValueError`` with a
+    one-line reason (a bound, a duplicate key, or the parser's message with its line)."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader
+    except _Refused as error:
+        raise ValueError(str(error)) from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{error.problem or error.context or 'not valid YAML'}{where}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(" ".join(str(error).split())) from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)  # bounded: a device or a huge file is not read whole
     except FileNotFoundError:
         raise ConfigError(f"{what} not found: {path}") from None
     except OSError as error:
         raise ConfigError(f"{what} {path}: cannot read it ({error.strerror})") from None
-    except yaml.YAMLError as error:
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what} {path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; not a config file")
+    try:
+        text = decode_utf8(raw, f"{what} {path}")
+    except UserError as error:  # names the file, the byte and the line
+        raise ConfigError(str(error)) from None
+    try:
+        data = parse_yaml(text)
+    except ValueError as error:
         raise ConfigError(f"{what} {path} is not valid YAML: {error}") from None
     if data is None:
         return {}
@@ -141,8 +242,8 @@ def _parse_override(item: Override) -> tuple[str, list[str], Any]:
             key = ""
         else:
             try:
-                value = yaml.safe_load(raw) if raw.strip() else None
-            except yaml.YAMLError as error:
+                value = parse_yaml(raw) if raw.strip() else None
+            except ValueError as error:
                 raise ConfigError(f"override {item!r}: the value is not valid YAML ({error})") from None
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
@@ -208,6 +309,15 @@ def _is_tag(part: Any) -> bool:
     return part.startswith("function-") or "[" in part or part[0].isupper() or part in _BUILTIN_TAGS
 
 
+_URL_PASSWORD = re.compile(r"(//[^/@\s:'\"]*):[^/@\s'\"]*@")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the password of every URL in it masked (``https://user:***@host``): a config's
+    error message shows the value it refuses, never a secret in it."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
 def format_validation_error(
     error: ValidationError, model: type[BaseModel], source: str, what: str = "config", prefix: str = ""
 ) -> str:
@@ -228,7 +338,7 @@ def format_validation_error(
         else:
             message = problem["msg"].removeprefix("Value error, ")
             given = problem.get("input")
-            got = "" if isinstance(given, Mapping) else f" (got {given!r})"
+            got = "" if isinstance(given, Mapping) else f" (got {redact_credentials(repr(given))})"
             lines.append(f"  {key}: {message}{got}")
     return "\n".join(lines)
 

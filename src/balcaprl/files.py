@@ -9,24 +9,33 @@ Text inputs (caption and reference files, benchmark annotations) must be UTF-8. 
 are an error naming the file, the byte offset and the line, never replaced silently: a caption file
 in another encoding (Latin-1, Windows-1252) would otherwise have every accented letter turned into
 U+FFFD and then be judged as if the captioner had written that.
+
+A write the system refuses (a full disk, an I/O error) raises an ``OSError`` that names the file
+(:func:`naming`): a write to an open file reports no path of its own, and the command line prints the
+error in one line with its path (``balcaprl.cli.common.system_error_line``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from balcaprl.errors import InputError, MissingInputError
 
 __all__ = [
+    "MAX_LINE_BYTES",
     "JsonlLog",
     "atomic_write_bytes",
     "atomic_write_text",
     "decode_utf8",
+    "invalid_unicode",
     "jsonl_lines",
+    "naming",
     "temporary_sibling",
     "read_utf8_text",
 ]
@@ -39,13 +48,30 @@ def jsonl_lines(text: str) -> list[str]:
     return text.split("\n")
 
 
+@contextlib.contextmanager
+def naming(path: Path | str) -> Iterator[None]:
+    """Give an ``OSError`` raised inside the block ``path`` as its file name when it has none (a
+    ``write``/``flush``/``fsync`` on an open file fails with no path); same errno, same subclass."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror or os.strerror(error.errno), str(path)) from error
+
+
 def _process_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-_UMASK = _process_umask()  # read once, at import (setting it is process-wide, so not per write)
+_UMASK = _process_umask()
+# The longest line a text input may have: a caption, a reference, a benchmark row, or a whole JSON
+# document written on one line (CapArena's annotations are ~1 MB). Inputs are read in chunks and
+# refused at the first line longer than this, so `--captions /dev/zero` is an error, not a MemoryError.
+MAX_LINE_BYTES = 64 * 2**20
+_CHUNK_BYTES = 2**20  # read once, at import (setting it is process-wide, so not per write)
 
 
 def temporary_sibling(path: Path | str) -> tuple[int, str]:
@@ -64,16 +90,17 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temporary_sibling(path)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with naming(path):
+        fd, tmp = temporary_sibling(path)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
@@ -95,13 +122,24 @@ def decode_utf8(data: bytes, where: str) -> str:
         ) from None
 
 
+def invalid_unicode(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode, or None. Valid UTF-8 can still carry a lone surrogate through
+    a JSON escape (``"\\ud800"``): such a string cannot be written, hashed as UTF-8 or sent anywhere, so
+    the row that holds it is refused (``bad_input``) instead of failing the whole run."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"not valid Unicode: a lone surrogate U+{ord(text[error.start]):04X} at character {error.start + 1}"
+    return None
+
+
 def read_utf8_text(path: Path | str, what: str = "") -> str:
     """The UTF-8 text of ``path`` (see :func:`decode_utf8`); a missing or unreadable file is an
     :class:`InputError` too. ``what`` names the input in messages, e.g. ``"--captions"``."""
     path = Path(path)
     label = f"{what} {path}".strip()
     try:
-        data = path.read_bytes()
+        data = _read_bounded(path, label)
     except FileNotFoundError:
         raise MissingInputError(f"{label}: no such file") from None
     except IsADirectoryError:
@@ -109,6 +147,27 @@ def read_utf8_text(path: Path | str, what: str = "") -> str:
     except OSError as error:
         raise InputError(f"{label}: cannot read it ({error.strerror or error})") from None
     return decode_utf8(data, label)
+
+
+def _read_bounded(path: Path, label: str) -> bytes:
+    """The bytes of ``path``, read in chunks; :class:`InputError` at a line over :data:`MAX_LINE_BYTES`."""
+    chunks: list[bytes] = []
+    line_start = 0  # offset of the current line's first byte
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK_BYTES):
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                line_start = size + newline + 1
+            size += len(chunk)
+            if size - line_start > MAX_LINE_BYTES:
+                line = sum(c.count(b"\n") for c in chunks) + chunk.count(b"\n", 0, newline + 1) + 1
+                raise InputError(
+                    f"{label}: line {line} is longer than {MAX_LINE_BYTES // 2**20} MiB (the limit for one "
+                    "line of a text input); is it the right file?"
+                )
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class JsonlLog:
@@ -147,25 +206,32 @@ class JsonlLog:
         return records
 
     def append(self, record: dict[str, Any]) -> None:
-        if self._handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = self.path.open("a", encoding="utf-8")
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._handle.flush()
+        with naming(self.path):
+            if self._handle is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = self.path.open("a", encoding="utf-8")
+            self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._handle.flush()
         self._unsynced += 1
         if self._unsynced >= self.sync_every:
             self.sync()
 
     def sync(self) -> None:
         if self._handle is not None and self._unsynced:
-            os.fsync(self._handle.fileno())
+            with naming(self.path):
+                os.fsync(self._handle.fileno())
             self._unsynced = 0
 
     def close(self) -> None:
         if self._handle is not None:
-            self.sync()
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            with naming(self.path):
+                try:
+                    if self._unsynced:
+                        os.fsync(handle.fileno())
+                finally:
+                    self._unsynced = 0
+                    handle.close()
 
     def __enter__(self) -> JsonlLog:
         return self

@@ -36,6 +36,7 @@ __all__ = [
     "ImageTooLarge",
     "check_pixels",
     "open_image",
+    "path_in_root",
     "pillow",
 ]
 
@@ -124,3 +125,32 @@ def open_image(
         image = image.convert(mode)
         image.format = fmt
     return image
+
+
+def path_in_root(root: Path | str, path: Path | str) -> Path | None:
+    """``path`` relative to the image root ``root`` (relative paths are read under it), or None when
+    it leaves the root.
+
+    Inside means two things. As written, with ``..`` collapsed, the path stays under the root (as
+    given, or resolved through its own symlinks): no ``..`` or absolute path leads out. And the file
+    it names resolves under the resolved root or under a folder symlink met on the way inside it: a
+    dataset whose ``images/`` links to shared storage is the dataset owner's choice, and works; a
+    file symlink, or a path through no linked folder, that leads out is refused. Image paths of
+    caption files are untrusted input: they reach only what the root's owner placed in it.
+    """
+    given = Path(os.path.abspath(root))
+    real = given.resolve()
+    candidate = Path(path)
+    full = Path(os.path.normpath(candidate if candidate.is_absolute() else given / candidate))
+    base = next((b for b in (given, real) if full.is_relative_to(b)), None)
+    if base is None:
+        return None
+    relative = full.relative_to(base)
+    allowed, here = [real], real
+    for part in relative.parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            here = here.resolve()
+            allowed.append(here)
+    target = (real / relative).resolve()
+    return relative if any(target.is_relative_to(a) for a in allowed) else None

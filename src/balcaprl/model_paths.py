@@ -14,15 +14,28 @@ Every command that loads a model or tokenizer by such a name calls it: ``caption
 ``--tokenizer`` of ``verl export``, ``data prepare``, ``data info`` and ``data recaption``,
 ``synthetic build --policy``, ``evaluate-general --model`` (when lmms-eval runs here) and ``train``'s
 ``model.path``. (``verl launch`` does not: its ``model.path`` is read on the cluster's nodes.)
+
+Offline, a hub id must not wait on the hub either: the hub's client retries an unreachable host for
+minutes (five retries, three minutes for one tokenizer). :func:`hub_unreachable` says at once why the
+hub cannot be used (offline mode set, or its host refuses or ignores a connection for 3 s), so a
+loader can read the local cache only (``local_files_only``) and fail in one line when the files are
+not there.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from balcaprl.errors import MissingInputError
 
-__all__ = ["check_model_path", "names_local_path"]
+__all__ = ["check_model_path", "hub_unreachable", "names_local_path"]
+
+HUB_PROBE_TIMEOUT_S = 3.0
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 LOCAL_PREFIXES = (".", "/", "~")
 
@@ -45,3 +58,27 @@ def check_model_path(value: str | Path, what: str) -> str:
     if names_local_path(text) and not Path(text).expanduser().exists():
         raise MissingInputError(f"{what} {text}: no such folder; give a checkpoint folder or a hub id")
     return text
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be used now, or None when it may be: offline mode is set
+    (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``), or a TCP connection to its host (``HF_ENDPOINT``)
+    fails within 3 s. Behind a proxy (``HTTPS_PROXY`` ...) the hub is assumed reachable."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{variable} is set"
+    if any(os.environ.get(variable) for variable in _PROXY_VARIABLES):
+        return None
+    return _probe(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+
+
+@functools.lru_cache(maxsize=8)  # once per endpoint and process: every loader asks
+def _probe(endpoint: str) -> str | None:
+    url = urlsplit(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        return f"{host}:{port} cannot be reached: {reason}"
+    return None

@@ -20,6 +20,12 @@ Before any work starts, the place is created and a probe file is written and rem
 read-only folder, or a file where a folder should be, is found before the first paid call, not
 after the last one (:func:`ensure_writable_dir`).
 
+One writer per place: every claim takes an exclusive lock on the place first (:func:`lock_output`,
+``flock`` on ``.NAME.lock`` beside it), so a second command on the same place, whatever its flags, is
+refused in one line instead of paying for the same calls twice or interleaving two runs' files. The
+lock file lies beside the place, not in it, because ``--overwrite`` exchanges or renames the folder
+itself; the kernel drops a ``flock`` when its process ends, so a crashed run never blocks the next.
+
 :func:`shortfall` is the other half of an honest exit status: the reason a run that did its work
 still produced too little (exit status 1).
 """
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -46,7 +54,9 @@ __all__ = [
     "claim_output_dir",
     "claim_output_file",
     "ensure_writable_dir",
+    "lock_output",
     "present",
+    "release_output_locks",
     "remove",
     "shortfall",
 ]
@@ -106,6 +116,81 @@ def ensure_writable_dir(path: Path | str, what: str = "--out") -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class _Held:
+    fd: int
+    path: Path
+
+
+_HELD: dict[str, _Held] = {}  # lock file -> this process's hold on it (re-entrant within a process)
+
+
+def _lock_file(place: Path) -> Path:
+    """``.NAME.lock`` beside ``place``; inside it when its parent cannot take a file (a read-only parent)."""
+    beside = place.parent / f".{place.name}.lock"
+    try:
+        os.close(os.open(beside, os.O_WRONLY | os.O_CREAT, 0o666))
+        return beside
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) or not place.is_dir():
+            raise
+        return place / ".balcaprl.lock"
+
+
+def lock_output(path: Path | str, what: str = "--out") -> Path:
+    """Hold an exclusive lock on the output place ``path`` until :func:`release_output_locks` or the
+    end of the process; a place another process holds is refused with :class:`OutputError`.
+
+    Returns the lock file. Taking it again in the same process is a no-op (one command may claim a
+    place twice). A released lock file is deleted; a lock file left by a killed process is taken over
+    (its ``flock`` died with it).
+    """
+    place = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        place.parent.mkdir(parents=True, exist_ok=True)
+        lock = _lock_file(Path(os.path.realpath(place)))  # one lock however the place is named (symlinks)
+    except OSError as error:
+        raise OutputError(
+            f"{what} {place}: cannot write there ({_reason(error)}); choose a writable folder"
+        ) from None
+    key = os.path.realpath(lock)
+    if key in _HELD:
+        return lock
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                raise OutputError(f"{what} {place}: cannot lock {lock} ({_reason(error)})") from None
+            by = f" (pid {holder})" if holder.isdigit() else ""
+            raise OutputError(
+                f"{what} {place} is in use by another balcaprl command{by}; wait for it to finish or "
+                "choose another place (one writer per output place)"
+            ) from None
+        try:  # the file we locked must still be the one at the path: a releaser deletes it
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the refusal message of a second command
+    _HELD[key] = _Held(fd, lock)
+    return lock
+
+
+def release_output_locks() -> None:
+    """Release every output lock this process holds (the command line does at the end of a command)."""
+    while _HELD:
+        _, held = _HELD.popitem()
+        with contextlib.suppress(OSError):
+            os.unlink(held.path)  # before the unlock: whoever locks next makes a fresh file
+        os.close(held.fd)
+
+
 @dataclass
 class OutputDir:
     """A claimed output folder: write into :attr:`work`; :meth:`commit` puts the results at :attr:`final`.
@@ -163,6 +248,18 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+def _refuse_results(
+    final: Path, what: str, results: Callable[[Path], Sequence[str]], mode: Mode, offers_resume: bool
+) -> list[str]:
+    """The results ``final`` holds; refused (:class:`UserError`) when there are some and ``mode`` is new."""
+    found = list(results(final)) if final.is_dir() else []
+    if found and mode == "new":
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        hint = REFUSAL_HINT if offers_resume else REFUSAL_HINT_NO_RESUME
+        raise UserError(f"{what} {final} already holds results ({shown}); {hint}")
+    return found
+
+
 def claim_output_dir(
     path: Path | str,
     *,
@@ -188,11 +285,8 @@ def claim_output_dir(
     mode = choose_mode(resume, overwrite)
     if final.exists() and not final.is_dir():
         raise OutputError(f"{what} {final} is a file; give a folder (new or empty) for the results")
-    found = list(results(final)) if final.is_dir() else []
-    if found and mode == "new":
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        hint = REFUSAL_HINT if offers_resume else REFUSAL_HINT_NO_RESUME
-        raise UserError(f"{what} {final} already holds results ({shown}); {hint}")
+    lock_output(final, what)  # first: "in use" says more than what a running command has written so far
+    found = _refuse_results(final, what, results, mode, offers_resume)
     if not (found and mode == "overwrite"):
         return OutputDir(final, ensure_writable_dir(final, what), mode)
     work = _sibling(final, "overwrite")
@@ -224,6 +318,8 @@ def claim_in_place(
     caller discards its own record of the earlier run for ``overwrite``."""
     folder = Path(path).expanduser()
     mode = choose_mode(resume, overwrite)
+    if folder.is_dir():
+        lock_output(folder, what)
     found = list(results(folder)) if folder.is_dir() else []
     if found and mode == "new":
         raise UserError(f"{what} {folder} already holds results ({', '.join(found)}); {REFUSAL_HINT}")
@@ -248,6 +344,7 @@ def claim_output_file(
     mode = choose_mode(resume, overwrite)
     if target.is_dir():
         raise OutputError(f"{what} {target} is a folder; give a file name for the results")
+    lock_output(target, what)
     found = [p.name for p in (target, *map(Path, partial)) if p.exists()]
     if found and mode == "new":
         raise UserError(f"{what} {target} already has results ({', '.join(found)}); {REFUSAL_HINT}")

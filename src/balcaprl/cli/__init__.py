@@ -7,8 +7,10 @@ pyarrow) inside the command bodies, so ``balcaprl --help`` starts in a fraction 
 
 The error boundary: a :class:`~balcaprl.errors.UserError` escaping any command is printed as one
 line, ``error: <message>``, on stderr (plain text: never wrapped at the console width) and the exit
-status is 2, as for typer's own usage errors. ``--debug`` (or ``BALCAPRL_DEBUG=1``) lets it through
-with its traceback. Anything else is a bug and keeps its traceback; typer's pretty tracebacks never
+status is 2, as for typer's own usage errors. An ``OSError`` (a full disk, an I/O error: the system
+refused a read or a write mid-run) is one line too, ``error: <path>: <reason>; ...``, status 1; Ctrl-C
+is one line, ``interrupted; ...``, status 130. ``--debug`` (or ``BALCAPRL_DEBUG=1``) lets them through
+with their tracebacks. Anything else is a bug and keeps its traceback; typer's pretty tracebacks never
 show local variables, which may hold API keys.
 """
 
@@ -19,7 +21,16 @@ from typer.core import TyperGroup
 
 from balcaprl import __version__
 from balcaprl.cli import data, demo, evaluate, figure, inspect, judge, synthetic, train, verl
+from balcaprl.cli.common import (
+    INTERRUPTED_STATUS,
+    SYSTEM_ERROR_STATUS,
+    interrupted_line,
+    quiet_abandoned_tasks,
+    system_error,
+    system_error_line,
+)
 from balcaprl.errors import UserError
+from balcaprl.outputs import release_output_locks
 
 __all__ = ["app"]
 
@@ -44,6 +55,20 @@ class RootGroup(TyperGroup):
                 raise
             typer.echo(f"error: {error}", err=True)  # plain text: no console width, no wrapping
             ctx.exit(2)
+        except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for it, no stack
+            if ctx.params.get("debug"):
+                raise
+            typer.echo(interrupted_line(), err=True)
+            quiet_abandoned_tasks()
+            ctx.exit(INTERRUPTED_STATUS)
+        except Exception as error:  # a disk full, an I/O error: the system's refusal, not a bug
+            refused = system_error(error)
+            if refused is None or ctx.params.get("debug"):
+                raise
+            typer.echo(f"error: {system_error_line(refused)}", err=True)
+            ctx.exit(SYSTEM_ERROR_STATUS)
+        finally:
+            release_output_locks()  # the command's output places (a process's end releases them too)
 
 
 def _group(help: str) -> typer.Typer:

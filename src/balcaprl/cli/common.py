@@ -1,11 +1,31 @@
-"""What several commands share: the options of the output policy and the exit status of a run that
-did its work but produced too little (``balcaprl.outputs``; docs/robustness.md)."""
+"""What several commands share: the options of the output policy, the exit status of a run that
+did its work but produced too little (``balcaprl.outputs``; docs/robustness.md), and the one-line
+reports of the error boundary (``balcaprl.cli``) for what the system refused or the user stopped."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
+
 import typer
 
-__all__ = ["RESUME_HELP", "OVERWRITE_HELP", "MIN_SCORED_HELP", "exit_if_short"]
+__all__ = [
+    "INTERRUPTED_STATUS",
+    "MIN_SCORED_HELP",
+    "OVERWRITE_HELP",
+    "RESUME_HELP",
+    "SYSTEM_ERROR_STATUS",
+    "exit_if_short",
+    "interrupted_line",
+    "quiet_abandoned_tasks",
+    "system_error",
+    "system_error_line",
+]
+
+SYSTEM_ERROR_STATUS = 1  # the work ran (some of it was paid for) and could not be written or read
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+KEPT = "what was finished is kept: run the same command again (with --resume where it has one) to go on"
 
 RESUME_HELP = "Continue the results already in the output place; nothing finished is redone or paid twice."
 OVERWRITE_HELP = "Replace the results already in the output place (built aside, then swapped in at the end)."
@@ -18,3 +38,38 @@ def exit_if_short(reason: str | None, advice: str = "") -> None:
         return
     typer.echo(f"incomplete: {reason}" + (f"; {advice}" if advice else ""), err=True)
     raise typer.Exit(1)
+
+
+def system_error(error: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``error``: itself, or what it was raised from (``raise X from oserror``)."""
+    while error is not None:
+        if isinstance(error, OSError):
+            return error
+        error = error.__cause__
+    return None
+
+
+def system_error_line(error: OSError) -> str:
+    """One line for an ``OSError`` the system raised mid-run: the path, the reason, what to do."""
+    reason = error.strerror or os.strerror(error.errno) if error.errno else str(error) or type(error).__name__
+    where = f"{error.filename}: " if error.filename is not None else ""
+    if error.filename2 is not None:
+        where = f"{error.filename} -> {error.filename2}: "
+    advice = {
+        errno.ENOSPC: "free some space (or choose another place)",
+        errno.EDQUOT: "free some space within your quota (or choose another place)",
+        errno.EROFS: "choose a writable place",
+        errno.EACCES: "check the permissions (or choose another place)",
+        errno.EPERM: "check the permissions (or choose another place)",
+    }.get(error.errno or 0)
+    return f"{where}{reason}; " + (f"{advice}; " if advice else "") + KEPT
+
+
+def interrupted_line() -> str:
+    return f"interrupted; {KEPT}"
+
+
+def quiet_abandoned_tasks() -> None:
+    """After Ctrl-C, the judge calls in flight on a background loop (the trainer's reward loop) are
+    abandoned on purpose; asyncio would log each as "Task was destroyed but it is pending!" at exit."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)

@@ -67,7 +67,7 @@ def train(
         return
     from balcaprl.data.format import read_card
     from balcaprl.errors import ConfigError, UserError
-    from balcaprl.outputs import ensure_writable_dir
+    from balcaprl.outputs import ensure_writable_dir, lock_output
     from balcaprl.train.checkpointing import replace_run, resolve_resume
 
     if launcher is not None or verl_layout is not None or gpus is not None:
@@ -103,6 +103,8 @@ def train(
     except UserError as error:
         raise ConfigError(f"data.path: {error}") from None
     output_dir = Path(recipe.run.output_dir).expanduser()
+    if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
+        lock_output(output_dir, "run.output_dir")
     if overwrite:
         replace_run(output_dir, processes)
     else:
@@ -111,12 +113,21 @@ def train(
 
     from balcaprl.train.trl_backend import train as train_with_trl
 
-    result = train_with_trl(
-        recipe,
-        judge_object,
-        resume=resume_from if resume_from is not None else resume,
-        allow_recipe_change=allow_recipe_change,
-    )
+    try:
+        result = train_with_trl(
+            recipe,
+            judge_object,
+            resume=resume_from if resume_from is not None else resume,
+            allow_recipe_change=allow_recipe_change,
+        )
+    finally:
+        # Its HTTP session lives on the trainer's reward loop: closed now, while that loop still runs
+        # (left to exit, the close is scheduled on a loop that is stopped first: "Unclosed client session").
+        aclose = getattr(judge_object, "aclose", None)
+        if aclose is not None:
+            import asyncio
+
+            asyncio.run(aclose())
     typer.echo(f"done: {result.global_step} steps; metrics in {result.metrics_path}")
     if result.final_model_dir is not None:
         typer.echo(f"final policy: {result.final_model_dir}")

@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 
 from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibling
-from balcaprl.model_paths import check_model_path
+from balcaprl.images import path_in_root
+from balcaprl.model_paths import check_model_path, hub_unreachable, names_local_path
 
 __all__ = [
     "COLUMNS",
@@ -105,14 +106,25 @@ class TokenCounter:
         :class:`~balcaprl.errors.InputError` naming ``what`` (the flag).
         """
         check_model_path(name_or_path, what)  # a mistyped local path is not sent to the hub
+        from balcaprl.synthetic.tokenizer import TOKENIZER_NAME, build_tokenizer  # (imported late: no cycle)
+
+        if name_or_path == TOKENIZER_NAME:  # the synthetic world's own: built here, never downloaded
+            return cls.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
         from transformers import AutoProcessor, AutoTokenizer
 
+        offline = None if names_local_path(name_or_path) else hub_unreachable()
+        local = {"local_files_only": True} if offline else {}  # the cache only: no retries on a dead hub
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **local)
         except Exception as first:  # some multimodal checkpoints only ship a processor
             try:
-                tokenizer = AutoProcessor.from_pretrained(name_or_path)
+                tokenizer = AutoProcessor.from_pretrained(name_or_path, **local)
             except Exception:
+                if offline:
+                    raise InputError(
+                        f"{what} {name_or_path}: not in the local Hugging Face cache, and the hub cannot be "
+                        f"used ({offline}); give a local folder holding tokenizer files"
+                    ) from None
                 raise InputError(
                     f"{what} {name_or_path}: cannot load a tokenizer from it "
                     f"({str(first).splitlines()[0] if str(first) else type(first).__name__}); pass a hub "
@@ -131,13 +143,12 @@ def _image_row(root: Path, sample: DatasetSample) -> tuple[str, str]:
     else:
         target = Path(sample.image)
         target = target if target.is_absolute() else root / target
-        try:
-            rel = target.resolve().relative_to(root.resolve())
-        except ValueError:
+        rel = path_in_root(root, target)  # an images/ folder linked to shared storage is inside
+        if rel is None:
             raise ValueError(
                 f"sample {sample.id!r}: image {sample.image} is outside the dataset folder {root}; "
                 "pass its bytes instead so it is copied under images/"
-            ) from None
+            )
         if sample.image_sha256 is not None:
             if not target.is_file():
                 raise FileNotFoundError(f"sample {sample.id!r}: image {target} does not exist")

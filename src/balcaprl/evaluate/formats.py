@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from balcaprl.errors import InputError
-from balcaprl.files import jsonl_lines
+from balcaprl.files import jsonl_lines, read_utf8_text
 
 __all__ = [
     "BENCHMARKS",
@@ -61,13 +61,18 @@ class FormatError(InputError):
     """A benchmark or caption file that is not in the expected format; says where and what."""
 
 
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of a benchmark or caption file, read in bounded chunks (:func:`read_utf8_text`)."""
+    try:
+        return read_utf8_text(path)
+    except InputError as error:
+        raise FormatError(str(error)) from None
+
+
 def read_json_or_jsonl(path: Path) -> Any:
     """A JSON document, or the list of objects of a JSONL file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise FormatError(f"{path}: cannot read it ({error.strerror or error})") from None
+    text = _read_text(path)
     stripped = text.strip()
     if not stripped:
         raise FormatError(f"{path}: the file is empty")
@@ -112,12 +117,7 @@ def _rows(path: Path) -> tuple[list[tuple[str, Any]], list[RefusedRow]]:
     """``(where, value)`` per row of a JSON list/object or a JSONL file; a JSONL line that is not JSON
     is refused (named by its line), never the whole file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise FormatError(f"{path}: cannot read it ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise FormatError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    text = _read_text(path)
     if not text.strip():
         raise FormatError(f"{path}: the file is empty")
     try:

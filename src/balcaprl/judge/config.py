@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -192,6 +193,18 @@ class JudgeConfig(Section):
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return None if value is None else Path(os.path.expanduser(str(value)))
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_password(cls, value: str) -> str:
+        # secrets come only from the environment: a password in the URL would be copied into every
+        # recipe.yaml, eval.json and log line that names the endpoint
+        if urlsplit(value).password is not None:
+            raise ValueError(
+                "holds a password (user:***@host); balcaprl reads secrets only from environment variables: "
+                "remove it from the URL and put the key in the variable named by api_key_env"
+            )
+        return value
 
     def resolve_api_key(self) -> str:
         """The API key from the environment. Raises :class:`JudgeConfigError` if it is not set.

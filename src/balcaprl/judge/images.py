@@ -29,7 +29,7 @@ from pathlib import Path
 from PIL import Image, ImageOps
 
 from balcaprl.errors import InputError
-from balcaprl.images import DECODE_SLOTS, ImageReadError, check_pixels, open_image, pillow
+from balcaprl.images import DECODE_SLOTS, ImageReadError, check_pixels, open_image, path_in_root, pillow
 
 __all__ = ["ImageError", "ImageLoader", "PreparedImage", "decode_data_url", "sha256_hex"]
 
@@ -76,8 +76,9 @@ def decode_data_url(url: str) -> tuple[str, bytes]:
 class ImageLoader:
     """Turns a path or encoded bytes into a :class:`PreparedImage`; thread-safe; remembers paths.
 
-    ``root``: when given, relative paths are resolved against it and no path may leave it (symlinks
-    included) — image paths in caption files are untrusted input. ``jpeg_quality``: re-encode every
+    ``root``: when given, relative paths are resolved against it and no path may leave it
+    (:func:`balcaprl.images.path_in_root`: a folder symlink inside it, such as a dataset's ``images/``
+    on shared storage, is part of it) — image paths in caption files are untrusted input. ``jpeg_quality``: re-encode every
     image as JPEG at this quality, whatever its format and size (a benchmark's official script does).
     """
 
@@ -99,13 +100,13 @@ class ImageLoader:
         """The file an image path names, checked against the root. Raises :class:`ImageError`."""
         path = Path(image)
         if self.root is not None:
-            full = (path if path.is_absolute() else self.root / path).resolve()
-            if not full.is_relative_to(self.root):
+            relative = path_in_root(self.root, path)  # a linked images/ folder inside the root is in it
+            if relative is None:
                 raise ImageError(
                     f"image path '{image}' escapes the image root {self.root}; "
                     "use a path relative to --images that stays inside it"
                 )
-            return full
+            return self.root / relative
         return path
 
     def load(self, image: Path | str | bytes) -> PreparedImage:

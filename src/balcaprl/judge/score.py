@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError, OutputError
-from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
+from balcaprl.files import JsonlLog, atomic_write_text, invalid_unicode, jsonl_lines, read_utf8_text
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.images import ImageError
@@ -146,6 +146,19 @@ def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: 
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _usable_unicode(rows: list[tuple[str, str]], what: str) -> tuple[list[tuple[str, str]], dict[int, str]]:
+    """``rows`` with every text writable (a lone surrogate shown as its escape), and why each row
+    that held one is refused (``bad_input``): it is never sent to the judge."""
+    usable, refused = [], {}
+    for i, (image, text) in enumerate(rows):
+        reason = invalid_unicode(image) or invalid_unicode(text)
+        if reason is not None:
+            refused[i] = f"the {what} of this row is {reason}"
+            image, text = (t.encode("utf-8", "backslashreplace").decode("utf-8") for t in (image, text))
+        usable.append((image, text))
+    return usable, refused
+
+
 def score_captions(
     judge: OpenAICompatibleJudge,
     captions: Path,
@@ -164,8 +177,14 @@ def score_captions(
     resumed)`` is called before the first call; ``on_outcome(i, outcome)`` as each caption is judged.
     Raises :class:`~balcaprl.errors.OutputError` before any call when ``out`` cannot be written.
     """
-    caption_rows = read_caption_file(captions, keys=("caption",))
-    reference_rows = read_caption_file(references, keys=("reference", "caption"))
+    caption_rows, unusable = _usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
+    reference_rows, bad_references = _usable_unicode(
+        read_caption_file(references, keys=("reference", "caption")), "reference"
+    )
+    for j, reason in bad_references.items():  # a reference that cannot be sent fails its captions' rows
+        unusable.update(
+            {i: reason for i, (image, _) in enumerate(caption_rows) if image == reference_rows[j][0]}
+        )
     by_image: dict[str, str] = {}
     for image, text in reference_rows:
         if image in by_image and by_image[image] != text:
@@ -184,11 +203,17 @@ def score_captions(
         for i, key in enumerate(keys):
             if key in known:
                 rows[i], verdicts[i] = known[key]["row"], known[key].get("verdict")
+        refused = {i: JudgeFailure("bad_input", reason) for i, reason in unusable.items()}
+        for i, failure in refused.items():
+            rows[i] = _row(caption_rows[i][0], failure)
         todo = [i for i, row in enumerate(rows) if row is None]
-        resumed = len(rows) - len(todo)
+        resumed = len(rows) - len(todo) - len(refused)
         record.append({"run": "started", "captions": len(rows), "resumed": resumed})  # proves it is writable
         if on_start is not None:
             on_start(len(rows), resumed)
+        for i, failure in refused.items():
+            if on_outcome is not None:
+                on_outcome(i, failure)
 
         def finished(j: int, outcome: JudgeOutcome) -> None:
             i = todo[j]

@@ -2,8 +2,8 @@
 
 Rendering is deterministic (same scene and size, same pixels), drawn at 2x and downsampled so edges
 are smooth. The lookup key hashes the *decoded* pixels (plus the size), not the file bytes, so a
-lossless re-encode of the PNG still finds its scene; a small thumbnail serves as a fallback for lossy
-re-encodes (JPEG) and resizes.
+lossless re-encode of the PNG still finds its scene; small thumbnails let a lossy re-encode (JPEG) or a
+resize of a scene's own image be recognised (see :class:`balcaprl.synthetic.oracle.OracleJudge`).
 """
 
 from __future__ import annotations
@@ -163,7 +163,8 @@ def pixel_key(image: Image.Image) -> str:
     return digest.hexdigest()
 
 
-def thumbnail(image: Image.Image) -> np.ndarray:
-    """An 8x8 RGB box-filtered thumbnail (uint8, 192 values): a fingerprint robust to resizing and JPEG."""
-    small = image.convert("RGB").resize((THUMB_SIDE, THUMB_SIDE), Image.Resampling.BOX)
+def thumbnail(image: Image.Image, side: int = THUMB_SIDE) -> np.ndarray:
+    """A ``side`` x ``side`` RGB box-filtered thumbnail (uint8, 3 * side**2 values): a fingerprint robust
+    to resizing and JPEG (8x8, 192 values, is what ``scenes.jsonl`` stores)."""
+    small = image.convert("RGB").resize((side, side), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.uint8).reshape(-1)

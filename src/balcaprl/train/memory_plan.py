@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from balcaprl.config import parse_yaml
 from balcaprl.errors import ConfigError, InputError
 from balcaprl.recipe import Recipe
 
@@ -395,8 +394,8 @@ class Launcher:
 def launcher_from_accelerate(path: str | Path, gpus: int | None = None) -> Launcher:
     """A :class:`Launcher` from an accelerate config file (``configs/accelerate/*.yaml``)."""
     try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
+        config = parse_yaml(Path(path).read_text(encoding="utf-8")) or {}  # bounded, no duplicate keys
+    except (OSError, ValueError) as error:
         raise InputError(f"--launcher {path}: cannot read it as an accelerate config ({error})") from None
     kind = str(config.get("distributed_type", "NO")).upper()
     processes = int(gpus if gpus is not None else config.get("num_processes", 1))

@@ -37,7 +37,7 @@ from typing import Any, get_args
 import torch
 from transformers import TrainerCallback
 
-from balcaprl.files import jsonl_lines
+from balcaprl.files import jsonl_lines, naming
 from balcaprl.judge.protocol import FailureReason
 from balcaprl.rewards import REWARD_NAMES, LengthMode
 
@@ -132,7 +132,7 @@ def flat_group_shares(judged: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
     """Append one JSON line and fsync it: a crash never leaves a half-written earlier line."""
     line = json.dumps(record, allow_nan=False, default=str) + "\n"
-    with open(path, "a", encoding="utf-8") as handle:
+    with naming(path), open(path, "a", encoding="utf-8") as handle:  # a full disk names the file
         handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
@@ -197,7 +197,7 @@ class RolloutLog:
             row = {"step": step, "group": int(group), "advantage": float(advantage)}
             row.update({k: _finite(v) for k, v in record.items()})
             lines.append(json.dumps(row, default=str))
-        with open(self.path, "a", encoding="utf-8") as handle:
+        with naming(self.path), open(self.path, "a", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
