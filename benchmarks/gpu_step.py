@@ -12,20 +12,34 @@ What it does, in order (nothing is downloaded; the GPU machine needs no internet
    server, its own process) answering every call after 1 s; the judge client runs with concurrency 128;
 4. takes ``--prompts N`` prompts per batch, or else the largest batch the memory plan
    (``balcaprl train --plan``) fits on this GPU, and records the plan's predicted peak; the paper
-   recipe's 8 rollouts and 1,024-token caption cap, transformers generation (vLLM is not on the
-   machine), one optimizer update per generation batch so every step holds all three phases;
-5. runs ``balcaprl train RECIPE --judge JUDGE`` in this process (the command's own code path) for 3
-   optimizer steps, timing each step's generation, judge and update; records peak GPU memory, generated
-   tokens per second, and checks each step's advantages against ``balcaprl.c_gdpo_advantages`` on the
-   rewards the judge returned;
-6. writes the figures, the recipe and the exact command to ``benchmarks/results/`` (``--out``).
+   recipe's 8 rollouts, 1,024-token caption cap and 4 optimizer updates per generation batch
+   (``--updates-per-batch``), transformers generation (vLLM is not on the machine);
+5. runs ``balcaprl train RECIPE --judge JUDGE`` in this process (the command's own code path) once per
+   variant (``--variants``): ``before`` (transformers' per-window vision attention, every decoder layer
+   recomputed) and ``after`` (``model.vision_attention=varlen_sdpa`` and the memory plan's
+   ``model.layers_without_recompute``), one generation batch each (``--steps``, default the updates of
+   one batch), timing each step's generation, judge and update; records peak GPU memory, generated
+   tokens per second, the update's model FLOPs and MFU (``--peak-tflops``; H100/H200 bf16 dense:
+   989.4), and checks each step's advantages against ``balcaprl.c_gdpo_advantages`` on the rewards the
+   judge returned;
+6. profiles the last update of each variant with ``torch.profiler``: the device-busy share of its wall
+   time, the top kernels, and the count and time of attention calls in the vision tower and in the
+   language model (told apart by head size);
+7. writes the figures, the recipe and the exact command to ``benchmarks/results/`` (``--out``).
 
-    python benchmarks/gpu_step.py --prompts 4     # one GPU: 32 captions a step, 7 minutes on an H100
+    python benchmarks/gpu_step.py --prompts 4     # one GPU: before and after, about 6 minutes on an H100
     python benchmarks/gpu_step.py --tiny --out /tmp/gpu-step   # a 2-layer model on CPU: does it run?
 
+MFU counts model FLOPs only (forward and backward, 3 passes; a recomputed layer's forward is not
+counted): 2 x parameters per token for the language model's layers over every real prompt and caption
+token, the LM head over the caption tokens (TRL computes log-probs only there), the vision tower's
+parameters over its patches, and causal attention scores (2 x layers x hidden x length per token).
+``--variants before,after,packed`` adds ``after`` with padding-free micro-batches
+(``train.padding_free``), whose packed rows take a dense block-diagonal mask under sdpa.
+
 The update time is the step's wall time less generation and scoring (judge, old log-probs,
-advantages); with a random model every caption runs to the 1,024-token cap (the worst case for
-generation). Without vLLM a step grows with the batch (on an H100, 32 captions: about 100 s; 128
+advantages); with 4 updates per batch only a batch's first step generates and judges. With a random
+model every caption runs to the 1,024-token cap (the worst case for generation). Without vLLM a step grows with the batch (on an H100, 32 captions: about 100 s; 128
 captions: 312 s), so the plan's largest batch (hundreds of captions) does not fit one 10-minute run.
 Not a timed test: figures, and the plan's predicted peak next to the measured one.
 """
@@ -170,8 +184,43 @@ def build_policy(folder: Path, tiny: bool, device: str) -> dict:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     params = sum(p.numel() for p in model.parameters())
+    groups = {"language_model_layers": 0, "vision_tower": 0}
+    for name, parameter in model.named_parameters():
+        if ".language_model.layers." in name:
+            groups["language_model_layers"] += parameter.numel()
+        elif ".visual." in name or name.startswith("visual."):
+            groups["vision_tower"] += parameter.numel()
     del model
-    return {"parameters": params, "vocab_size": vocab_size, "layers": arch["text"]["num_hidden_layers"]}
+    return {
+        "parameters": params,
+        "vocab_size": vocab_size,
+        "layers": arch["text"]["num_hidden_layers"],
+        "hidden_size": arch["text"]["hidden_size"],
+        "parameters_by_part": groups,
+        "vision_layers": arch["vision"]["depth"],
+        "vision_hidden_size": arch["vision"]["hidden_size"],
+        "vision_head_dim": arch["vision"]["hidden_size"] // arch["vision"]["num_heads"],
+        "text_head_dim": arch["text"]["hidden_size"] // arch["text"]["num_attention_heads"],
+    }
+
+
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bf16, SXM (NVIDIA's data sheets)
+
+
+def peak_tflops(gpu_name: str) -> float | None:
+    return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in gpu_name), None)
+
+
+def batch_flops(model_info: dict, lengths: list[int], completion_tokens: int, patches: int) -> float:
+    """Model FLOPs of one forward and backward over a generation batch (module docstring)."""
+    layers, hidden = model_info["layers"], model_info["hidden_size"]
+    parts = model_info["parameters_by_part"]
+    tokens = sum(lengths)
+    forward = 2 * parts["language_model_layers"] * tokens
+    forward += 2 * model_info["vocab_size"] * hidden * completion_tokens  # the LM head, caption tokens
+    forward += 2 * parts["vision_tower"] * patches
+    forward += sum(2 * layers * hidden * n * n for n in lengths)  # causal attention scores and values
+    return 3.0 * forward
 
 
 def build_dataset(folder: Path, rows: int, size: tuple[int, int], vocab_size: int) -> Path:
@@ -233,11 +282,16 @@ def loopback_judge(latency_s: float):
 class StepClock:
     """Times each optimizer step's phases by wrapping the trainer's own methods for the run."""
 
-    def __init__(self, weights, eps):
+    def __init__(self, weights, eps, model_info=None, updates_per_batch=1, profile_step=None, peak=None):
         self.weights, self.eps = list(weights), eps
         self.phase: dict[str, float] = defaultdict(float)
         self.steps: list[dict] = []
         self._step_start = 0.0
+        self.model_info, self.updates_per_batch = model_info, updates_per_batch
+        self.profile_step, self.peak_tflops = profile_step, peak
+        self.batch_flops: float | None = None  # of the latest generation batch, forward and backward
+        self.profile: dict | None = None
+        self._profiler = None
 
     def _sync(self):
         import torch
@@ -275,6 +329,7 @@ class StepClock:
             return wrapper
 
         BalancedGRPOTrainer._generate_single_turn = timed("_generate_single_turn", "generation_s")
+        # the judge wait left when TRL asks for the rewards (its calls may have started with the captions)
         BalancedGRPOTrainer._calculate_rewards = timed("_calculate_rewards", "judge_s")
         BalancedGRPOTrainer._generate_and_score_completions = timed(
             "_generate_and_score_completions", "scoring_s"
@@ -287,11 +342,16 @@ class StepClock:
                 clock._sync()
                 if torch.cuda.is_available():
                     torch.cuda.reset_peak_memory_stats()
+                if state.global_step + 1 == clock.profile_step:
+                    clock._start_profiler()
                 clock._step_start = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kwargs):
                 clock._sync()
-                clock._close_step(state.global_step, time.perf_counter() - clock._step_start)
+                wall = time.perf_counter() - clock._step_start
+                if clock._profiler is not None:
+                    clock._stop_profiler(state.global_step, wall)
+                clock._close_step(state.global_step, wall)
                 control.should_save = (
                     False  # no checkpoint (the Trainer saves at the end): not part of a step
                 )
@@ -314,6 +374,26 @@ class StepClock:
         self.phase["advantages_max_abs_diff"] = float((used - expected).abs().max())
         self.phase["generated_tokens"] = float(output["completion_mask"].sum())
         self.phase["captions"] = float(len(inputs))
+        if self.model_info is not None:
+            lengths = (output["prompt_mask"].sum(1) + output["completion_mask"].sum(1)).tolist()
+            grid = output.get("image_grid_thw")
+            patches = int(grid.prod(-1).sum()) if grid is not None else 0
+            self.batch_flops = batch_flops(
+                self.model_info, [int(n) for n in lengths], int(output["completion_mask"].sum()), patches
+            )
+
+    def _start_profiler(self):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self._profiler = profile(activities=activities, record_shapes=True)
+        self._profiler.__enter__()
+
+    def _stop_profiler(self, step: int, wall: float):
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        self.profile = profile_summary(profiler, step, wall, self.model_info)
 
     def _close_step(self, step: int, wall: float):
         import torch
@@ -333,6 +413,7 @@ class StepClock:
             "generated_tokens": int(phase.get("generated_tokens", 0)),
             "generated_tokens_per_s": phase.get("generated_tokens", 0.0) / generation if generation else None,
             "advantages_max_abs_diff_vs_c_gdpo": phase.get("advantages_max_abs_diff"),
+            "profiled": step == self.profile_step,
             "peak_gpu_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30
             if torch.cuda.is_available()
             else None,
@@ -340,6 +421,15 @@ class StepClock:
             if torch.cuda.is_available()
             else None,
         }
+        if self.batch_flops is not None:
+            flops = self.batch_flops / self.updates_per_batch  # one optimizer step: a mini-batch of the batch
+            record["update_model_tflop"] = flops / 1e12
+            record["update_tflops_per_s"] = flops / 1e12 / record["update_s"] if record["update_s"] else None
+            record["update_mfu"] = (
+                record["update_tflops_per_s"] / self.peak_tflops
+                if self.peak_tflops and record["update_tflops_per_s"]
+                else None
+            )
         self.steps.append(record)
         print(
             f"step {step}: {wall:.1f} s = generation {generation:.1f} + judge {judge:.1f} + "
@@ -354,6 +444,58 @@ class StepClock:
         )
 
 
+def _device_time(event) -> float:
+    """Microseconds of device (kernel) time an event itself spent (names differ across torch versions)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def profile_summary(profiler, step: int, wall: float, model_info: dict | None, top: int = 10) -> dict:
+    """Device-busy share, top kernels (top ops on a CPU), and attention calls by tower."""
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    events = profiler.key_averages()
+    busy_us = sum(_device_time(e) for e in events) if on_gpu else None
+    ranked = sorted(events, key=(lambda e: _device_time(e)) if on_gpu else (lambda e: e.self_cpu_time_total))
+    ranked = [e for e in reversed(ranked) if (_device_time(e) if on_gpu else e.self_cpu_time_total) > 0][:top]
+    heads = {
+        "vision": (model_info or {}).get("vision_head_dim"),
+        "text": (model_info or {}).get("text_head_dim"),
+    }
+    attention = {
+        "vision": {"calls": 0, "time_ms": 0.0},
+        "text": {"calls": 0, "time_ms": 0.0},
+        "other": {"calls": 0, "time_ms": 0.0},
+    }
+    for event in profiler.key_averages(group_by_input_shape=True):
+        if event.key != "aten::scaled_dot_product_attention":
+            continue
+        shapes = event.input_shapes or [[]]
+        head_dim = shapes[0][-1] if shapes and shapes[0] else None
+        tower = next((name for name, dim in heads.items() if dim is not None and dim == head_dim), "other")
+        attention[tower]["calls"] += event.count
+        inclusive = (event.device_time_total if on_gpu else event.cpu_time_total) / 1e3
+        attention[tower]["time_ms"] += inclusive
+    return {
+        "step": step,
+        "wall_s": wall,
+        "device_busy_share": busy_us / 1e6 / wall if busy_us is not None and wall else None,
+        "top": [
+            {
+                "name": e.key,
+                "calls": e.count,
+                "time_ms": (_device_time(e) if on_gpu else e.self_cpu_time_total) / 1e3,
+            }
+            for e in ranked
+        ],
+        "timed_on": "device (kernels)" if on_gpu else "cpu (ops)",
+        "attention_calls": attention,
+    }
+
+
 # -------------------------------------------------------------------------------------- the run
 
 
@@ -361,6 +503,10 @@ def predicted_peak_gib(
     recipe_overrides: list[str], base: Path, gpu_gib: float, prompts: int, micro: int
 ) -> float:
     """The memory plan's (``balcaprl train --plan``) peak for one GPU at this batch."""
+    return _plan(recipe_overrides, base, gpu_gib, prompts, micro).peak / 2**30
+
+
+def _plan(recipe_overrides: list[str], base: Path, gpu_gib: float, prompts: int, micro: int):
     from balcaprl.recipe import load_recipe
     from balcaprl.train.memory_plan import Launcher, plan_memory
 
@@ -368,19 +514,94 @@ def predicted_peak_gib(
         base,
         [*recipe_overrides, f"train.prompts_per_batch={prompts}", f"train.per_device_batch_size={micro}"],
     )
-    return plan_memory(recipe, Launcher("single", 1, description="one GPU"), gpu_gib).peak / 2**30
+    return plan_memory(recipe, Launcher("single", 1, description="one GPU"), gpu_gib)
 
 
-def choose_batch(recipe_overrides: list[str], base: Path, gpu_gib: float, cap: int) -> tuple[int, int, float]:
+def micro_batch(prompts: int, updates_per_batch: int) -> int:
+    """Captions per micro-batch: at most 8, and a divisor of the captions of one update."""
+    per_update = prompts * 8 // updates_per_batch
+    return max(d for d in range(1, min(8, per_update) + 1) if per_update % d == 0)
+
+
+def choose_batch(
+    recipe_overrides: list[str], base: Path, gpu_gib: float, cap: int, updates_per_batch: int = 1
+) -> tuple[int, int, float]:
     """The largest prompts_per_batch (a power of two, at most ``cap``) whose plan fits 90% of the GPU."""
     prompts = cap
     while prompts >= 1:
-        micro = min(8, prompts * 8)
-        peak = predicted_peak_gib(recipe_overrides, base, gpu_gib, prompts, micro)
-        if peak <= 0.9 * gpu_gib:
-            return prompts, micro, peak
+        if prompts * 8 % updates_per_batch == 0:
+            micro = micro_batch(prompts, updates_per_batch)
+            peak = predicted_peak_gib(recipe_overrides, base, gpu_gib, prompts, micro)
+            if peak <= 0.9 * gpu_gib:
+                return prompts, micro, peak
         prompts //= 2
     raise SystemExit(f"not even one prompt fits {gpu_gib:g} GiB by the memory plan")
+
+
+VARIANTS = ("before", "after", "packed")  # the default runs the first two
+
+
+def variant_overrides(name: str, layers_without_recompute: int) -> list[str]:
+    """``before``: transformers' per-window vision attention, every layer recomputed; ``after``: items 1
+    and 3 of issue 25 (one SDPA call per vision layer, the plan's layers kept); ``packed``: ``after``
+    with padding-free log-prob passes (item 2)."""
+    if name == "before":
+        return ["model.vision_attention=default", "model.layers_without_recompute=0"]
+    after = [
+        "model.vision_attention=varlen_sdpa",
+        f"model.layers_without_recompute={layers_without_recompute}",
+    ]
+    return after if name == "after" else [*after, "train.padding_free=true"]
+
+
+def run_variant(name, overrides, judge_file, clock_args, work: Path) -> tuple[dict, list[str]]:
+    """One `balcaprl train` run in this process, timed and profiled; its figures and its command."""
+    import gc
+
+    import torch
+
+    from balcaprl.cli import app
+    from balcaprl.recipe import load_recipe
+
+    overrides = [*overrides, f"run.output_dir={work / f'run-{name}'}"]
+    recipe = load_recipe(PAPER_RECIPE, overrides)
+    clock = StepClock(recipe.rewards.weights.as_list(), recipe.advantage.eps, **clock_args)
+    argv_train = ["train", str(PAPER_RECIPE), *overrides, "--judge", str(judge_file)]
+    with clock.installed() as callback:
+        import balcaprl.train.trl_backend as trl_backend
+
+        original_build = trl_backend.build_trainer
+
+        def build_with_clock(*a, **k):
+            k["callbacks"] = [*k.get("callbacks", ()), callback]
+            return original_build(*a, **k)
+
+        trl_backend.build_trainer = build_with_clock
+        try:
+            start = time.perf_counter()
+            app(argv_train, standalone_mode=False)  # `balcaprl train RECIPE OVERRIDES --judge JUDGE`
+            run_s = time.perf_counter() - start
+        finally:
+            trl_backend.build_trainer = original_build
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    timed = [s for s in clock.steps if not s["profiled"] and s.get("update_mfu") is not None]
+    figures = {
+        "overrides": [o for o in overrides if o.startswith("model.")],
+        "run_s": run_s,
+        "steps": clock.steps,
+        "update_mfu_mean": sum(s["update_mfu"] for s in timed) / len(timed) if timed else None,
+        "update_s_mean": sum(s["update_s"] for s in clock.steps if not s["profiled"])
+        / max(1, sum(not s["profiled"] for s in clock.steps)),
+        "peak_gpu_memory_allocated_gib": max(
+            (s["peak_gpu_memory_allocated_gib"] or 0.0 for s in clock.steps), default=None
+        )
+        if torch.cuda.is_available()
+        else None,
+        "profile": clock.profile,
+    }
+    return figures, argv_train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,13 +609,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tiny", action="store_true", help="a 2-layer model with short captions (CPU smoke run)"
     )
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
+    parser.add_argument(
+        "--updates-per-batch", type=int, default=4, help="optimizer steps per batch (the recipe's 4)"
+    )
+    parser.add_argument(
+        "--steps", type=int, help="optimizer steps per variant (default: one batch's updates)"
+    )
     parser.add_argument("--prompts", type=int, help="prompts per batch (default: the largest the plan fits)")
+    parser.add_argument(
+        "--variants",
+        default="before,after",
+        help="comma-separated: before, after, packed (default before,after)",
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, help="the GPU's bf16 dense peak (default: H100/H200 989.4)"
+    )
     parser.add_argument("--latency", type=float, default=1.0, help="the judge's answer latency, seconds")
     parser.add_argument("--concurrency", type=int, default=128, help="judge calls in flight")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the figures go")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
     args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or any(v not in VARIANTS for v in variants):
+        parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    updates = args.updates_per_batch
+    steps = args.steps or updates
+    if steps % updates:
+        parser.error(f"--steps ({steps}) must be whole batches of --updates-per-batch ({updates})")
 
     import torch
     import transformers
@@ -408,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     gpu_name = torch.cuda.get_device_name(0) if cuda else "cpu"
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 16.0
+    peak = args.peak_tflops or (peak_tflops(gpu_name) if cuda else None)
     command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
 
     with tempfile.TemporaryDirectory(prefix="balcaprl-gpu-step-") as tmp:
@@ -418,15 +660,14 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [
             f"model.path={work / 'policy'}",
             f"data.path={work / 'data'}",
-            f"run.output_dir={work / 'run'}",
             # bf16 on the GPU; on a CPU (the smoke run) fp32, which CPUs without bf16 units run far faster
             f"model.dtype={'bfloat16' if cuda else 'float32'}",
             f"train.precision={'bf16' if cuda else 'fp32'}",
             f"model.image.max_pixels={max_pixels}",
             "rollout.vllm.mode=off",  # vLLM's wheel is not on the GPU machine: transformers generation
             f"rollout.max_caption_tokens={caption_tokens}",
-            "train.updates_per_batch=1",  # every step: generation, judge and update
-            f"train.max_steps={args.steps}",
+            f"train.updates_per_batch={updates}",  # the recipe's: a batch feeds this many optimizer steps
+            f"train.max_steps={steps}",
             f"train.use_cpu={str(not cuda).lower()}",
             "run.save_steps=100000",
             "run.save_final_model=false",
@@ -438,16 +679,19 @@ def main(argv: list[str] | None = None) -> int:
         model_info = build_policy(work / "policy", args.tiny, device)
         build_s = time.perf_counter() - t0
         if args.prompts:
-            prompts, micro = args.prompts, min(8, args.prompts * 8)
+            prompts = args.prompts
+            micro = micro_batch(prompts, updates)
             predicted = predicted_peak_gib(overrides, PAPER_RECIPE, gpu_gib, prompts, micro) if cuda else None
         elif args.tiny:
-            prompts, micro, predicted = 1, 8, None
+            prompts, predicted = 1, None
+            micro = micro_batch(prompts, updates)
         else:
-            prompts, micro, predicted = choose_batch(overrides, PAPER_RECIPE, gpu_gib, 256)
+            prompts, micro, predicted = choose_batch(overrides, PAPER_RECIPE, gpu_gib, 256, updates)
         overrides += [f"train.prompts_per_batch={prompts}", f"train.per_device_batch_size={micro}"]
+        kept = _plan(overrides, PAPER_RECIPE, gpu_gib, prompts, micro).layers_without_recompute or 0
         build_dataset(
             work / "data",
-            prompts * args.steps,
+            prompts * (steps // updates),
             (1280, 960) if not args.tiny else (300, 200),
             model_info["vocab_size"],
         )
@@ -456,11 +700,16 @@ def main(argv: list[str] | None = None) -> int:
             yaml.safe_dump({"base": str(PAPER_RECIPE)}) + "".join(f"# {o}\n" for o in overrides)
         )
 
-        from balcaprl.cli import app
         from balcaprl.recipe import load_recipe
 
-        recipe = load_recipe(PAPER_RECIPE, overrides)
-        clock = StepClock(recipe.rewards.weights.as_list(), recipe.advantage.eps)
+        recipe = load_recipe(PAPER_RECIPE, [*overrides, f"run.output_dir={work / 'run'}"])
+        clock_args = {
+            "model_info": model_info,
+            "updates_per_batch": updates,
+            "profile_step": steps,  # the last update: no generation in it when updates > 1
+            "peak": peak,
+        }
+        results, commands = {}, {}
         with loopback_judge(args.latency) as base_url:
             judge_file = work / "judge.yaml"
             judge_file.write_text(
@@ -476,34 +725,21 @@ def main(argv: list[str] | None = None) -> int:
                     }  # fmt: skip
                 )
             )
-            argv_train = ["train", str(PAPER_RECIPE), *overrides, "--judge", str(judge_file)]
-            with clock.installed() as callback:
-                import balcaprl.train.trl_backend as trl_backend
-
-                original_build = trl_backend.build_trainer
-
-                def build_with_clock(*a, **k):
-                    k["callbacks"] = [*k.get("callbacks", ()), callback]
-                    return original_build(*a, **k)
-
-                trl_backend.build_trainer = build_with_clock
-                try:
-                    start = time.perf_counter()
-                    app(argv_train, standalone_mode=False)  # `balcaprl train RECIPE OVERRIDES --judge JUDGE`
-                    run_s = time.perf_counter() - start
-                finally:
-                    trl_backend.build_trainer = original_build
+            for name in variants:
+                print(f"--- {name}", flush=True)
+                extra = [*overrides, *variant_overrides(name, kept)]
+                results[name], argv_train = run_variant(name, extra, judge_file, clock_args, work)
+                commands[name] = (
+                    "balcaprl " + " ".join(shlex.quote(a) for a in argv_train[:-1]) + " JUDGE.yaml"
+                )
 
     figures = {
         "command": command,
-        "train_command": "balcaprl "
-        + " ".join(shlex.quote(a) for a in argv_train[:2])
-        + " "
-        + " ".join(shlex.quote(o) for o in overrides)
-        + " --judge JUDGE.yaml",
+        "train_commands": commands,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": gpu_name,
         "gpu_memory_gib": gpu_gib if cuda else None,
+        "peak_bf16_tflops": peak,
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -516,12 +752,14 @@ def main(argv: list[str] | None = None) -> int:
             **model_info,
             "dtype": recipe.model.dtype,
             "precision": recipe.train.precision,
+            "gradient_checkpointing": recipe.model.gradient_checkpointing,
             "init": "random, seed 0",
             "build_s": build_s,
         },  # fmt: skip
         "batch": {
             "prompts": prompts,
             "rollouts_per_prompt": recipe.rollout.rollouts_per_prompt,
+            "updates_per_batch": updates,
             "per_device_batch_size": micro,
             "max_caption_tokens": caption_tokens,
             "max_pixels": max_pixels,
@@ -533,19 +771,41 @@ def main(argv: list[str] | None = None) -> int:
             "server": "balcaprl.testing loopback",
         },
         "plan_predicted_peak_gib": predicted,
-        "run_s": run_s,
-        "steps": clock.steps,
+        "plan_layers_without_recompute": kept,
+        "variants": results,
     }
+    if "before" in results and "after" in results:
+        before, after = results["before"], results["after"]
+        figures["after_vs_before"] = {
+            "update_s": after["update_s_mean"] / before["update_s_mean"] if before["update_s_mean"] else None,
+            "update_mfu": after["update_mfu_mean"] / before["update_mfu_mean"]
+            if before["update_mfu_mean"] and after["update_mfu_mean"]
+            else None,
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "tiny-cpu" if args.tiny and not cuda else gpu_name.lower().replace(" ", "-")
     target = args.out / f"gpu_step.{slug}.json"
     target.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"wrote {target}")
-    worst = max((s["advantages_max_abs_diff_vs_c_gdpo"] or 0.0) for s in clock.steps) if clock.steps else None
-    if len(clock.steps) != args.steps or worst is None or worst > 1e-5:
+    for name, result in results.items():
+        mfu = result["update_mfu_mean"]
         print(
-            f"FAILED: {len(clock.steps)} steps recorded, advantages differ from c_gdpo_advantages by {worst}"
+            f"{name}: update {result['update_s_mean']:.2f} s per optimizer step"
+            + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            + (
+                f", device busy {100 * result['profile']['device_busy_share']:.0f}%"
+                if result["profile"] and result["profile"]["device_busy_share"] is not None
+                else ""
+            )
         )
+    failures = []
+    for name, result in results.items():
+        recorded = result["steps"]
+        worst = max((s["advantages_max_abs_diff_vs_c_gdpo"] or 0.0) for s in recorded) if recorded else None
+        if len(recorded) != steps or worst is None or worst > 1e-5:
+            failures.append(f"{name}: {len(recorded)} steps recorded, advantages differ by {worst}")
+    if failures:
+        print("FAILED: " + "; ".join(failures))
         return 1
     return 0
 

@@ -44,10 +44,26 @@ TREE = {
     "version": None,
 }
 
-TRL_FLAGS = {"--resume", "--resume-from", "--overwrite", "--judge", "--allow-recipe-change", "--print-config"}
+TRL_FLAGS = {
+    "--resume",
+    "--resume-from",
+    "--overwrite",
+    "--judge",
+    "--allow-recipe-change",
+    "--print-config",
+    "--threads",
+}
 # `balcaprl train CONFIG --plan`: the memory plan of a TRL launch (accelerate config) or of a verl layout.
 PLAN_FLAGS = {"--plan", "--launcher", "--verl-layout", "--gpus", "--gpu-memory"}
-VERL_FLAGS = {"--judge", "--nnodes", "--gpus-per-node", "--verl-data", "--verl-override", "--dry-run"}
+VERL_FLAGS = {
+    "--judge",
+    "--nnodes",
+    "--gpus-per-node",
+    "--verl-data",
+    "--verl-override",
+    "--dry-run",
+    "--gpu-memory",
+}
 HEAVY = ("torch", "transformers", "openai", "pyarrow", "datasets", "trl")
 
 

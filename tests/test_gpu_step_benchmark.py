@@ -46,25 +46,42 @@ def test_the_smoke_run_measures_three_steps(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads((tmp_path / "out" / "gpu_step.tiny-cpu.json").read_text())
-    assert [s["step"] for s in figures["steps"]] == [1, 2, 3]
+    assert list(figures["variants"]) == ["before", "after"]
     assert figures["judge"] == {"latency_s": 1.0, "concurrency": 128, "server": "balcaprl.testing loopback"}
-    for step in figures["steps"]:
-        assert step["judge_s"] >= 1.0  # one wave of calls, each answered after 1 s
-        assert step["generation_s"] > 0 and step["update_s"] > 0 and step["generated_tokens"] > 0
-        assert step["captions"] == 8 and step["advantages_max_abs_diff_vs_c_gdpo"] <= 1e-6
-        parts = (
-            step["generation_s"] + step["judge_s"] + step["old_logprobs_and_advantages_s"] + step["update_s"]
-        )
-        assert parts == pytest.approx(step["wall_s"], rel=1e-6)
-    assert (
-        "balcaprl train" in figures["train_command"] and "rollout.vllm.mode=off" in figures["train_command"]
-    )
+    assert figures["batch"]["updates_per_batch"] == 4  # the recipe's, not the one update of the first run
+    for name, variant in figures["variants"].items():
+        steps = variant["steps"]
+        assert [s["step"] for s in steps] == [1, 2, 3, 4]  # one generation batch feeds 4 updates
+        first, *updates = steps
+        # the judge's 1 s, less what overlapped generation and the old log-probs (train.judge_overlap)
+        assert 0 < first["judge_s"] <= first["wall_s"] and first["generation_s"] > 0
+        assert first["generated_tokens"] > 0
+        assert first["captions"] == 8 and first["advantages_max_abs_diff_vs_c_gdpo"] <= 1e-6
+        assert all(s["judge_s"] == 0 and s["generation_s"] == 0 for s in updates)
+        for step in steps:
+            assert step["update_s"] > 0 and step["update_model_tflop"] > 0
+            parts = (
+                step["generation_s"]
+                + step["judge_s"]
+                + step["old_logprobs_and_advantages_s"]
+                + step["update_s"]
+            )
+            assert parts == pytest.approx(step["wall_s"], rel=1e-6)
+        assert [s["profiled"] for s in steps] == [False, False, False, True]
+        assert variant["profile"]["step"] == 4 and variant["profile"]["top"]
+        assert "balcaprl train" in figures["train_commands"][name]
+        # the run's own metrics file: the trainer logged the steps through the normal path
+        metrics = [
+            json.loads(line)
+            for line in (tmp_path / "work" / f"run-{name}" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [m["step"] for m in metrics if m["kind"] == "step"] == [1, 2, 3, 4]
+    before, after = (figures["variants"][v]["profile"]["attention_calls"] for v in ("before", "after"))
+    # one SDPA call per vision layer after, one per window (and per image) before
+    assert 0 < after["vision"]["calls"] < before["vision"]["calls"]
+    assert "model.vision_attention=varlen_sdpa" in figures["train_commands"]["after"]
+    assert "model.layers_without_recompute=0" in figures["train_commands"]["before"]
     assert figures["model"]["architecture"].startswith("Qwen/Qwen2.5-VL-3B-Instruct")
-    # the run's own metrics file: the trainer logged the three steps through the normal path
-    metrics = [
-        json.loads(line) for line in (tmp_path / "work" / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [m["step"] for m in metrics if m["kind"] == "step"] == [1, 2, 3]
 
 
 def test_the_full_architecture_is_qwen2_5_vl_3b_and_the_batch_follows_the_plan():

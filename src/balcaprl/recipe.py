@@ -128,6 +128,21 @@ class ModelConfig(Section):
     processor_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for AutoProcessor.from_pretrained."
     )
+    # Selective activation checkpointing (transformers' per-layer GradientCheckpointingLayer flag).
+    layers_without_recompute: int = Field(
+        0,
+        ge=0,
+        description="With gradient_checkpointing: the last N decoder layers of the language model keep their "
+        "activations instead of recomputing them in the backward pass (less recompute, more memory); the vision "
+        "tower stays checkpointed. `balcaprl train RECIPE --plan --launcher ...` names the largest N that fits.",
+    )
+    # Vision attention in one call per layer (balcaprl.train.vision_attention).
+    vision_attention: Literal["default", "varlen_sdpa"] = Field(
+        "default",
+        description="Qwen2/2.5-VL vision tower: default follows attn_implementation (with sdpa transformers calls "
+        "attention once per window); varlen_sdpa runs each layer's windows in one padded SDPA call (no extra "
+        "package). Other models, and flash-attention implementations, keep their own.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -281,10 +296,17 @@ class TrainConfig(Section):
         "cosine"
     )
     warmup: float = Field(
-        0.0, ge=0, description="Warm-up steps (>= 1) or ratio of all steps (< 1); not given by the paper."
+        0.0,
+        ge=0,
+        description="Warm-up optimizer steps (>= 1) or ratio of all steps (< 1); not given by the paper.",
     )
     epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1, description="Cap on optimizer steps (overrides epochs).")
+    max_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on optimizer steps (overrides epochs); verl counts batches, the renderer divides by "
+        "updates_per_batch x ppo_epochs.",
+    )
     clip_epsilon: float = Field(
         0.2, gt=0, lt=1, description="PPO clip epsilon (low side, and high side by default); verl's default."
     )
@@ -317,6 +339,21 @@ class TrainConfig(Section):
         description="Save a checkpoint and stop after this global step without changing the schedule (time-sliced "
         "jobs; resume later with --resume).",
     )
+
+    # Padding-free micro-batches (balcaprl.train.packing).
+    padding_free: bool = Field(
+        False,
+        description="TRL: run the policy's log-prob passes on packed rows (each micro-batch's real tokens in one "
+        "row, per-sample positions) instead of the padded width; Qwen2/2.5-VL only, same results. Pays off with a "
+        "varlen attention (flash-attention): with sdpa the packed row's block-diagonal mask is dense.",
+    )
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one RL batch feeds: the unit conversion between the recipe's step counts
+        (``max_steps``, ``warmup``, ``run.save_steps``: optimizer steps, TRL's global step) and verl's
+        (batches)."""
+        return self.updates_per_batch * self.ppo_epochs
 
     # -- judging overlapped with generation (issue 24, judge-speed) --
     judge_overlap: Literal["per_rollout", "batch", "off"] = Field(
@@ -388,7 +425,7 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
-        per_batch = self.train.updates_per_batch * self.train.ppo_epochs
+        per_batch = self.train.steps_per_batch
         if self.run.save_steps % per_batch:
             raise ValueError(
                 f"run.save_steps ({self.run.save_steps}) must be a multiple of train.updates_per_batch x "
@@ -505,6 +542,14 @@ PROVENANCE: dict[str, Provenance] = {
         "Qwen2.5-VL checkpoints allow 12,845,056 pixels (16,384 tokens); the paper gives no limit"
     ),
     "model.processor_kwargs": _choice("none"),
+    "model.vision_attention": _choice(
+        "varlen_sdpa: one SDPA call per vision layer instead of one per window (same outputs, tests); torch only. "
+        "default in the schema (transformers' own)"
+    ),
+    "model.layers_without_recompute": _choice(
+        "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs at the recipe's micro-batch "
+        "(balcaprl train --plan); 0 in the schema (every layer recomputed, as plain gradient checkpointing)"
+    ),
     # data
     "data.reference": _paper(f"references re-captioned with GPT-5-mini for the main results ({_DATA})"),
     "data.reference_tokens": _choice(
@@ -603,6 +648,10 @@ PROVENANCE: dict[str, Provenance] = {
     "train.seed": _choice("any fixed seed (verl's examples use 42)"),
     "train.dataloader_num_workers": _choice("images are opened lazily on the main process"),
     "train.stop_after_step": _choice("none: run to the end"),
+    "train.padding_free": _choice(
+        "off: equal results either way (tests), but with sdpa, the GPU recipes' attention, a packed row's "
+        "block-diagonal mask is dense and costs more than the padding it saves"
+    ),
     "train.judge_overlap": _choice(
         "each rollout's judge call starts when its caption exists: same calls, less waiting"
     ),
@@ -610,7 +659,10 @@ PROVENANCE: dict[str, Provenance] = {
     "run.save_steps": _choice(
         "a checkpoint every 25 generation batches (100 optimizer steps of 4 per batch)"
     ),
-    "run.save_total_limit": _choice("keep every checkpoint"),
+    "run.save_total_limit": _choice(
+        "the newest 2 checkpoints (one to resume from, one in case it is damaged): a 3B checkpoint is 42 GiB "
+        "(balcaprl train --plan); the schema keeps every one"
+    ),
     "run.save_final_model": _choice("the trained policy is the run's product"),
     "run.report_to": _choice("TensorBoard next to metrics.jsonl in the paper recipe; none in the schema"),
     "run.run_name": _choice("the recipe's name"),

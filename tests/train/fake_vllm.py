@@ -126,3 +126,19 @@ class FakeEngine:
         _, output = self.unfinished.pop(first)
         self.finished.append(output.request_id)
         return [output]
+
+
+def stand_in_vllm(monkeypatch: Any) -> type[FakeLLM]:
+    """TRL's colocate path with the stand-in engine (tests/train/fake_vllm.py); TRL's distributed
+    environment variables restored when ``monkeypatch`` undoes its changes."""
+    from trl.generation import vllm_generation
+
+    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.setattr(vllm_generation, "LLM", FakeLLM, raising=False)
+    monkeypatch.setattr(vllm_generation, "SamplingParams", FakeSamplingParams, raising=False)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "0" if "RANK" in name else "1" if name == "WORLD_SIZE" else "")
+        monkeypatch.delenv(name)
+    FakeLLM.instances.clear()
+    monkeypatch.setattr(FakeLLM, "honour_processor_kwargs", True)
+    return FakeLLM

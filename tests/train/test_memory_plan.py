@@ -87,7 +87,7 @@ def test_local_checkpoints_parameters_and_lora_equal_peft(fixture, request):
 
 
 def test_static_state_and_activations_by_hand():
-    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml", ["model.layers_without_recompute=0"])
     params = 3_754_622_976
     ddp = plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/multi_gpu.yaml"))
     # fp32 weights 4, gradients 4, AdamW m and v 8, DDP buckets 4: 20 bytes per parameter.
@@ -108,6 +108,56 @@ def test_static_state_and_activations_by_hand():
     assert (
         fsdp.activations["without checkpointing (16 x 2368 tokens)"]
         == tokens * 36 * 113_664 + patches * 32 * 47_840
+    )
+
+
+def test_selective_checkpointing_by_hand():
+    """The largest number of decoder layers that keep their activations: each kept layer trades its
+    2h-byte input for a whole layer's activations (113,664 bytes a token for the 3B)."""
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
+    plan = plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml"))
+    tokens, patches = 16 * 2368, 16 * 5120
+    vit = patches * (32 * 2 * 1280 + 47_840)
+
+    def activations(kept):  # 36 - kept layers keep their input, kept + 1 a whole layer (one recomputed)
+        return tokens * ((36 - kept) * 2 * 2048 + (kept + 1) * 113_664) + vit
+
+    assert recipe.model.layers_without_recompute == 10
+    assert plan.update["activations (checkpointed, last 10 of 36 decoder layers kept)"] == activations(10)
+    left = 80 * GiB - sum(v for k, v in plan.update.items() if not k.startswith("activations ("))
+    most = plan.layers_without_recompute
+    assert activations(most) <= 0.9 * left < activations(most + 1) and most == 10
+    assert "up to 10 of the 36 decoder layers can keep their activations at 16 x 2368 tokens" in " ".join(
+        plan.notes
+    )
+    # The whole stack without recompute is plain training without checkpointing.
+    assert recipe.model.gradient_checkpointing
+    all_kept = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml", ["model.layers_without_recompute=36"])
+    full = plan_memory(all_kept, launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml"))
+    assert full.update["activations (checkpointed, last 36 of 36 decoder layers kept)"] == (
+        tokens * 36 * 113_664 + vit
+    )
+    assert not full.fits
+
+
+def test_verls_token_budget_by_hand():
+    """verl's micro-batch: the most tokens (a multiple of 1024) whose activations fit 90% of what the static
+    state leaves, at the worst case of one image per one-token caption."""
+    recipe = load_recipe(CONFIGS / "qwen2_5_vl_3b.yaml")
+    plan = plan_memory(recipe, launcher_from_verl_layout("1x8"))
+    # LM (checkpointed): each layer's input + one recomputed layer; ViT: 5120 patches of one image, spread
+    # over the 1280 + 64 + 1 tokens of its shortest sequence.
+    per_token = 36 * 2 * 2048 + 113_664 + 5120 * (32 * 2 * 1280 + 47_840) / (1280 + 64 + 1)
+    static = 16 * 3_754_622_976 / 8 + 2 * 151_936 * 2048 * 2 + 512 * 151_936 * 6 + 3 * GiB
+    left = 0.9 * (80 * GiB - static)
+    budget = plan.token_budget
+    assert budget % 1024 == 0 and budget * per_token <= left < (budget + 1024) * per_token
+    assert budget == 87_040
+    assert plan.update["activations (checkpointed)"] == pytest.approx(budget * per_token)
+    assert plan.fits and "at most 87040 tokens per GPU" in " ".join(plan.notes)
+    # TRL keeps per_device_batch_size captions: no budget.
+    assert (
+        plan_memory(recipe, launcher_from_accelerate(CONFIGS / "accelerate/fsdp.yaml")).token_budget is None
     )
 
 

@@ -116,6 +116,9 @@ def test_the_shipped_gpu_recipes_build_on_eight_processes(name):
     shipped = load_recipe(ROOT / "configs" / f"{name}.yaml", on_cpu)
     args = grpo_config(shipped, world_size=8)
     assert args.report_to == ["tensorboard"]
+    # every distributed launch (FSDP too, where TRL would leave "auto") loads without a device map
+    assert "device_map" in args.model_init_kwargs and args.model_init_kwargs["device_map"] is None
+    assert "device_map" not in grpo_config(shipped, world_size=1).model_init_kwargs  # TRL's own choice
     assert args.steps_per_generation == args.gradient_accumulation_steps * shipped.train.updates_per_batch
 
 

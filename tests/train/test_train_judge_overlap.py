@@ -16,6 +16,7 @@ import threading
 
 import pytest
 import torch
+from fake_vllm import stand_in_vllm
 from train_testkit import ScriptedJudge, tiny_recipe_dict
 from trl.generation.vllm_client import VLLMClient
 
@@ -23,7 +24,6 @@ from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.recipe import recipe_from_dict
 from balcaprl.train.judge_overlap import EarlyJudge, judge_stage_metrics, stamped, watching_finishes
 from balcaprl.train.metrics import read_jsonl
-from conftest import stand_in_vllm
 
 
 class WhenCalledJudge(ScriptedJudge):

@@ -95,5 +95,5 @@ def test_a_fresh_run_refuses_to_clobber_and_resume_refuses_another_recipe(runs, 
 
 
 def test_resume_without_a_checkpoint_is_an_error(tiny_policy, tiny_dataset, tmp_path):
-    with pytest.raises(match="no checkpoint"):
+    with pytest.raises(match="no complete checkpoint"):
         train(recipe(tiny_policy, tiny_dataset, tmp_path), ScriptedJudge(), resume=True)

@@ -16,6 +16,7 @@ def earlier_run(folder, *, checkpoint=True, metrics="{}\n"):
     if checkpoint:
         (folder / "checkpoint-4").mkdir()
         (folder / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+        (folder / "checkpoint-4" / "model.safetensors").write_bytes(b"")
     (folder / "metrics.jsonl").write_text(metrics)
     (folder / "recipe.yaml").write_text("name: earlier\n")
     return folder
@@ -31,7 +32,9 @@ def test_what_counts_as_an_earlier_run(tmp_path):
         ConfigError, match=r"already holds a run \(metrics.jsonl\); pass --resume .* --overwrite"
     ):
         resolve_resume(stopped, False)
-    with pytest.raises(ConfigError, match="no checkpoint-\\* folder .* pass --overwrite to start it again"):
+    with pytest.raises(
+        ConfigError, match="no complete checkpoint-\\* folder .* pass --overwrite to start it again"
+    ):
         resolve_resume(stopped, True)
 
 

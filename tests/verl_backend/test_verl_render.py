@@ -142,7 +142,7 @@ def test_recipe_knobs_map_to_verl(tmp_path):
         [
             "train.updates_per_batch=4",
             "run.save_steps=24",
-            "train.warmup=10",
+            "train.warmup=12",
             "train.kl_beta=0.01",
             "train.clip_epsilon_high=0.28",
             "train.max_steps=100",
@@ -156,13 +156,14 @@ def test_recipe_knobs_map_to_verl(tmp_path):
     launch = render_verl(recipe, extra=["actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
     values = launch.as_dict()
     assert values["actor_rollout_ref.actor.ppo_mini_batch_size"] == "64"
-    assert values["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "10"
+    # optimizer steps -> batches of 4 updates (tests/train/test_step_units.py)
+    assert values["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "3"
     assert (
         values["actor_rollout_ref.actor.use_kl_loss"] == "true"
         and values["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
     )
     assert values["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
-    assert values["trainer.total_training_steps"] == "100"
+    assert values["trainer.total_training_steps"] == "25" and values["trainer.save_freq"] == "6"
     assert values["actor_rollout_ref.rollout.top_k"] == "50"
     assert values["data.mm_processor_kwargs.max_pixels"] == "200704"
     assert values["trainer.logger"] == "[console,wandb]"
@@ -236,10 +237,45 @@ def test_llava_renders_for_verl(tmp_path):
     assert any("LLaVA" in note and "untested upstream" in note for note in launch.notes)
     cfg = verl_config(launch.overrides)
     assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    assert cfg.actor_rollout_ref.model.use_fused_kernels is False  # verl patches the packed Qwen forward only
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
     # Qwen stays packed (verl patches its forward for it).
     qwen = render_verl(load_recipe(RECIPE_3B)).as_dict()
     assert qwen["actor_rollout_ref.model.use_remove_padding"] == "true"
+
+
+@pytest.mark.parametrize("recipe_path", [RECIPE_3B, RECIPE_7B], ids=["3b", "7b"])
+def test_the_speed_settings_are_verls_own(recipe_path):
+    """fsdp2, token-balanced micro-batches at the plan's budget and fused kernels, each read back through
+    verl 0.9.1's config dataclasses (their __post_init__ checks run), not just as strings."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import FSDPActorConfig
+
+    from balcaprl.train.memory_plan import launcher_from_verl_layout, plan_memory
+
+    recipe = load_recipe(recipe_path)
+    cfg = verl_config(render_verl(recipe).overrides)  # plain `key=value`: Hydra refuses keys verl lacks
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor, FSDPActorConfig)
+    assert actor.strategy == "fsdp2" and actor.engine.strategy == "fsdp2"  # what engine_workers picks
+    assert cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    budget = plan_memory(recipe, launcher_from_verl_layout("1x8")).token_budget
+    assert actor.use_dynamic_bsz is True and actor.ppo_max_token_len_per_gpu == budget
+    # verl's rearrange_micro_batches refuses a budget below the padded width of one sequence.
+    assert budget >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    rollout = cfg.actor_rollout_ref.rollout  # the log-prob passes follow the actor's budget
+    assert rollout.log_prob_use_dynamic_bsz is True and rollout.log_prob_max_token_len_per_gpu == budget
+    assert cfg.actor_rollout_ref.model.use_fused_kernels is True and actor.use_fused_kernels is True
+    assert cfg.actor_rollout_ref.model.fused_kernel_options.impl_backend == "torch"  # chunked, any GPU
+
+
+def test_a_budget_below_one_sequence_is_raised_to_it_with_a_note():
+    launch = render_verl(load_recipe(RECIPE_7B), gpu_memory_gib=20)
+    values = launch.as_dict()
+    assert values["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == str(2048 + 1024)
+    assert any(
+        "room for 0 tokens" in note and "less than one 3072-token sequence" in note for note in launch.notes
+    )
 
 
 def test_a_recipes_own_engine_share_wins():

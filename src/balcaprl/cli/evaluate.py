@@ -14,6 +14,7 @@ import typer
 
 from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short
 from balcaprl.errors import InputError, UserError
+from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
 
 __all__ = ["caption", "evaluate", "evaluate_general", "report", "score"]
 
@@ -61,6 +62,7 @@ def caption(
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP + " (OUT, or OUT.part of an unfinished run)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT and discard an unfinished run's OUT.part."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:  # fmt: skip
     """Caption images with a model; resumable (--resume); writes JSONL and the benchmark's own input format."""
     from balcaprl.evaluate.captioning import (
@@ -98,6 +100,9 @@ def caption(
         batch_size=batch_size,
     )
     if backend == "transformers":
+        from balcaprl.threads import use_cpu_threads
+
+        use_cpu_threads(threads, on_cpu=None if device == "auto" else device == "cpu")
         captioner = TransformersCaptioner(model, device=device, dtype=dtype)
     else:
         most = max((len(i.images) for i in items), default=1)

@@ -10,6 +10,7 @@ import typer
 
 from balcaprl.cli.common import OVERWRITE_HELP
 from balcaprl.errors import UserError
+from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
 
 __all__ = ["build", "caption", "init_policy", "probe", "sft", "show"]
 
@@ -80,11 +81,15 @@ def sft(
         "--progress/--no-progress",
         help="Report progress on stderr (a bar, or periodic lines in a log).",
     ),
+    threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
     from balcaprl.outputs import claim_output_dir
     from balcaprl.progress import Progress
     from balcaprl.synthetic.sft import SFTConfig, policy_results, run_sft
+    from balcaprl.threads import use_cpu_threads
+
+    use_cpu_threads(threads, on_cpu=True)  # the synthetic policy always runs on the CPU
 
     if evaluate_before and eval_limit == 0:
         raise UserError("--evaluate-before scores held-out scenes: give --eval-limit above 0")
@@ -168,9 +173,14 @@ def caption(
     data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
     n: int = typer.Option(5, "--n", min=1, help="Held-out images to caption."),
     split: str = typer.Option("eval", "--split"),
+    threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Caption held-out images greedily with a policy and score each caption with the oracle."""
     from PIL import Image
+
+    from balcaprl.threads import use_cpu_threads
+
+    use_cpu_threads(threads, on_cpu=True)  # the synthetic policy always runs on the CPU
 
     from balcaprl.data.format import read_split_rows
     from balcaprl.synthetic.evaluation import score_captions

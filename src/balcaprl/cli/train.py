@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
+
 __all__ = ["train"]
 
 
@@ -51,6 +53,7 @@ def train(
         None, "--gpus", min=1, help="--plan: processes (GPUs) instead of the launcher's num_processes."
     ),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
+    threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Train a captioner with c-GDPO on TRL's GRPOTrainer, on one machine.
 
@@ -65,6 +68,9 @@ def train(
     if plan:
         _print_plan(recipe, launcher, verl_layout, gpus, gpu_memory)
         return
+    from balcaprl.threads import use_cpu_threads
+
+    use_cpu_threads(threads, on_cpu=True if recipe.train.use_cpu else None)
     from balcaprl.data.format import read_card
     from balcaprl.errors import ConfigError, UserError
     from balcaprl.outputs import ensure_writable_dir, lock_output

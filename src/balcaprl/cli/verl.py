@@ -81,6 +81,9 @@ def launch(
         None, "--verl-override", help="Extra Hydra override KEY=VALUE (repeatable; applied last)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the rendered overrides and exit."),
+    gpu_memory: float = typer.Option(
+        80.0, "--gpu-memory", help="Memory of one GPU, GiB (the per-GPU token budget of the micro-batches)."
+    ),
 ) -> None:
     """Train a captioner with c-GDPO on a Ray cluster with verl (FSDP + vLLM rollouts).
 
@@ -99,6 +102,7 @@ def launch(
         judge=judge,
         recipe_dir=config.resolve().parent,
         extra=verl_override or [],
+        gpu_memory_gib=gpu_memory,
     )
     for note in rendered.notes:
         typer.secho(f"note: {note}", err=True, fg=typer.colors.YELLOW)

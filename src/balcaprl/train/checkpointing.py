@@ -7,6 +7,18 @@ A run folder holds
     rollouts.jsonl       optional, every rollout of every Nth step
     final/               the final policy and processor
 
+A checkpoint is written aside, in ``.partial/checkpoint-N/``, and published into the run folder by
+one rename once every process has finished writing it (:class:`AtomicCheckpoints`; ``final/`` the
+same way, :func:`save_final_model`), so ``checkpoint-N/`` is either complete or absent: a full disk
+or a kill mid-save leaves the previous checkpoints as they were. ``--resume`` takes the newest
+complete checkpoint; one that is not (from a crash under an older version, or damaged since) is
+skipped with one line saying why (:func:`latest_checkpoint`).
+
+Under FSDP with ``SHARDED_STATE_DICT`` (``configs/accelerate/fsdp.yaml``) each process writes its
+own shard of the weights and optimizer (``pytorch_model_fsdp_0/``, ``optimizer_0/``), once, without
+gathering them; ``final/`` is still the whole model, gathered once at the end and written with
+``save_pretrained`` (what ``from_pretrained`` and ``balcaprl caption`` load).
+
 A folder that already holds a run (a checkpoint, the final policy, or metrics) is refused for a new
 run; ``--resume`` continues it and ``--overwrite`` replaces it (:func:`replace_run`: the old run is
 moved aside in one rename, then deleted, so the folder never mixes two runs' files).
@@ -24,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +50,12 @@ from balcaprl.train.metrics import read_jsonl
 
 __all__ = [
     "RECIPE_FILE",
+    "STAGING_DIR",
+    "AtomicCheckpoints",
     "StopAfterStep",
+    "incomplete_reason",
+    "publish",
+    "save_final_model",
     "check_resumable",
     "checkpoint_step",
     "latest_checkpoint",
@@ -69,14 +87,156 @@ RESUMABLE_CHANGES = (
 )
 
 
-def latest_checkpoint(output_dir: Path | str) -> Path | None:
-    from transformers.trainer_utils import get_last_checkpoint
+STAGING_DIR = ".partial"  # checkpoints being written, inside the run folder (same file system: rename)
+# What a checkpoint holds weights in: plain or sharded safetensors, an FSDP shard folder or file (the
+# SHARDED_STATE_DICT form, or FULL_STATE_DICT's extra copy), a DeepSpeed folder, a peft adapter.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model_fsdp_0",
+    "pytorch_model_fsdp.bin",
+    "adapter_model.safetensors",
+)
 
+
+def incomplete_reason(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from (None when it is complete). The Trainer writes
+    ``trainer_state.json`` last, so a checkpoint without it, or without weights, was cut short."""
+    state = checkpoint / "trainer_state.json"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))["global_step"]
+    except FileNotFoundError:
+        return "no trainer_state.json"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "trainer_state.json unreadable"
+    has_weights = any((checkpoint / name).exists() for name in WEIGHT_FILES)
+    if not has_weights and not any(checkpoint.glob("global_step*")):  # DeepSpeed's own folder
+        return "no model weights"
+    return None
+
+
+def latest_checkpoint(output_dir: Path | str, report: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete ``checkpoint-N`` in ``output_dir``; newer incomplete ones are skipped, each
+    with one line to ``report``."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return None
-    found = get_last_checkpoint(str(output_dir))
-    return Path(found) if found else None
+    numbered = []
+    for path in output_dir.glob("checkpoint-*"):
+        suffix = path.name.removeprefix("checkpoint-")
+        if path.is_dir() and suffix.isdigit():
+            numbered.append((int(suffix), path))
+    for _, path in sorted(numbered, reverse=True):
+        reason = incomplete_reason(path)
+        if reason is None:
+            return path
+        if report is not None:
+            report(f"skipping {path}: incomplete ({reason}); resuming from an earlier checkpoint")
+    return None
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` and the folders themselves, so a published checkpoint is on
+    disk before its name is."""
+    for path in sorted(folder.rglob("*"), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(staged: Path, target: Path) -> None:
+    """Move the finished folder ``staged`` to ``target`` in one rename (an existing ``target``, e.g. the
+    same step saved again after a resume, is moved aside first and deleted after)."""
+    _fsync_tree(staged)
+    old = None
+    if target.exists():
+        old = target.parent / STAGING_DIR / f"{target.name}.replaced"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(target, old)
+    os.rename(staged, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class AtomicCheckpoints:
+    """Trainer mixin: ``checkpoint-N`` is written under ``OUTPUT/.partial/`` and published by
+    :func:`publish` once every process has written its part; older checkpoints are then rotated out
+    (``save_total_limit``) in the run folder itself.
+
+    The Trainer (and TRL's ``_save_checkpoint``) place a checkpoint at ``_get_output_dir()/checkpoint-N``,
+    so redirecting that one method while a checkpoint is saved is enough.
+    """
+
+    _staging_checkpoint = False
+
+    def _get_output_dir(self, trial: Any) -> str:
+        run_dir = super()._get_output_dir(trial)  # type: ignore[misc]
+        return os.path.join(run_dir, STAGING_DIR) if self._staging_checkpoint else run_dir
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+        run_dir = Path(self._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"  # type: ignore[attr-defined]
+        staged = run_dir / STAGING_DIR / name
+        accelerator, args = self.accelerator, self.args  # type: ignore[attr-defined]
+        if args.should_save:
+            shutil.rmtree(staged, ignore_errors=True)  # left by a save that was cut short
+        accelerator.wait_for_everyone()
+        self._staging_checkpoint = True
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            self._staging_checkpoint = False
+        accelerator.wait_for_everyone()  # every shard written
+        if args.should_save:
+            publish(staged, run_dir / name)
+            rotate_checkpoints(
+                output_dir=str(run_dir),
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,  # type: ignore[attr-defined]
+                use_mtime=True,
+            )
+        accelerator.wait_for_everyone()
+
+
+def _sharded_state_dict(trainer: Any) -> bool:
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return False
+    return "FULL_STATE_DICT" not in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+
+
+def save_final_model(trainer: Any, final_dir: Path) -> None:
+    """The whole policy (and processor) in ``final_dir``, written aside and published in one rename.
+
+    With FSDP's sharded checkpoints the Trainer's ``save_model`` writes no weights, so the full state
+    dict is gathered here (accelerate's ``get_state_dict``: on every process, CPU copy on the main one)
+    and written with ``save_pretrained`` like any other checkpoint.
+    """
+    staged = final_dir.parent / STAGING_DIR / final_dir.name
+    if trainer.args.should_save:
+        shutil.rmtree(staged, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    if _sharded_state_dict(trainer):
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        if trainer.args.should_save:
+            trainer._save(str(staged), state_dict=state_dict)
+    else:
+        trainer.save_model(str(staged))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        publish(staged, final_dir)
+    trainer.accelerator.wait_for_everyone()
 
 
 def checkpoint_step(checkpoint: Path) -> int:
@@ -124,8 +284,11 @@ def _replace_run(output_dir: Path) -> None:
     shutil.rmtree(aside)
 
 
-def resolve_resume(output_dir: Path | str, resume: bool | str | Path) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh run; refuses to clobber an existing run."""
+def resolve_resume(
+    output_dir: Path | str, resume: bool | str | Path, report: Callable[[str], None] | None = None
+) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh run; refuses to clobber an existing run.
+    ``report`` gets one line for each incomplete checkpoint passed over."""
     output_dir = Path(output_dir)
     if resume is False or resume is None:
         existing = run_results(output_dir)
@@ -137,15 +300,18 @@ def resolve_resume(output_dir: Path | str, resume: bool | str | Path) -> Path | 
             )
         return None
     if resume is True:
-        found = latest_checkpoint(output_dir)
+        found = latest_checkpoint(output_dir, report)
         if found is None:
             raise ConfigError(
-                f"--resume: no checkpoint-* folder in {output_dir} to resume from"
+                f"--resume: no complete checkpoint-* folder in {output_dir} to resume from"
                 + ("; pass --overwrite to start it again" if run_results(output_dir) else "")
             )
         return found
     checkpoint = Path(resume)
     checkpoint_step(checkpoint)  # validates
+    reason = incomplete_reason(checkpoint)
+    if reason is not None:
+        raise ConfigError(f"--resume-from {checkpoint}: an incomplete checkpoint ({reason})")
     return checkpoint
 
 

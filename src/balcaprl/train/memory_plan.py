@@ -28,8 +28,12 @@ its patches (Qwen2.5-VL: 4 patches per image token; LLaVA-1.5: 577 CLIP tokens p
 KV cache per token: ``layers x 2 (K, V) x kv_heads x head_dim x bytes``. Logits: TRL 1.16 computes the
 completion tokens' log-probs with a fused, tiled LM head (``trl.kernels.ChunkedLogProbFunction``: tiles
 of 4,096 tokens x 32,768 vocabulary entries, never the whole ``tokens x vocabulary`` matrix); verl 0.9.1
-without fused kernels materialises the logits of every token of a micro-batch (bf16, plus an fp32 copy
-for the log-softmax).
+without fused kernels would materialise the logits of every token of a micro-batch, so balcaprl renders
+``use_fused_kernels`` (512-token chunks).
+
+verl's micro-batches are token-balanced (``use_dynamic_bsz``): the plan gives them the tokens the
+memory left after the static state holds (:attr:`MemoryPlan.token_budget`, rendered as
+``ppo_max_token_len_per_gpu``), instead of ``train.per_device_batch_size`` captions.
 
 These are estimates: allocator fragmentation, NCCL buffers and the CUDA context come on top, and a
 fixed reserve (:data:`RUNTIME_RESERVE_GIB`) stands in for them. Check them against a measured step
@@ -54,6 +58,8 @@ __all__ = [
     "MemoryPlan",
     "ModelShape",
     "Stack",
+    "activation_bytes_per_token",
+    "checkpoint_disk",
     "launcher_from_accelerate",
     "launcher_from_verl_layout",
     "model_shape",
@@ -70,6 +76,9 @@ TRL_LOGPROB_TILE = (
     4096,
     32768,
 )  # trl.kernels.chunked_logprob: TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE
+VERL_FUSED_CHUNK = 512  # verl.utils.experimental.torch_functional.FusedLinearForPPO's chunk_size (tokens)
+TOKEN_BUDGET_STEP = 1024  # verl's token budget is rounded down to a multiple of this
+ACTIVATION_SHARE = 0.9  # of the memory left for activations (verl's token budget, layers kept): a margin
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -100,10 +109,12 @@ class Stack:
         mlp = 4 * self.intermediate if self.mlp == "swiglu" else 2 * self.intermediate
         return BF16 * (6 * self.hidden + 2 * self.kv + mlp)
 
-    def activation_bytes(self, tokens: int, checkpointing: bool) -> int:
-        """Activations of ``tokens`` tokens through the whole stack."""
-        if checkpointing:
-            return tokens * (self.layers * BF16 * self.hidden + self.layer_activation_bytes())
+    def activation_bytes(self, tokens: int, checkpointing: bool, kept: int = 0) -> int:
+        """Activations of ``tokens`` tokens through the whole stack; with checkpointing, ``kept`` layers
+        keep all theirs (selective checkpointing) and the others their input, plus one recomputed layer."""
+        if checkpointing and kept < self.layers:
+            recomputed = self.layers - kept
+            return tokens * (recomputed * BF16 * self.hidden + (kept + 1) * self.layer_activation_bytes())
         return tokens * self.layers * self.layer_activation_bytes()
 
     def kv_bytes_per_token(self, dtype_bytes: int = BF16) -> int:
@@ -385,6 +396,9 @@ class Launcher:
     description: str = ""
     offload_params: bool = False
     offload_optimizer: bool = False
+    # FSDP's checkpoint form: SHARDED_STATE_DICT (each process its shard, once) or FULL_STATE_DICT
+    # (gathered, and the Trainer writes the weights twice: save_pretrained and FSDP's own file).
+    sharded_checkpoints: bool = True
 
     @property
     def shards(self) -> int:
@@ -407,6 +421,7 @@ def launcher_from_accelerate(path: str | Path, gpus: int | None = None) -> Launc
         return Launcher(
             strategy, processes, description=f"{name}: FSDP over {processes} GPUs",
             offload_params=bool(fsdp.get("fsdp_offload_params", False)),
+            sharded_checkpoints="FULL" not in str(fsdp.get("fsdp_state_dict_type", "FULL_STATE_DICT")).upper(),
         )  # fmt: skip
     if kind == "DEEPSPEED":
         ds = config.get("deepspeed_config") or {}
@@ -449,6 +464,13 @@ class MemoryPlan:
     activations: dict[str, float]  # both ways, for the reader: {"with checkpointing": .., "without": ..}
     notes: list[str]
     warnings: list[str]
+    # verl only: the per-GPU token budget of a token-balanced micro-batch (ppo_max_token_len_per_gpu).
+    token_budget: int | None = None
+    # TRL with gradient checkpointing: the most decoder layers that fit without recompute.
+    layers_without_recompute: int | None = None
+    # Disk, whole run folder (all processes' files): one checkpoint, and final/.
+    checkpoint_bytes: float = 0.0
+    final_bytes: float = 0.0
 
     @property
     def peak(self) -> float:
@@ -531,31 +553,16 @@ def plan_memory(
         unit = max(_layer_params(shape.text), shape.vocab * shape.text.hidden)
         update["gathered parameters (FSDP units in flight)"] = 2 * unit * BF16
 
-    # Activations of one micro-batch: prompt (image + text) + caption tokens, and the vision tower's tokens.
-    image_tokens = shape.image_tokens(m.image.max_pixels)
-    sequence = image_tokens + PROMPT_TEXT_TOKENS + r.max_caption_tokens
-    micro = t.per_device_batch_size
-    vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
-    both = {
-        checkpointing: shape.text.activation_bytes(micro * sequence, checkpointing)
-        + shape.vision.activation_bytes(vision_tokens, checkpointing)
-        for checkpointing in (True, False)
-    }
-    update["activations (" + ("checkpointed" if m.gradient_checkpointing else "no checkpointing") + ")"] = (
-        both[m.gradient_checkpointing]
-    )
-    activations = {
-        f"with checkpointing ({micro} x {sequence} tokens)": both[True],
-        f"without checkpointing ({micro} x {sequence} tokens)": both[False],
-    }
-
-    # Log-probs through the LM head.
+    # Log-probs through the LM head (they do not grow with the micro-batch: both backends tile them).
     head = shape.vocab * shape.text.hidden
-    if verl:
-        update["logits (every token, bf16 + fp32 log-softmax)"] = (
-            micro * sequence * shape.vocab * (BF16 + FP32)
+    # verl's fused kernels (what balcaprl renders for the packed Qwen2/2.5-VL): the LM head and
+    # log-softmax in chunks; without them (LLaVA) every token's logits, counted with the activations.
+    logits_per_token = 0 if shape.kind == "qwen2_vl" else shape.vocab * (BF16 + FP32)
+    if verl and not logits_per_token:
+        update[f"log-probs (verl fused kernels, {VERL_FUSED_CHUNK}-token chunks)"] = (
+            VERL_FUSED_CHUNK * shape.vocab * (BF16 + FP32)
         )
-    else:
+    elif not verl:
         tile_tokens, tile_vocab = TRL_LOGPROB_TILE
         logprob = tile_tokens * min(tile_vocab, shape.vocab) * (BF16 + FP32)
         if shards > 1:
@@ -563,6 +570,49 @@ def plan_memory(
         if m.lora is None:
             logprob += head * FP32  # its weight gradient, accumulated in fp32 over the tiles
         update["log-probs (TRL fused LM head, tiles)"] = logprob
+
+    # Activations of one micro-batch: prompt (image + text) + caption tokens, and the vision tower's tokens.
+    image_tokens = shape.image_tokens(m.image.max_pixels)
+    sequence = image_tokens + PROMPT_TEXT_TOKENS + r.max_caption_tokens
+    token_budget = None
+    if verl:
+        # Token-balanced micro-batches (use_dynamic_bsz): as many tokens as the memory left holds.
+        left = ACTIVATION_SHARE * (gpu_bytes - sum(update.values()) - RUNTIME_RESERVE_GIB * GiB)
+        per_token = activation_bytes_per_token(shape, recipe, m.gradient_checkpointing) + logits_per_token
+        token_budget = max(0, int(left // per_token) // TOKEN_BUDGET_STEP * TOKEN_BUDGET_STEP)
+        if logits_per_token:
+            update["logits (every token, bf16 + fp32 log-softmax)"] = token_budget * logits_per_token
+        notes.append(
+            f"verl micro-batches: at most {token_budget} tokens per GPU (use_dynamic_bsz, "
+            f"ppo_max_token_len_per_gpu), {per_token / 2**20:.2f} MiB of activations and logits per token"
+        )
+        shown = f"{token_budget} tokens"
+        both = {
+            checkpointing: token_budget * activation_bytes_per_token(shape, recipe, checkpointing)
+            for checkpointing in (True, False)
+        }
+    else:
+        micro = t.per_device_batch_size
+        shown = f"{micro} x {sequence} tokens"
+        vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
+
+        def micro_batch(checkpointing: bool, kept: int = 0) -> int:
+            return shape.text.activation_bytes(micro * sequence, checkpointing, kept) + (
+                shape.vision.activation_bytes(vision_tokens, checkpointing)
+            )
+
+        both = {checkpointing: micro_batch(checkpointing) for checkpointing in (True, False)}
+    kept = m.layers_without_recompute if m.gradient_checkpointing and not verl else 0
+    label = "checkpointed" if m.gradient_checkpointing else "no checkpointing"
+    if kept:
+        label += f", last {kept} of {shape.text.layers} decoder layers kept"
+        update[f"activations ({label})"] = micro_batch(True, kept)
+    else:
+        update[f"activations ({label})"] = both[m.gradient_checkpointing]
+    activations = {
+        f"with checkpointing ({shown})": both[True],
+        f"without checkpointing ({shown})": both[False],
+    }
 
     # Rollouts.
     captions = t.prompts_per_batch * r.rollouts_per_prompt
@@ -619,7 +669,45 @@ def plan_memory(
     reserve = RUNTIME_RESERVE_GIB * GiB
     update["CUDA context, NCCL, fragmentation (reserve)"] = reserve
     rollout["CUDA context, NCCL, fragmentation (reserve)"] = reserve
-    plan = MemoryPlan(shape, launcher, gpu_bytes, update, rollout, activations, notes, warnings)
+    most_kept = None
+    if m.gradient_checkpointing and not verl:
+        # Selective checkpointing: the most decoder layers whose activations fit the share of what is left.
+        left = gpu_bytes - sum(v for k, v in update.items() if not k.startswith("activations ("))
+        most_kept = next(
+            (n for n in range(shape.text.layers, -1, -1) if micro_batch(True, n) <= ACTIVATION_SHARE * left),
+            None,
+        )
+        if most_kept is None:
+            notes.append("selective checkpointing: not even full recompute fits this micro-batch")
+        else:
+            notes.append(
+                f"selective checkpointing: up to {most_kept} of the {shape.text.layers} decoder layers can keep "
+                f"their activations at {shown} (model.layers_without_recompute={most_kept}; the recipe has {kept})"
+            )
+    checkpoint, final, form = checkpoint_disk(shape, recipe, launcher)
+    limit = recipe.run.save_total_limit
+    kept = (
+        f"at most {limit} kept: {limit * checkpoint / GiB:.1f} GiB"
+        if limit
+        else "all kept (run.save_total_limit)"
+    )
+    notes.append(
+        f"disk: {checkpoint / GiB:.1f} GiB per checkpoint ({form}), {kept}; final/ {final / GiB:.1f} GiB"
+    )
+    plan = MemoryPlan(
+        shape,
+        launcher,
+        gpu_bytes,
+        update,
+        rollout,
+        activations,
+        notes,
+        warnings,
+        token_budget=token_budget,
+        layers_without_recompute=most_kept,
+        checkpoint_bytes=checkpoint,
+        final_bytes=final,
+    )
     for phase, parts in (("update", update), ("rollout", rollout)):
         total = sum(parts.values())
         if total > gpu_bytes:
@@ -629,6 +717,41 @@ def plan_memory(
                 f"the largest part is {biggest} ({parts[biggest] / GiB:.1f} GiB)"
             )
     return plan
+
+
+def checkpoint_disk(shape: ModelShape, recipe: Recipe, launcher: Launcher) -> tuple[float, float, str]:
+    """Bytes of one checkpoint and of ``final/``, and the checkpoint's form.
+
+    A checkpoint holds the weights (the adapter alone with LoRA) and AdamW's two moments, in the
+    parameters' dtype under torch (DDP, FSDP, verl); DeepSpeed keeps bf16 weights and an fp32 master
+    copy with fp32 moments (2 + 12 bytes per parameter) and writes 16-bit weights for loading besides.
+    FSDP with FULL_STATE_DICT writes the weights twice (``save_pretrained`` and FSDP's own file).
+    ``final/`` is the weights once, as ``save_pretrained`` writes them.
+    """
+    m = recipe.model
+    param_bytes = FP32 if m.dtype == "float32" else BF16
+    trainable = shape.lora_params(m.lora.r) if m.lora is not None else shape.params
+    weights = trainable * FP32 if m.lora is not None else shape.params * param_bytes
+    if launcher.strategy in ("zero2", "zero3"):
+        return trainable * (BF16 + FP32 * 3) + shape.params * BF16, weights, "DeepSpeed"
+    optimizer = trainable * 2 * param_bytes
+    if launcher.strategy == "fsdp" and launcher.backend == "trl" and not launcher.sharded_checkpoints:
+        return 2 * weights + optimizer, weights, "FSDP FULL_STATE_DICT: weights twice"
+    form = "sharded" if launcher.strategy == "fsdp" else "whole"
+    return weights + optimizer, weights, form
+
+
+def activation_bytes_per_token(shape: ModelShape, recipe: Recipe, checkpointing: bool) -> float:
+    """Activation bytes per sequence token of a packed micro-batch, the vision tower included.
+
+    Each sequence brings one image (``vision_tokens`` through the tower) and the shortest caption brings
+    the most images per token, so the worst case is an image with a one-token caption: per token,
+    the LM's bytes plus the vision tower's for one image spread over ``image + prompt + 1`` tokens.
+    """
+    pixels = recipe.model.image.max_pixels
+    shortest = shape.image_tokens(pixels) + PROMPT_TEXT_TOKENS + 1
+    vision = shape.vision.activation_bytes(shape.vision_tokens(pixels), checkpointing)
+    return shape.text.activation_bytes(1, checkpointing) + vision / shortest
 
 
 def _layer_params(stack: Stack) -> int:

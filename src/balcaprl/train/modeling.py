@@ -40,6 +40,9 @@ __all__ = [
     "image_grid",
     "image_limits",
     "image_only_processor_class",
+    "keep_activations",
+    "keep_activations_on_enable",
+    "language_model_layers",
     "load_processor",
     "model_init_kwargs",
     "peft_config",
@@ -177,12 +180,68 @@ def _size_entry(size: Any, key: str) -> Any:
     return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
-def model_init_kwargs(cfg: ModelConfig) -> dict[str, Any]:
-    """``GRPOConfig.model_init_kwargs``: how TRL loads ``cfg.path``."""
+def model_init_kwargs(cfg: ModelConfig, processes: int = 1) -> dict[str, Any]:
+    """``GRPOConfig.model_init_kwargs``: how TRL loads ``cfg.path`` in each of ``processes`` processes.
+
+    A distributed launch loads with ``device_map=None``: TRL 1.16 sets it only for DDP and DeepSpeed and
+    otherwise lets ``from_pretrained`` use "auto", which under FSDP spreads rank 0's copy over every GPU
+    of the node (while the colocated vLLM engines measure their free memory); FSDP then places the
+    shards itself. One process keeps TRL's choice ("auto" on a GPU, None on CPU).
+    """
     kwargs: dict[str, Any] = {"dtype": cfg.dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation is not None:
         kwargs["attn_implementation"] = cfg.attn_implementation
+    if processes > 1:
+        kwargs["device_map"] = None
     return kwargs
+
+
+def language_model_layers(model: Any) -> list[Any]:
+    """The language model's decoder layers, in order (Qwen2/2.5-VL and LLaVA name them under
+    ``language_model``; peft's wrapper keeps those names)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [
+        module
+        for name, module in model.named_modules()
+        if isinstance(module, GradientCheckpointingLayer) and "language_model" in name.split(".")
+    ]
+
+
+def keep_activations(model: Any, layers_without_recompute: int) -> list[int]:
+    """Selective activation checkpointing: the last ``layers_without_recompute`` decoder layers of the
+    language model skip the recompute (transformers 5 checks ``GradientCheckpointingLayer
+    .gradient_checkpointing`` per layer, so one flag per layer is the whole switch); every other layer,
+    the vision tower's included, stays as ``gradient_checkpointing_enable`` left it. A number above the
+    model's layer count (a recipe's value on a smaller model) keeps them all. Returns the indices of the
+    layers that now keep their activations."""
+    layers = language_model_layers(model)
+    if layers_without_recompute > len(layers):
+        logger.info(
+            "model.layers_without_recompute: %d, but the language model has %d decoder layers: all keep theirs",
+            layers_without_recompute,
+            len(layers),
+        )
+    kept = list(range(max(0, len(layers) - layers_without_recompute), len(layers)))
+    for index in kept:
+        layers[index].gradient_checkpointing = False
+    return kept
+
+
+def keep_activations_on_enable(model: Any, layers_without_recompute: int) -> None:
+    """Apply :func:`keep_activations` now if checkpointing is on, and after every later
+    ``gradient_checkpointing_enable`` of ``model``: the Trainer enables it at the start of training, and
+    TRL disables and re-enables it around every ``generate`` (``trl.models.utils``), each time on every
+    layer. The method is wrapped on the instance, as TRL's own selective checkpointing does."""
+    original = model.gradient_checkpointing_enable
+
+    def enable(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        keep_activations(model, layers_without_recompute)
+
+    model.gradient_checkpointing_enable = enable
+    if getattr(model, "is_gradient_checkpointing", False):
+        keep_activations(model, layers_without_recompute)
 
 
 def peft_config(cfg: ModelConfig):

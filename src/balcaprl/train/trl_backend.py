@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,19 +51,31 @@ from balcaprl.judge.protocol import Judge
 from balcaprl.recipe import Recipe
 from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
 from balcaprl.train.checkpointing import (
+    AtomicCheckpoints,
     StopAfterStep,
     check_resumable,
     checkpoint_step,
     resolve_resume,
+    save_final_model,
     truncate_logs,
     write_recipe_snapshot,
 )
 from balcaprl.train.data import prepare_train_dataset
+from balcaprl.train.driver import check_driver
 from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
-from balcaprl.train.modeling import ImageGrid, image_grid, load_processor, model_init_kwargs, peft_config
+from balcaprl.train.modeling import (
+    ImageGrid,
+    image_grid,
+    keep_activations_on_enable,
+    load_processor,
+    model_init_kwargs,
+    peft_config,
+)
+from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.vision_attention import use_varlen_vision_attention
 
 __all__ = [
     "BalancedGRPOTrainer",
@@ -167,7 +180,7 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class BalancedGRPOTrainer(JudgeOverlapMixin, GRPOTrainer):
+class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
     """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
 
     Args:
@@ -455,7 +468,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
     kwargs: dict[str, Any] = dict(
         output_dir=str(Path(run.output_dir).expanduser()),
         # Model loading.
-        model_init_kwargs=model_init_kwargs(recipe.model),
+        model_init_kwargs=model_init_kwargs(recipe.model, world_size),
         trust_remote_code=recipe.model.trust_remote_code,
         # transformers 5.23 renamed these activation_checkpointing(_kwargs) and keeps the old names as
         # aliases; 5.17 (the one-node GPU set, vLLM < 0.33) knows only the old ones.
@@ -574,7 +587,10 @@ def build_trainer(
     )
     output_dir = Path(args.output_dir)
     rollout_log = RolloutLog(output_dir / "rollouts.jsonl", recipe.run.log_rollouts_every)
-    trainer = BalancedGRPOTrainer(
+    trainer_class = BalancedGRPOTrainer
+    if recipe.train.padding_free:  # the log-prob passes on packed rows (train/packing.py)
+        trainer_class = type("PackedBalancedGRPOTrainer", (PackedLogProbs, BalancedGRPOTrainer), {})
+    trainer = trainer_class(
         model=recipe.model.path,
         args=args,
         train_dataset=train_dataset,
@@ -594,12 +610,22 @@ def build_trainer(
         trainer.add_callback(RichProgressCallback())
     if recipe.train.stop_after_step is not None:
         trainer.add_callback(StopAfterStep(recipe.train.stop_after_step))
+    if recipe.model.vision_attention == "varlen_sdpa" and "flash" not in (
+        recipe.model.attn_implementation or ""
+    ):
+        use_varlen_vision_attention(trainer.model)  # a flash implementation has its own varlen path
+    if recipe.model.gradient_checkpointing and recipe.model.layers_without_recompute:
+        keep_activations_on_enable(trainer.model, recipe.model.layers_without_recompute)
     for callback in callbacks:
         trainer.add_callback(callback)
     return trainer
 
 
 # ------------------------------------------------------------------------------------------ a run
+
+
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -625,8 +651,10 @@ def train(
     newest checkpoint in the folder, or a checkpoint path.
     """
     output_dir = Path(recipe.run.output_dir).expanduser()
-    checkpoint = resolve_resume(output_dir, resume)
+    if not recipe.train.use_cpu:
+        check_driver()  # before torch decides there is no GPU (an old driver) and trains on the CPU
     state = PartialState(cpu=recipe.train.use_cpu)
+    checkpoint = resolve_resume(output_dir, resume, report=_note if state.is_main_process else None)
     if checkpoint is not None:
         check_resumable(output_dir, recipe, allow_recipe_change)
         if state.is_main_process:
@@ -642,7 +670,7 @@ def train(
     final_dir = None
     if finished and recipe.run.save_final_model:
         final_dir = output_dir / "final"
-        trainer.save_model(str(final_dir))
+        save_final_model(trainer, final_dir)  # whole weights even from sharded checkpoints
     return TrainResult(
         output_dir=output_dir,
         global_step=trainer.state.global_step,

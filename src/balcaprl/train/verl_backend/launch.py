@@ -60,6 +60,12 @@ def preflight(recipe: Recipe, launch: VerlLaunch, *, require_gpu: bool = True) -
     if require_gpu:
         import torch
 
+        from balcaprl.train.driver import check_driver
+
+        try:
+            check_driver()
+        except ConfigError as error:
+            problems.append(str(error))
         if not torch.cuda.is_available():
             problems.append(
                 "no CUDA GPU visible: verl's FSDP workers and vLLM rollouts need GPUs (--dry-run renders only)"

@@ -11,6 +11,9 @@ by what they set. The paper's settings come from the recipe, never from verl's d
     train.learning_rate 5e-6                actor_rollout_ref.actor.optim.lr=5e-06
     train.lr_scheduler cosine               actor_rollout_ref.actor.optim.lr_scheduler_type=cosine
     train.epochs 1                          trainer.total_epochs=1
+    train.max_steps, run.save_steps,        trainer.total_training_steps, trainer.save_freq,
+      train.warmup (optimizer steps)          optim.lr_warmup_steps (batches: divided by
+                                              updates_per_batch x ppo_epochs, verl_step_counts)
     train.clip_epsilon 0.2                  actor_rollout_ref.actor.clip_ratio(_low,_high)=0.2
     train.dual_clip_c 3                     actor_rollout_ref.actor.clip_ratio_c=3.0
                                             actor_rollout_ref.actor.policy_loss.loss_mode=balcaprl_dual_clip
@@ -30,8 +33,15 @@ dropped): CPU training, TRL's vLLM server mode, fp16, an optimizer other than Ad
 than cosine/constant, no dual-clip (verl always applies it), repetition penalty, masking truncated
 captions, ``stop_after_step``, fractional epochs without ``max_steps``, LoRA dropout or
 ``modules_to_save``, and batch shapes the GPUs cannot split evenly. Recipe knobs that only tune TRL's
-memory use map to their verl counterparts (``per_device_batch_size`` -> micro-batch sizes per GPU); the
-attention implementation is left to verl (flash-attention 2).
+memory use map to their verl counterparts (``per_device_batch_size`` -> micro-batch sizes per GPU, which
+verl reads only without ``use_dynamic_bsz``); the attention implementation is left to verl
+(flash-attention 2), and so are TRL-only speed knobs (``model.vision_attention``,
+``model.layers_without_recompute``, ``train.padding_free``: verl packs by itself).
+
+Speed. The actor trains under FSDP2 (``strategy=fsdp2``), on token-balanced micro-batches
+(``use_dynamic_bsz``) of at most the memory plan's per-GPU token budget (``ppo_max_token_len_per_gpu``,
+``train/memory_plan.py``; ``gpu_memory_gib`` sets the GPU size), with verl's fused LM head and log-probs
+(``use_fused_kernels``) for the packed Qwen2/2.5-VL.
 
 Models. Qwen2/2.5-VL run packed (``use_remove_padding=true``): verl 0.9.1 patches their forward for it.
 LLaVA-1.5 (``configs/llava_1_5_7b.yaml``) renders too: verl 0.9.1 has no LLaVA-specific code, example or
@@ -65,6 +75,7 @@ __all__ = [
     "format_value",
     "parse_overrides_text",
     "render_verl",
+    "verl_step_counts",
 ]
 
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
@@ -80,6 +91,7 @@ LOSS_AGG_MODES = {
 SCHEDULERS = {"cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 ADAMW = {"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw"}
 REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+VERL_TOKEN_BUDGET = 16384  # verl 0.9.1's ppo_max_token_len_per_gpu default
 DEFAULT_MAX_PROMPT_LENGTH = 2048  # image tokens + prompt; Qwen2.5-VL at max_pixels 1003520 is <= 1280 + text
 
 
@@ -209,6 +221,18 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
             "train.stop_after_step: not available in verl (it resumes from its newest checkpoint by itself); "
             "remove it"
         )
+    # Step counts: the recipe's are optimizer steps, verl's are batches (see verl_step_counts).
+    per_batch = t.steps_per_batch
+    if t.max_steps is not None and t.max_steps % per_batch:
+        problems.append(
+            f"train.max_steps: {t.max_steps} optimizer steps are not whole batches of {per_batch} "
+            "(updates_per_batch x ppo_epochs); verl counts batches"
+        )
+    if t.warmup >= 1 and t.warmup % per_batch:
+        problems.append(
+            f"train.warmup: {t.warmup:g} optimizer steps are not whole batches of {per_batch} "
+            "(updates_per_batch x ppo_epochs); verl steps its schedule once a batch (or give a ratio < 1)"
+        )
     if t.max_steps is None and float(t.epochs) != int(t.epochs):
         problems.append(f"train.epochs: verl counts whole epochs; {t.epochs} needs train.max_steps instead")
     if m.lora is not None:
@@ -244,6 +268,26 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
         )
 
 
+def verl_step_counts(recipe: Recipe) -> dict[str, int | float | None]:
+    """The recipe's step counts in verl's unit.
+
+    The recipe counts optimizer steps (TRL's ``global_step``): ``train.max_steps``, ``train.warmup``
+    (>= 1) and ``run.save_steps``. verl counts batches: ``trainer.total_training_steps``,
+    ``trainer.save_freq`` and ``optim.lr_warmup_steps`` (its actor steps the lr schedule once per
+    ``update_actor``, i.e. once a batch, however many mini-batches that batch holds). One batch feeds
+    ``updates_per_batch x ppo_epochs`` optimizer steps on both backends, so dividing by it gives the same
+    samples, the same checkpoints and the same warm-up. A warm-up ratio is unit-free and passes as is.
+    ``_check`` has refused counts that are not whole batches.
+    """
+    t, per_batch = recipe.train, recipe.train.steps_per_batch
+    return {
+        "total_training_steps": t.max_steps // per_batch if t.max_steps is not None else None,
+        "save_freq": recipe.run.save_steps // per_batch,
+        "lr_warmup_steps": int(t.warmup) // per_batch if t.warmup >= 1 else None,
+        "lr_warmup_steps_ratio": float(t.warmup) if t.warmup < 1 else None,
+    }
+
+
 def _packs_sequences(model_path: str) -> tuple[bool, str | None]:
     """Whether verl runs the model packed (remove-padding), and a note when it does not or cannot tell."""
     from balcaprl.errors import UserError
@@ -259,6 +303,31 @@ def _packs_sequences(model_path: str) -> tuple[bool, str | None]:
         f"{model_path}: verl 0.9.1 has no code of its own for this architecture (LLaVA); it runs through verl's "
         "generic vision-language path, unpacked (use_remove_padding=false), untested upstream"
     )
+
+
+def _token_budget(
+    recipe: Recipe, cluster: ClusterShape, gpu_memory_gib: float, longest: int
+) -> tuple[int, str | None]:
+    """``ppo_max_token_len_per_gpu``: the memory plan's token budget for a token-balanced micro-batch,
+    never below one whole sequence (verl refuses a budget shorter than the padded width), with a note
+    when the plan cannot say or says it does not fit."""
+    from balcaprl.errors import UserError
+    from balcaprl.train.memory_plan import launcher_from_verl_layout, plan_memory
+
+    layout = launcher_from_verl_layout(f"{cluster.nnodes}x{cluster.gpus_per_node}")
+    try:
+        budget = plan_memory(recipe, layout, gpu_memory_gib).token_budget or 0
+    except UserError:
+        return max(VERL_TOKEN_BUDGET, longest), (
+            f"model.path {recipe.model.path}: no memory plan for it; verl's default token budget "
+            f"({VERL_TOKEN_BUDGET}) is used"
+        )
+    if budget < longest:
+        return longest, (
+            f"the memory plan leaves room for {budget} tokens per GPU micro-batch, less than one "
+            f"{longest}-token sequence: expect out-of-memory errors (balcaprl train --plan --verl-layout)"
+        )
+    return budget, None
 
 
 def _judge_config_path(
@@ -296,12 +365,14 @@ def render_verl(
     max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
     absolute_paths: bool = True,
     extra: Iterable[str] = (),
+    gpu_memory_gib: float = 80.0,
 ) -> VerlLaunch:
     """verl overrides that realise ``recipe`` on ``nnodes`` x ``gpus_per_node`` GPUs.
 
     ``verl_data``: the ``balcaprl verl export`` folder (default ``<data.path>/verl``). ``judge``: a judge
     YAML replacing the recipe's ``judge:``. ``extra``: raw Hydra overrides appended last (they win).
     ``absolute_paths=False`` keeps paths as written (reference renderings checked into configs/verl).
+    ``gpu_memory_gib``: each GPU's memory, for the memory plan's per-GPU token budget.
     """
     cluster = ClusterShape(nnodes, gpus_per_node)
     if reward_workers < 1:
@@ -343,24 +414,32 @@ def render_verl(
         data.append(_add("data.mm_processor_kwargs.max_pixels", m.image.max_pixels))
 
     packed, model_note = _packs_sequences(m.path)
+    budget, budget_note = _token_budget(
+        recipe, cluster, gpu_memory_gib, max_prompt_length + r.max_caption_tokens
+    )
     model = [
         _set("actor_rollout_ref.model.path", m.path),
         _set("actor_rollout_ref.model.trust_remote_code", m.trust_remote_code),
         _set("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing),
         _set("actor_rollout_ref.model.use_remove_padding", packed),
+        # The LM head and log-probs in 512-token chunks instead of every token's logits at once (16 x
+        # 2,368 tokens x 151,936 entries would be ~11.5 GB); verl patches Qwen2/2.5-VL's forward for it,
+        # packed only, so LLaVA keeps the plain head.
+        _set("actor_rollout_ref.model.use_fused_kernels", packed),
         _set("actor_rollout_ref.model.lora_rank", m.lora.r if m.lora is not None else 0),
     ]
     if m.lora is not None:
         model.append(_set("actor_rollout_ref.model.lora_alpha", m.lora.alpha))
         model.append(_set("actor_rollout_ref.model.target_modules", m.lora.target_modules))
 
+    steps = verl_step_counts(recipe)  # optimizer steps -> batches
     warmup = (
-        _set("actor_rollout_ref.actor.optim.lr_warmup_steps", int(t.warmup))
-        if t.warmup >= 1
-        else _set("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float(t.warmup))
+        _set("actor_rollout_ref.actor.optim.lr_warmup_steps", steps["lr_warmup_steps"])
+        if steps["lr_warmup_steps"] is not None
+        else _set("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", steps["lr_warmup_steps_ratio"])
     )
     actor = [
-        _set("actor_rollout_ref.actor.strategy", "fsdp"),
+        _set("actor_rollout_ref.actor.strategy", "fsdp2"),  # per-parameter sharding (FSDP1: "fsdp")
         _set("actor_rollout_ref.actor.optim.lr", t.learning_rate),
         _set("actor_rollout_ref.actor.optim.lr_scheduler_type", SCHEDULERS[t.lr_scheduler]),
         warmup,
@@ -368,7 +447,10 @@ def render_verl(
         _set("actor_rollout_ref.actor.optim.clip_grad", t.max_grad_norm),
         _set("actor_rollout_ref.actor.ppo_mini_batch_size", t.prompts_per_batch // t.updates_per_batch),
         _set("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", t.per_device_batch_size),
-        _set("actor_rollout_ref.actor.use_dynamic_bsz", False),
+        # Token-balanced micro-batches: packed to the memory plan's per-GPU token budget, not a fixed
+        # count of captions (log-prob passes of the rollout and reference follow these two).
+        _set("actor_rollout_ref.actor.use_dynamic_bsz", True),
+        _set("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", budget),
         _set("actor_rollout_ref.actor.ppo_epochs", t.ppo_epochs),
         _set("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSS),
         _set("actor_rollout_ref.actor.clip_ratio", t.clip_epsilon),
@@ -436,8 +518,8 @@ def render_verl(
         _set("trainer.nnodes", cluster.nnodes),
         _set("trainer.n_gpus_per_node", cluster.gpus_per_node),
         _set("trainer.total_epochs", max(1, int(t.epochs))),
-        _set("trainer.total_training_steps", t.max_steps),
-        _set("trainer.save_freq", run.save_steps),
+        _set("trainer.total_training_steps", steps["total_training_steps"]),
+        _set("trainer.save_freq", steps["save_freq"]),
         _set("trainer.max_actor_ckpt_to_keep", run.save_total_limit),
         _set("trainer.test_freq", -1),
         _set("trainer.val_before_train", False),
@@ -447,10 +529,15 @@ def render_verl(
         _set("trainer.experiment_name", run.run_name or recipe.name or out_dir.name),
         _set("trainer.logger", loggers),
     ]
-    notes = [model_note] if model_note else []
+    notes = [note for note in (model_note, budget_note) if note]
+    if m.gradient_checkpointing and m.layers_without_recompute:
+        notes.append(
+            "model.layers_without_recompute: verl checkpoints every layer; its micro-batches take the memory "
+            "instead (ppo_max_token_len_per_gpu)"
+        )
     if run.log_rollouts_every:
         trainer.append(_set("trainer.rollout_data_dir", _path(out_dir / "rollouts", absolute_paths)))
-        notes.append("run.log_rollouts_every: verl writes every step's rollouts (it has no 'every N')")
+        notes.append("run.log_rollouts_every: verl writes every batch's rollouts (it has no 'every N')")
     ray = [_add("ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES", PLUGIN_MODULE)]
 
     sections = [

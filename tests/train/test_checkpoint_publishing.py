@@ -1,0 +1,178 @@
+"""Checkpoints a run can trust: written aside and published in one rename, a save cut short leaves the
+earlier ones as they were, --resume falls back to the newest complete one (one line per skipped
+folder), and final/ is the whole model even when checkpoints are FSDP shards."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from train_testkit import ScriptedJudge, tiny_recipe_dict
+
+from balcaprl.recipe import recipe_from_dict
+from balcaprl.train import train
+from balcaprl.train.checkpointing import (
+    STAGING_DIR,
+    incomplete_reason,
+    latest_checkpoint,
+    publish,
+    resolve_resume,
+    save_final_model,
+)
+from balcaprl.train.memory_plan import checkpoint_disk, launcher_from_accelerate, model_shape
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def checkpoint(
+    folder: Path, step: int, *, state: bool = True, weights: str | None = "model.safetensors"
+) -> Path:
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if state:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if weights == "pytorch_model_fsdp_0":  # FSDP SHARDED_STATE_DICT: a torch.distributed.checkpoint folder
+        (path / weights).mkdir()
+        (path / weights / "__0_0.distcp").write_bytes(b"shard")
+        (path / "optimizer_0").mkdir()
+    elif weights is not None:
+        (path / weights).write_bytes(b"weights")
+    return path
+
+
+def test_resume_skips_incomplete_checkpoints_with_one_line_each(tmp_path):
+    checkpoint(tmp_path, 2)
+    checkpoint(tmp_path, 4, weights="pytorch_model_fsdp_0")  # sharded: complete
+    checkpoint(tmp_path, 6, state=False)  # cut short before trainer_state.json
+    checkpoint(tmp_path, 8, weights=None)  # state but no weights
+    (checkpoint(tmp_path, 10) / "trainer_state.json").write_text("{trunc")  # damaged
+    lines: list[str] = []
+    assert resolve_resume(tmp_path, True, report=lines.append) == tmp_path / "checkpoint-4"
+    assert lines == [
+        f"skipping {tmp_path / 'checkpoint-10'}: incomplete (trainer_state.json unreadable); "
+        "resuming from an earlier checkpoint",
+        f"skipping {tmp_path / 'checkpoint-8'}: incomplete (no model weights); resuming from an earlier checkpoint",
+        f"skipping {tmp_path / 'checkpoint-6'}: incomplete (no trainer_state.json); resuming from an earlier checkpoint",
+    ]
+    assert all("\n" not in line for line in lines)
+    with pytest.raises(ValueError, match="--resume-from .*checkpoint-8: an incomplete checkpoint"):
+        resolve_resume(tmp_path, tmp_path / "checkpoint-8")
+    only_broken = tmp_path / "broken"
+    checkpoint(only_broken, 6, state=False)
+    assert latest_checkpoint(only_broken) is None
+
+
+def test_publish_moves_a_finished_folder_in_one_rename(tmp_path):
+    staged = checkpoint(tmp_path / STAGING_DIR, 4)
+    target = tmp_path / "checkpoint-4"
+    publish(staged, target)
+    assert not staged.exists() and incomplete_reason(target) is None
+    again = checkpoint(tmp_path / STAGING_DIR, 4, weights="adapter_model.safetensors")  # saved again
+    publish(again, target)
+    assert sorted(p.name for p in target.iterdir()) == ["adapter_model.safetensors", "trainer_state.json"]
+    assert sorted(p.name for p in (tmp_path / STAGING_DIR).iterdir()) == []  # the old copy is gone
+
+
+def test_a_save_cut_short_keeps_the_earlier_checkpoints_and_resume_falls_back(
+    tiny_policy, tiny_dataset, tmp_path, monkeypatch, capsys
+):
+    from transformers import Trainer
+
+    out = tmp_path / "run"
+    recipe = recipe_from_dict(
+        tiny_recipe_dict(tiny_policy, tiny_dataset, out, data={"max_samples": 4}, run={"save_total_limit": 1})
+    )
+    real = Trainer._save_rng_state
+
+    def disk_full_at_step_2(self, output_dir):
+        if self.state.global_step == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, output_dir)
+
+    monkeypatch.setattr(Trainer, "_save_rng_state", disk_full_at_step_2)
+    with pytest.raises(OSError, match="No space left"):
+        train(recipe, ScriptedJudge())
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # 2 never published
+    assert incomplete_reason(out / "checkpoint-1") is None
+    assert (out / STAGING_DIR / "checkpoint-2").is_dir()  # the half-written one stays aside
+
+    monkeypatch.setattr(Trainer, "_save_rng_state", real)
+    capsys.readouterr()
+    resumed = train(recipe, ScriptedJudge(), resume=True)
+    assert resumed.resumed_from == out / "checkpoint-1" and resumed.global_step == 3
+    # save_total_limit 1: only the newest checkpoint is kept, and final/ is the whole policy.
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+    assert (out / "final" / "model.safetensors").is_file()
+    assert not (out / STAGING_DIR / "final").exists()
+
+
+class _Accelerator:
+    """The two things save_final_model asks accelerate for, on one process: a barrier and the gathered
+    full state dict (under FSDP2 accelerate's get_state_dict gathers the shards; here there is one)."""
+
+    def __init__(self, state_dict_type: str):
+        self.state = SimpleNamespace(fsdp_plugin=SimpleNamespace(state_dict_type=state_dict_type))
+        self.gathered = 0
+
+    def wait_for_everyone(self):
+        pass
+
+    def get_state_dict(self, model):
+        self.gathered += 1
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_final_is_whole_when_checkpoints_are_fsdp_shards(tiny_policy, tmp_path):
+    """accelerate enables FSDP only on GPUs, so the sharded run itself cannot run here: what is tested is
+    that save_final_model gathers the full state dict instead of the Trainer's save_model (which writes
+    no weights under SHARDED_STATE_DICT) and that final/ loads with from_pretrained."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_policy, dtype=torch.float32)
+    accelerator = _Accelerator("StateDictType.SHARDED_STATE_DICT")
+
+    def _save(output_dir, state_dict):
+        model.save_pretrained(output_dir, state_dict=state_dict)
+
+    def save_model(output_dir):
+        raise AssertionError("save_model writes no weights under SHARDED_STATE_DICT; gather instead")
+
+    trainer = SimpleNamespace(
+        is_fsdp_enabled=True,
+        accelerator=accelerator,
+        model=model,
+        args=SimpleNamespace(should_save=True),
+        _save=_save,
+        save_model=save_model,
+    )
+    save_final_model(trainer, tmp_path / "final")
+    assert accelerator.gathered == 1
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "final", dtype=torch.float32)
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_the_fsdp_config_shards_checkpoints_and_the_plan_counts_their_disk():
+    launcher = launcher_from_accelerate(ROOT / "configs" / "accelerate" / "fsdp.yaml")
+    assert launcher.sharded_checkpoints
+    from balcaprl.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "configs" / "qwen2_5_vl_3b.yaml")
+    shape = model_shape(recipe.model.path)
+    params = 3_754_622_976
+    # fp32 weights once + AdamW's two fp32 moments; FULL_STATE_DICT wrote the weights twice.
+    assert checkpoint_disk(shape, recipe, launcher) == (12 * params, 4 * params, "sharded")
+    full = launcher.__class__(**{**launcher.__dict__, "sharded_checkpoints": False})
+    assert checkpoint_disk(shape, recipe, full)[0] == 16 * params
+    assert recipe.run.save_total_limit == 2
+    from balcaprl.train.memory_plan import plan_memory
+
+    plan = plan_memory(recipe, launcher)
+    assert (plan.checkpoint_bytes, plan.final_bytes) == (12 * params, 4 * params)
+    assert (
+        "disk: 42.0 GiB per checkpoint (sharded), at most 2 kept: 83.9 GiB; final/ 14.0 GiB" in plan.to_text()
+    )
