@@ -13,7 +13,7 @@ import time
 import torch
 
 from balcaprl import c_gdpo_advantages, grpo_advantages
-from balcaprl._reference import loop_c_gdpo_advantages
+from balcaprl.testing.loop_advantages import loop_c_gdpo_advantages
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balcaprl import c_gdpo_advantages, grpo_advantages
-from balcaprl._reference import loop_c_gdpo_advantages, loop_decoupled_sums, loop_grpo_advantages
+from balcaprl.testing.loop_advantages import loop_c_gdpo_advantages, loop_decoupled_sums, loop_grpo_advantages
 
 NAN = float("nan")
 

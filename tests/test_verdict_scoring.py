@@ -116,7 +116,7 @@ def test_json_schema_is_strict_for_structured_outputs():
     assert schema["additionalProperties"] is False
 
 
-# -- score_rollout: the one place a verdict becomes a rollout's rewards --------------------------------
+# -- score_rollout: the one place a verdict becomes a rollout's record ---------------------------------
 
 LINGUISTIC = (9 / 9 + 0 / 9 + 6 / 9) / 3  # clarity 10, fluency 1, coherency 7 of verdict()
 
@@ -171,6 +171,44 @@ def test_score_rollout_linear_and_none_leave_linguistic_and_report_the_penalty()
         score_rollout(verdict(), rewards("mask"))
     with pytest.raises(ValueError, match="ref_len must be > 0"):
         score_rollout(verdict(), rewards("mask"), 3, 0)
+
+
+def test_the_record_and_its_row_form_round_trip():
+    import json
+    import math
+
+    from balcaprl.rewards import RolloutRecord, b_capscore, failed_rollout, score_rollout
+
+    judged = score_rollout(verdict(), rewards(), 30, 10, id="row-7", caption="a cat", truncated_input=True)
+    assert (judged.id, judged.caption, judged.caption_tokens, judged.reference_tokens) == (
+        "row-7",
+        "a cat",
+        30,
+        10,
+    )
+    assert judged.judged and judged.truncated_input and judged.n_reference_assertions == 3
+    assert judged.b_capscore == pytest.approx(
+        b_capscore(1 / 4, 2 / 3, LINGUISTIC)
+    )  # unmasked: the metric's rule
+    assert RolloutRecord.from_row(judged.row()) == judged
+    assert list(judged.row()) == [
+        f for f in RolloutRecord.__dataclass_fields__
+    ]  # one key per field, in order
+    failed = failed_rollout("timeout", "x" * 1000, rewards("linear", strength=1.0), 30, 10, id="row-7")
+    assert not failed.judged and failed.failure == "timeout" and len(failed.failure_detail) == 300
+    assert all(math.isnan(v) for v in failed.as_tuple()) and math.isnan(failed.b_capscore)
+    # the length terms are logged for a failed rollout, but the control acts on judged ones only
+    assert failed.length_ratio == 3.0 and failed.in_band is False and failed.length_penalty == 0.0
+    assert not failed.masked
+    # a JSON line turns NaN into null; reading it back gives NaN again, extra keys are ignored
+    line = json.loads(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
+                                  for k, v in failed.row().items()} | {"step": 3, "advantage": 0.0}))  # fmt: skip
+    back = RolloutRecord.from_row(line)
+    assert math.isnan(back.precision) and back.row().keys() == failed.row().keys()
+    assert back.failure == "timeout" and back.caption_tokens == 30
+    assert failed_rollout("bad_input", "no image", rewards("mask")).length_ratio is None  # no counts
+    # without pointability the judge is not asked about it: the meta share is unknown, not 0
+    assert math.isnan(score_rollout(verdict(), rewards(pointability=False), 10, 10).non_pointable_share)
 
 
 def test_the_metric_rule_is_pointability_on_and_no_length_control():

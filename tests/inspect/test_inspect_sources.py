@@ -3,6 +3,7 @@ written by the trainer's own log writer, an evaluation folder; and clear errors 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -94,7 +95,7 @@ def test_a_training_run_shows_the_chosen_step_with_oracle_verdicts(dataset, tmp_
     run.mkdir()
     (run / "recipe.yaml").write_text(f"data:\n  path: {dataset}\n  reference: reference\n")
     oracle = OracleJudge.from_dataset(dataset)
-    from balcaprl.rewards import RewardConfig
+    from balcaprl.rewards import RewardConfig, failed_rollout
     from balcaprl.testing.caption_fixture import synthetic_captions
 
     captions = synthetic_captions(dataset, ("good", "hallucination", "meta", "too_short"), limit=2)
@@ -106,18 +107,14 @@ def test_a_training_run_shows_the_chosen_step_with_oracle_verdicts(dataset, tmp_
             scene = oracle.lookup(rows[c["id"]]["image_path"])
             verdict = oracle.verdict(scene, c["caption"], c["reference"], "training")
             n_caption = len(c["caption"].split())
-            s = score_rollout(verdict, RewardConfig(), n_caption, 40)
-            records.append({"id": c["id"], "caption": c["caption"], "caption_tokens": n_caption,
-                            "reference_tokens": 40, "length_ratio": s.length_ratio, "in_band": s.in_band,
-                            "length_penalty": 0.0, "failure": None, "failure_detail": "", "precision": s.precision,
-                            "recall": s.recall, "linguistic_raw": s.linguistic_raw, "linguistic": s.linguistic,
-                            "masked": s.masked, "non_pointable_share": s.non_pointable_share,
-                            "non_visible_share": s.non_visible_share, "n_caption_assertions": 3,
-                            "truncated_input": False})  # fmt: skip
-        records[1]["failure"], records[1]["failure_detail"] = "timeout", "no answer in 60 s"
-        for key in ("precision", "recall", "linguistic", "linguistic_raw"):
-            records[1][key] = None
-        records[2]["precision"] = 0.123456  # a logged reward the oracle cannot give back
+            records.append(
+                score_rollout(verdict, RewardConfig(), n_caption, 40, id=c["id"], caption=c["caption"])
+            )
+        records[1] = failed_rollout("timeout", "no answer in 60 s", RewardConfig(), records[1].caption_tokens, 40,
+                                    id=records[1].id, caption=records[1].caption)  # fmt: skip
+        records[2] = dataclasses.replace(
+            records[2], precision=0.123456
+        )  # a logged reward the oracle cannot give back
         advantages = torch.arange(len(records), dtype=torch.float32) - 3
         groups = torch.tensor([0] * 4 + [1] * 4)
         log.write(step, records, advantages, groups)

@@ -87,9 +87,8 @@ def test_grpo_switch_is_the_vanilla_reference():
 def test_linear_length_penalty_is_subtracted_from_the_normalised_advantage():
     ids, rewards = crafted_batch()
     groups = group_index_from_ids(ids)
-    caption = torch.tensor([10.0, 40.0, 2.0, 100.0, 20.0, 21.0, 5.0, 19.0, 60.0, 20.0, 20.0])
-    reference = torch.full((11,), 20.0)
-    penalty = linear_length_penalty(caption, reference, 0.5, 2.0, 0.7)
+    caption = [10.0, 40.0, 2.0, 100.0, 20.0, 21.0, 5.0, 19.0, 60.0, 20.0, 20.0]
+    penalty = torch.tensor([linear_length_penalty(n, 20.0, 0.5, 2.0, 0.7) for n in caption])
     got = AdvantageStep(weights=WEIGHTS)(rewards, groups, penalty)
     base = c_gdpo_advantages(rewards, groups, WEIGHTS)
     failed = torch.isnan(rewards).all(dim=1)
@@ -115,17 +114,19 @@ def test_invalid_settings_are_refused():
 
 
 def test_both_backends_give_identical_advantages_with_the_linear_penalty():
-    """The same captions, judged and scored once: the TRL trainer's path (scorer records -> AdvantageStep)
-    and verl's (compute_score dicts -> reward columns -> the balcaprl estimator) give the same numbers,
-    and both equal the reference c-GDPO minus p_len on judged rollouts (eq. A.5)."""
+    """The same captions, judged and scored once: the TRL trainer's path (scorer records -> batch step)
+    and verl's (compute_score's row form -> records read back -> the batch step built from verl's
+    algorithm section) give the same numbers, and both equal the reference c-GDPO minus p_len on judged
+    rollouts (eq. A.5)."""
     import asyncio
 
     from train_testkit import ScriptedJudge
 
-    from balcaprl.rewards import LengthControlConfig, RewardConfig, RewardWeights
+    from balcaprl.rewards import LengthControlConfig, RewardConfig, RewardWeights, RolloutRecord
     from balcaprl.train.rewards import SharedVerdictScorer
+    from balcaprl.train.step import BatchStep, reward_table
     from balcaprl.train.verl_backend import reward as verl_reward
-    from balcaprl.train.verl_backend.estimator import RolloutRewards, verl_rollout_advantages
+    from balcaprl.train.verl_backend.estimator import batch_step_for
 
     config = RewardConfig(
         weights=RewardWeights(precision=0.2, recall=0.3, linguistic=0.5),
@@ -149,20 +150,51 @@ def test_both_backends_give_identical_advantages_with_the_linear_penalty():
     batch = asyncio.run(scorer.score(captions, completion_ids, **columns))
     assert any(r.failure for r in batch.rollouts) and any(r.length_penalty > 0 for r in batch.rollouts)
 
-    # TRL: the gathered (N, 3) float32 tensor and the records' p_len (trl_backend's advantage step).
-    trl = AdvantageStep(weights=tuple(config.weights.as_list()))(
-        batch.rewards(), group_index_from_ids(ids), torch.tensor([r.length_penalty for r in batch.rollouts])
-    )
-    # verl: what compute_score returns per rollout, gathered by key, read by the estimator (float64).
+    # TRL: the scorer's records, the batch step build_trainer makes.
+    trl = BatchStep(AdvantageStep(weights=tuple(config.weights.as_list())))(batch.rollouts, ids).advantages
+    # verl: what compute_score returns per rollout, read back by the trainer, its batch step.
     settings = verl_reward.RewardSettings(rewards=config, tokenizer="policy", judge_factory="x:y")
-    results = [verl_reward._as_result(r, settings) for r in batch.rollouts]
-    verl_columns = RolloutRewards.from_columns(ids, verl_reward.gather_results(results))
-    verl = verl_rollout_advantages(verl_columns, config.weights.as_list())
-    torch.testing.assert_close(trl.double(), verl, atol=1e-6, rtol=0)
+    rows = [verl_reward._result(r, settings) for r in batch.rollouts]
+    read_back = [RolloutRecord.from_row(row) for row in rows]
+    verl = batch_step_for({"balcaprl": {"rewards": config.to_json()}}, "balcaprl_c_gdpo")(read_back, ids)
+    assert torch.equal(trl, verl.advantages)
     # Both are the reference estimator minus the penalty, judged rollouts only.
-    rewards, groups = verl_columns.rewards, group_index_from_ids(ids)
-    expected = c_gdpo_advantages(rewards, groups, config.weights.as_list())
-    penalty = torch.tensor([r.length_penalty for r in batch.rollouts], dtype=torch.float64)
+    rewards, penalty = reward_table(read_back)
+    expected = c_gdpo_advantages(rewards, group_index_from_ids(ids), config.weights.as_list())
     failed = torch.isnan(rewards).all(dim=1)
-    torch.testing.assert_close(verl, torch.where(failed, expected, expected - penalty))
-    assert torch.all(verl[failed] == 0) and torch.all(trl[failed] == 0)
+    torch.testing.assert_close(trl, torch.where(failed, expected, expected - penalty))
+    assert torch.all(trl[failed] == 0) and penalty[failed].sum() == 0
+
+
+def test_the_batch_step_runs_the_advantage_step_on_the_records():
+    """BatchStep: the records' (N, 3) table and p_len through AdvantageStep, grouped by the given ids;
+    its stop rule counts only batches whose every rollout failed, and a judged batch starts it over."""
+    from balcaprl.rewards import RolloutRecord
+    from balcaprl.train.step import BatchStep
+
+    ids, rewards = crafted_batch()
+    penalty = [0.1 * i for i in range(len(ids))]
+    records = [
+        RolloutRecord(id=i, precision=p, recall=r, linguistic=g, length_penalty=pen,
+                      failure="timeout" if math.isnan(p) else None)
+        for i, (p, r, g), pen in zip(ids, rewards.double().tolist(), penalty, strict=True)
+    ]  # fmt: skip
+    step = BatchStep(AdvantageStep(weights=WEIGHTS), max_failed_batches_in_a_row=2)
+    result = step(records, ids)
+    expected = AdvantageStep(weights=WEIGHTS)(
+        rewards.double(), group_index_from_ids(ids), torch.tensor(penalty, dtype=torch.float64)
+    )
+    assert (
+        torch.equal(result.advantages, expected)
+        and result.group_index.tolist() == group_index_from_ids(ids).tolist()
+    )
+    assert result.metrics["judge/failures"] == 2.0 and result.metrics["length/penalty_mean"] == pytest.approx(
+        0.5
+    )
+    failed = [r for r in records if not r.judged]
+    step(failed, ["c", "a"])
+    step(records, ids)  # a judged rollout: the count starts over
+    step(failed, ["c", "a"])
+    assert step.failed_in_a_row == 1
+    with pytest.raises(RuntimeError, match="2 batches in a row"):
+        step(failed, ["c", "a"])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from balcaprl.recipe import load_recipe, recipe_from_dict
+from balcaprl.train.judging import judge_usage
 from balcaprl.train.metrics import RolloutLog
-from balcaprl.train.rewards import judge_usage
 from balcaprl.train.trl_backend import EpochSeededRepeatSampler, batch_layout, grpo_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Clipping that binds: with several optimizer updates per generation batch the importance ratio leaves 1
 after the first update, and every step logs the ratio's mean and max and the clipped and dual-clipped
-shares (train/loss.py: ratio_statistics)."""
+shares (TRL's own clip share under the shared name; train/loss.py: ratio_statistics for the rest)."""
 
 from __future__ import annotations
 
@@ -21,29 +21,26 @@ def test_ratio_statistics_by_hand():
     ratios = torch.tensor([[0.5, 1.1, 3.5], [1.3, 0.7, 9.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     advantages = torch.tensor([-1.0, 2.0])
-    sums = ratio_statistics(ratios.log(), old, advantages, mask, 0.2, None, 3.0)
+    sums = ratio_statistics(ratios.log(), old, advantages, mask, 3.0)
     # Tokens 5; ratios 0.5 + 1.1 + 3.5 + 1.3 + 0.7 = 7.1; max 3.5 (9.0 is masked).
-    # Clipped: A < 0 and r < 0.8 -> 0.5; A > 0 and r > 1.2 -> 1.3. Dual-clipped: A < 0 and r > 3 -> 3.5.
-    torch.testing.assert_close(sums, torch.tensor([5.0, 7.1, 3.5, 2.0, 1.0], dtype=torch.float64))
-    on_policy = ratio_statistics(ratios.log(), None, advantages, mask, 0.2, None, 3.0)
-    torch.testing.assert_close(on_policy, torch.tensor([5.0, 5.0, 1.0, 0.0, 0.0], dtype=torch.float64))
-    # A wider upper clip (0.4) leaves 1.3 unclipped; no dual-clip, no dual-clipped tokens.
-    wide = ratio_statistics(ratios.log(), old, advantages.unsqueeze(1).expand(2, 3), mask, 0.2, 0.4, None)
-    assert wide[3].item() == 1.0 and wide[4].item() == 0.0
+    # Dual-clipped: A < 0 and r > 3 -> 3.5.
+    torch.testing.assert_close(sums, torch.tensor([5.0, 7.1, 3.5, 1.0], dtype=torch.float64))
+    on_policy = ratio_statistics(ratios.log(), None, advantages, mask, 3.0)
+    torch.testing.assert_close(on_policy, torch.tensor([5.0, 5.0, 1.0, 0.0], dtype=torch.float64))
+    # Per-token advantages; no dual-clip, no dual-clipped tokens; a higher c leaves 3.5 alone.
+    wide = ratio_statistics(ratios.log(), old, advantages.unsqueeze(1).expand(2, 3), mask, None)
+    assert (
+        wide[3].item() == 0.0 and ratio_statistics(ratios.log(), old, advantages, mask, 4.0)[3].item() == 0.0
+    )
 
 
 def test_statistics_accumulate_over_micro_batches():
     stats = RatioStatistics()
     assert stats.pop() == {}
-    stats.add(torch.tensor([2.0, 2.4, 1.5, 1.0, 0.0], dtype=torch.float64))
-    stats.add(torch.tensor([3.0, 2.7, 1.1, 0.0, 1.0], dtype=torch.float64))
+    stats.add(torch.tensor([2.0, 2.4, 1.5, 0.0], dtype=torch.float64))
+    stats.add(torch.tensor([3.0, 2.7, 1.1, 1.0], dtype=torch.float64))
     assert stats.pop() == pytest.approx(
-        {
-            "policy/ratio_mean": 5.1 / 5,
-            "policy/ratio_max": 1.5,
-            "policy/clipped_share": 0.2,
-            "policy/dual_clipped_share": 0.2,
-        }
+        {"policy/ratio_mean": 5.1 / 5, "policy/ratio_max": 1.5, "policy/dual_clipped_share": 0.2}
     )
     assert stats.pop() == {}  # a fresh start for the next step
 
@@ -77,7 +74,7 @@ def test_the_clip_binds_from_the_second_update_of_a_batch(tiny_policy, tiny_data
     # Second update: the policy moved; the clip binds.
     assert second["policy/clipped_share"] > 0
     assert abs(second["policy/ratio_mean"] - 1) > 1e-3 and second["policy/ratio_max"] > 1.0
-    # The same share as TRL's own region metric (same definition, one micro-batch per step here).
+    # TRL's own region metric, under the name both backends share.
     assert second["policy/clipped_share"] == pytest.approx(second["clip_ratio/region_mean"], abs=1e-6)
     assert 0 <= second["policy/dual_clipped_share"] <= 1
     assert all(math.isfinite(second[key]) for key in POLICY_METRICS)

@@ -16,6 +16,7 @@ from train_testkit import ScriptedJudge, tiny_recipe_dict
 
 from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty
 from balcaprl.recipe import recipe_from_dict
+from balcaprl.rewards import RolloutRecord
 from balcaprl.train.advantages import group_index_from_ids
 from balcaprl.train.metrics import read_jsonl
 
@@ -157,6 +158,12 @@ def test_rollout_log_and_checkpoints(c_gdpo_run):
     for step, batch in enumerate(c_gdpo_run["batches"], start=1):
         logged = [r["advantage"] for r in rows if r["step"] == step]
         assert logged == pytest.approx(batch["advantages"].tolist(), abs=1e-6)
+        # Each line is the rollout's record in its one row form (NaN written as null), plus step/group/advantage.
+        read_back = [RolloutRecord.from_row(r) for r in rows if r["step"] == step]
+        assert [r.row().keys() for r in read_back] == [r.row().keys() for r in batch["rollouts"]]
+        for got, scored in zip(read_back, batch["rollouts"], strict=True):
+            assert got.id == scored.id and got.caption == scored.caption and got.failure == scored.failure
+            assert got.as_tuple() == pytest.approx(scored.as_tuple(), nan_ok=True)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [
         "checkpoint-1",
         "checkpoint-2",
@@ -202,9 +209,12 @@ def test_grpo_and_linear_length_penalty_switches(tiny_policy, tiny_dataset, tmp_
         train={"max_steps": 1},
     )
     batch = batches[0]
-    caption = torch.tensor([float(r.caption_tokens) for r in batch["rollouts"]])
-    reference = torch.tensor([float(r.reference_tokens) for r in batch["rollouts"]])
-    penalty = linear_length_penalty(caption, reference, 0.9, 1.1, 0.5)
+    penalty = torch.tensor(
+        [
+            linear_length_penalty(r.caption_tokens, r.reference_tokens, 0.9, 1.1, 0.5)
+            for r in batch["rollouts"]
+        ]
+    )
     assert penalty.sum() > 0
     expected = (
         grpo_advantages(batch["rewards"], group_index_from_ids(batch["ids"]), [0.1, 0.3, 0.3]) - penalty
@@ -248,6 +258,9 @@ def test_a_dead_judge_stops_the_trainer_on_the_gathered_batch(tiny_policy, tiny_
         )
     )
     trainer = build_trainer(recipe, ScriptedJudge(fail_every=1))
-    assert trainer.scorer.check_failures is False  # one process's share of a batch is not a batch
+    # the trainer's batch step counts gathered batches: one process's share of a batch is not a batch
+    assert trainer.batch_step.max_failed_batches_in_a_row == 2 and not hasattr(
+        trainer.scorer, "check_failures"
+    )
     with pytest.raises(RuntimeError, match="the judge failed on every rollout of 2 batches in a row"):
         trainer.train()

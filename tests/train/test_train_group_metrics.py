@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+from balcaprl.rewards import RolloutRecord
 from balcaprl.train.metrics import flat_group_shares
 
 
 def rollout(prompt, precision, recall, linguistic):
-    return {"id": prompt, "precision": precision, "recall": recall, "linguistic": linguistic}
+    return (prompt, RolloutRecord(id=prompt, precision=precision, recall=recall, linguistic=linguistic))
 
 
 def test_flat_shares_count_prompts_not_rollouts():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import yaml
 from train_testkit import tiny_recipe_dict
 from transformers import TrainerCallback
@@ -84,3 +85,20 @@ def test_a_wrong_key_from_the_start_is_one_line_and_exit_2(
     assert len(errors) == 1 and "HTTP 401" in errors[0] and "wrong" not in errors[0]
     assert "Traceback" not in result.output and quiet_after(caplog) == []
     assert not list(out.glob("checkpoint-*")) and not (out / "final").exists()
+
+
+def test_the_batch_step_of_either_backend_stops_on_the_first_rejected_batch():
+    """verl's advantage step runs the same BatchStep: a rejected key stops it on its first such batch,
+    not after max_failed_batches_in_a_row (a judge outage)."""
+    from balcaprl.errors import UserError
+    from balcaprl.rewards import RewardConfig, failed_rollout
+    from balcaprl.train.advantages import AdvantageStep
+    from balcaprl.train.judging import JUDGE_REJECTED
+    from balcaprl.train.step import BatchStep
+
+    refused = "the judge endpoint http://127.0.0.1:9/v1 rejected the request with HTTP 401"
+    records = [failed_rollout(JUDGE_REJECTED, refused, RewardConfig(), 5, 10, id=i) for i in "aabb"]
+    step = BatchStep(AdvantageStep(weights=(0.1, 0.3, 0.3)), max_failed_batches_in_a_row=3)
+    with pytest.raises(UserError, match=r"HTTP 401; training stopped before this batch's update"):
+        step(records, [r.id for r in records])
+    assert step.failed_in_a_row == 0

@@ -1,8 +1,10 @@
-"""Three reward functions, one judge call per rollout; failures are None (NaN), never 0."""
+"""Three reward functions, one judge call per rollout; failures are None (NaN), never 0; the batch step's
+stop rule for a judge that fails on whole batches."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +12,10 @@ from train_testkit import ScriptedJudge
 
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.rewards import REWARD_NAMES, LengthControlConfig, RewardConfig, linear_length_penalty
-from balcaprl.train.rewards import JUDGE_EXCEPTION, SharedVerdictScorer, caption_text, judge_usage
+from balcaprl.train.advantages import AdvantageStep
+from balcaprl.train.judging import JUDGE_EXCEPTION, caption_text, judge_usage
+from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.step import BatchStep, reward_table
 
 EOS, PAD = 100, 101
 REFERENCE = "a red circle on the left ."  # 7 tokens
@@ -97,7 +102,7 @@ def test_failures_are_none_for_all_three_rewards_never_zero():
     for i, did_fail in enumerate(failed):
         values = [out[name][i] for name in REWARD_NAMES]
         assert (values == [None, None, None]) == did_fail
-    rows = scorer.last_batch.rewards()
+    rows, _ = reward_table(scorer.last_batch.rollouts)
     assert rows.shape == (len(CAPTIONS), 3)
     assert [bool(row.isnan().all()) for row in rows] == failed
     rollout = next(r for r in scorer.last_batch.rollouts if r.failure)
@@ -109,7 +114,7 @@ def test_a_judge_that_raises_gives_failures_not_rewards():
         async def judge_batch(self, requests):
             raise ConnectionError("endpoint down")
 
-    scorer = SharedVerdictScorer(Broken(), max_failed_batches_in_a_row=5)
+    scorer = SharedVerdictScorer(Broken())
     out = run_like_trl(scorer, *batch(CAPTIONS[:2]))
     assert out["precision"] == [None, None]
     assert {r.failure for r in scorer.last_batch.rollouts} == {JUDGE_EXCEPTION}
@@ -117,26 +122,29 @@ def test_a_judge_that_raises_gives_failures_not_rewards():
 
 
 def test_consecutive_fully_failed_batches_stop_the_run():
-    scorer = SharedVerdictScorer(_AnyImageJudge(fail_every=1), max_failed_batches_in_a_row=2)
+    scorer = SharedVerdictScorer(_AnyImageJudge(fail_every=1))
+    step = BatchStep(AdvantageStep(weights=(0.1, 0.3, 0.3)), max_failed_batches_in_a_row=2)
     run_like_trl(scorer, *batch(CAPTIONS[:2]))
+    result = step(scorer.last_batch.rollouts, ["row", "row"])
+    assert result.advantages.tolist() == [0.0, 0.0] and step.failed_in_a_row == 1
     scorer.begin_batch()
+    run_like_trl(scorer, *batch(CAPTIONS[:2]))
     with pytest.raises(RuntimeError, match="2 batches in a row"):
-        run_like_trl(scorer, *batch(CAPTIONS[:2]))
+        step(scorer.last_batch.rollouts, ["row", "row"])
 
 
-def test_the_failure_guard_can_judge_the_batch_gathered_from_every_process():
-    scorer = SharedVerdictScorer(
-        _AnyImageJudge(fail_every=1), max_failed_batches_in_a_row=2, check_failures=False
-    )
-    for _ in range(3):  # this process's share failed three times: not its decision
+def test_the_failure_guard_judges_the_batch_gathered_from_every_process():
+    scorer = SharedVerdictScorer(_AnyImageJudge(fail_every=1))
+    step = BatchStep(AdvantageStep(weights=(0.1, 0.3, 0.3)), max_failed_batches_in_a_row=2)
+    for _ in range(3):  # this process's share failed three times: scoring it decides nothing
         scorer.begin_batch()
         run_like_trl(scorer, *batch(CAPTIONS[:2]))
-    mine = [r.as_dict() for r in scorer.last_batch.rollouts]
-    another_process = [{**mine[0], "failure": None, "failure_detail": ""}]
-    scorer.check_batch_failures(mine + another_process)  # the run's batch had a judged rollout
-    scorer.check_batch_failures(mine)
+    mine = scorer.last_batch.rollouts
+    another_process = [dataclasses.replace(mine[0], failure=None, failure_detail="")]
+    step.check_failures(mine + another_process)  # the run's batch had a judged rollout
+    step.check_failures(mine)
     with pytest.raises(RuntimeError, match="2 batches in a row"):
-        scorer.check_batch_failures(mine + mine)
+        step.check_failures(mine + mine)
 
 
 def test_a_judge_breaking_the_one_outcome_per_request_rule_is_an_error():

@@ -1,5 +1,6 @@
-"""The balcaprl estimators run through verl's own ``compute_advantage`` on real ``DataProto`` batches and
-equal ``balcaprl.c_gdpo_advantages`` / ``grpo_advantages`` to 1e-6 per rollout."""
+"""The balcaprl estimators run through verl's own ``compute_advantage`` on real ``DataProto`` batches, with
+the batch step's advantages (built from verl's algorithm section), and equal
+``balcaprl.c_gdpo_advantages`` / ``grpo_advantages`` to 1e-6 per rollout."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from verl_testkit import crafted_batch  # noqa: E402
 
 import balcaprl.train.verl_backend.plugin  # noqa: E402,F401  (registers the estimators)
 from balcaprl import c_gdpo_advantages, grpo_advantages, linear_length_penalty  # noqa: E402
-from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights  # noqa: E402
+from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights, RolloutRecord  # noqa: E402
 from balcaprl.train.advantages import group_index_from_ids  # noqa: E402
-from balcaprl.train.verl_backend.estimator import RolloutRewards, provide_rollout_rewards  # noqa: E402
+from balcaprl.train.verl_backend.estimator import batch_step_for, provide_advantages  # noqa: E402
 
 WEIGHTS = [0.1, 0.3, 0.3]
 
@@ -39,17 +40,23 @@ def data_proto(uids, mask, token_level_rewards=None):
     )
 
 
-def columns(uids, rewards, penalty=None):
-    data = {name: rewards[:, k].tolist() for k, name in enumerate(REWARD_NAMES)}
-    if penalty is not None:
-        data["length_penalty"] = penalty.tolist()
-    return RolloutRewards.from_columns(uids, data)
+def records(rewards, penalty=None):
+    """The rollout records of crafted rewards (a row of NaN is a failed judge)."""
+    return [
+        RolloutRecord(
+            precision=p, recall=r, linguistic=g, length_penalty=0.0 if penalty is None else float(penalty[i]),
+            failure="timeout" if all(v != v for v in (p, r, g)) else None,
+        )
+        for i, (p, r, g) in enumerate(rewards.tolist())
+    ]  # fmt: skip
 
 
 def run_verl(estimator, uids, rewards, mask, config=None, penalty=None):
-    data = data_proto(uids, mask)
-    with provide_rollout_rewards(columns(uids, rewards, penalty)):
-        out = compute_advantage(data, adv_estimator=estimator, config=config or algorithm_config())
+    """What the balcaprl trainer does: the batch step on the records, its advantages provided to verl's step."""
+    config = config or algorithm_config()
+    step = batch_step_for(config, estimator)(records(rewards, penalty), list(uids))
+    with provide_advantages(uids, step.advantages):
+        out = compute_advantage(data_proto(uids, mask), adv_estimator=estimator, config=config)
     return out.batch["advantages"], out.batch["returns"]
 
 
@@ -93,8 +100,7 @@ def test_grpo_ablation_through_verl_equals_the_contract(seed):
 def test_linear_length_penalty_is_subtracted_from_judged_rollouts_only():
     uids, rewards, mask = crafted_batch(1)
     caption = torch.tensor([3, 40, 12, 5, 90, 20, 8, 16, 1, 30, 25, 60, 2, 10, 11], dtype=torch.float64)
-    reference = torch.full_like(caption, 20.0)
-    penalty = linear_length_penalty(caption, reference, 0.5, 2.0, 0.7)
+    penalty = torch.tensor([linear_length_penalty(n, 20.0, 0.5, 2.0, 0.7) for n in caption.tolist()])
     advantages, _ = run_verl("balcaprl_c_gdpo", uids, rewards, mask, penalty=penalty)
     judged = ~torch.isnan(rewards).all(dim=1)
     base = c_gdpo_advantages(rewards, group_index_from_ids(uids), WEIGHTS)
@@ -119,6 +125,11 @@ def test_the_weights_are_required_from_the_reward_config():
     )
     with pytest.raises(ValueError, match=r"algorithm\.balcaprl\.rewards"):
         run_verl("balcaprl_c_gdpo", uids, rewards, mask, config=config)
+    with pytest.raises(ValueError, match=r"algorithm\.balcaprl\.rewards"):  # the columns' path too
+        non_tensor = {"uid": uids, **{name: rewards[:, k].numpy() for k, name in enumerate(REWARD_NAMES)}}
+        core_algos.get_adv_estimator_fn("balcaprl_c_gdpo")(
+            torch.zeros_like(mask), mask, index=uids, config=config, non_tensor_batch=non_tensor
+        )
 
 
 def test_verls_own_gdpo_is_not_the_contract():
@@ -140,12 +151,20 @@ def test_verls_own_gdpo_is_not_the_contract():
     assert (verl_gdpo - ours).abs().max() > 1e-3
 
 
-def test_padding_rows_without_response_tokens_are_left_out():
+def test_padding_rows_without_response_tokens_are_left_out_of_the_columns():
+    """From non_tensor_batch columns (no trainer to tag the padding), a row without response tokens is
+    verl's padding: left out like a failed judge."""
+    from balcaprl.train.verl_backend.estimator import balcaprl_c_gdpo_advantage
+
     uids, rewards, mask = crafted_batch(4)
     uids = np.concatenate([uids, np.array(["pad", "pad"], dtype=object)])
     rewards = torch.cat([rewards, rewards[:2]])  # verl's padding copies a real row's fields
     mask = torch.cat([mask, torch.zeros(2, mask.shape[1])])
-    got = per_rollout(run_verl("balcaprl_c_gdpo", uids, rewards, mask)[0], mask)
+    non_tensor = {"uid": uids, **{name: rewards[:, k].numpy() for k, name in enumerate(REWARD_NAMES)}}
+    advantages, _ = balcaprl_c_gdpo_advantage(
+        torch.zeros_like(mask), mask, index=uids, config=algorithm_config(), non_tensor_batch=non_tensor
+    )
+    got = per_rollout(advantages, mask)
     expected = c_gdpo_advantages(rewards[:-2], group_index_from_ids(uids[:-2]), WEIGHTS)
     assert torch.allclose(got[:-2], expected, atol=1e-6, rtol=0)
     assert got[-2:].tolist() == [0.0, 0.0]
@@ -156,7 +175,8 @@ def test_columns_that_are_not_row_aligned_are_refused():
     shuffled = uids.copy()
     shuffled[[0, 1]] = shuffled[[1, 0]]
     data = data_proto(shuffled, mask)
-    with provide_rollout_rewards(columns(uids, rewards)), pytest.raises(ValueError, match="row-aligned"):
+    advantages = c_gdpo_advantages(rewards, group_index_from_ids(uids), WEIGHTS)
+    with provide_advantages(uids, advantages), pytest.raises(ValueError, match="row-aligned"):
         compute_advantage(data, adv_estimator="balcaprl_c_gdpo", config=algorithm_config())
 
 

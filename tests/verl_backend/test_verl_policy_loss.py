@@ -60,8 +60,11 @@ def test_verls_clip_shares_are_the_ones_the_trl_backend_logs():
     _, metrics = compute_policy_loss_vanilla(
         old_log_prob=old, log_prob=new, advantages=advantages, response_mask=mask, config=actor_config()
     )
-    tokens, _, _, clipped, dual = ratio_statistics(new, old, advantages, mask, 0.2, 0.2, 3.0).tolist()
-    # Clipped: A < 0 and r < 0.8 (0.5); A > 0 and r > 1.2 (1.3, 9.0). Dual: A < 0 and r > 3 (3.5).
+    tokens, _, _, dual = ratio_statistics(new, old, advantages, mask, 3.0).tolist()
+    # Clipped (TRL's clip_ratio/region_mean counts the same tokens): A < 0 and r < 0.8 (0.5);
+    # A > 0 and r > 1.2 (1.3, 9.0). Dual: A < 0 and r > 3 (3.5).
+    ratio, adv = torch.exp(new - old), advantages
+    clipped = float(((((ratio < 0.8) & (adv < 0)) | ((ratio > 1.2) & (adv > 0))) & mask.bool()).sum())
     assert (clipped, dual) == (3.0, 1.0)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(clipped / tokens)
     assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(dual / tokens)

@@ -4,6 +4,7 @@ failed judge reaching verl as NaN (never 0) through verl's own reward manager.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from pathlib import Path
 
@@ -21,11 +22,18 @@ from verl_testkit import JUDGES, train_testkit  # noqa: E402
 
 from balcaprl import linear_length_penalty  # noqa: E402
 from balcaprl.errors import ConfigError  # noqa: E402
-from balcaprl.rewards import LengthControlConfig, RewardConfig, score_verdict  # noqa: E402
+from balcaprl.rewards import LengthControlConfig, RewardConfig, RolloutRecord, score_verdict  # noqa: E402
 from balcaprl.train.verl_backend import reward as reward_module  # noqa: E402
-from balcaprl.train.verl_backend.reward import RewardSettings, compute_score, result_keys  # noqa: E402
+from balcaprl.train.verl_backend.reward import RewardSettings, compute_score  # noqa: E402
 
 REFERENCE = "a red circle on the left ."
+# What compute_score returns for every rollout: verl's score, the record's row form, the judging's times.
+RESULT_KEYS = (
+    "score",
+    *(f.name for f in dataclasses.fields(RolloutRecord)),
+    "judge_started_s",
+    "judge_finished_s",
+)
 
 
 def kwargs(policy: Path, dataset: Path, length: dict | None = None, **overrides):
@@ -60,16 +68,16 @@ def score(caption, policy, dataset, info=None, **overrides):
 
 @pytest.fixture(autouse=True)
 def fresh_scorers():
-    reward_module._SCORERS.clear()
+    reward_module._JUDGES.clear()
     JUDGES.clear()
     yield
-    reward_module._SCORERS.clear()
+    reward_module._JUDGES.clear()
 
 
 def test_a_judged_rollout_returns_every_key_with_the_judges_rewards(tiny_qwen, tiny_dataset):
     caption = "a red circle on the left ."
     result = score(caption, tiny_qwen, tiny_dataset)
-    assert tuple(result) == result_keys()
+    assert tuple(result) == RESULT_KEYS
     expected = score_verdict(train_testkit().ScriptedJudge(fail_every=None).verdict(caption, REFERENCE))
     assert result["precision"] == pytest.approx(expected.precision)
     assert result["recall"] == pytest.approx(expected.recall)
@@ -77,7 +85,8 @@ def test_a_judged_rollout_returns_every_key_with_the_judges_rewards(tiny_qwen, t
     assert result["score"] == pytest.approx(
         0.1 * expected.precision + 0.3 * expected.recall + 0.3 * expected.linguistic
     )
-    assert result["judged"] == 1.0 and result["failure"] == ""
+    assert result["failure"] is None and result["failure_detail"] == "" and result["id"] == "scene-000"
+    assert result["caption"] == caption and RolloutRecord.from_row(result).judged
     assert result["caption_tokens"] == 7 and result["reference_tokens"] == 7  # word-level policy tokenizer
     assert result["length_penalty"] == 0.0
     judge = JUDGES["scripted"]
@@ -106,9 +115,9 @@ def test_the_length_mask_uses_the_policy_tokenizer_counts(tiny_qwen, tiny_datase
     long_caption = "a red circle on the left . " * 3  # 21 tokens against 7: rho = 3 > tau_high
     result = score(long_caption, tiny_qwen, tiny_dataset)
     assert result["caption_tokens"] == 21 and result["length_ratio"] == pytest.approx(3.0)
-    assert result["linguistic"] == 0.0 and result["linguistic_raw"] > 0 and result["masked"] == 1.0
+    assert result["linguistic"] == 0.0 and result["linguistic_raw"] > 0 and result["masked"] is True
     kept = score(long_caption, tiny_qwen, tiny_dataset, length={"tau_high": 3.0})
-    assert kept["linguistic"] == kept["linguistic_raw"] > 0 and kept["masked"] == 0.0
+    assert kept["linguistic"] == kept["linguistic_raw"] > 0 and kept["masked"] is False
 
 
 def test_a_stored_reference_length_is_used_only_for_the_policys_tokenizer(tiny_qwen, tiny_dataset):
@@ -135,10 +144,11 @@ def test_linear_mode_returns_the_penalty_and_keeps_linguistic(tiny_qwen, tiny_da
 )
 def test_a_failed_judge_is_nan_never_zero(tiny_qwen, tiny_dataset, factory, reason):
     result = score("a red circle", tiny_qwen, tiny_dataset, judge_factory=factory)
-    assert tuple(result) == result_keys()  # the same keys as a judged rollout (verl requires it)
-    for key in ("score", "precision", "recall", "linguistic", "linguistic_raw", "masked"):
+    assert tuple(result) == RESULT_KEYS  # the same keys as a judged rollout (verl requires it)
+    for key in ("score", "precision", "recall", "linguistic", "linguistic_raw"):
         assert math.isnan(result[key]), key
-    assert result["judged"] == 0.0 and result["failure"] == reason
+    assert result["masked"] is False  # the mask acts on a verdict; there is none
+    assert result["failure"] == reason and not RolloutRecord.from_row(result).judged
     assert result["caption_tokens"] == 3  # lengths are still known
 
 
@@ -169,7 +179,7 @@ def test_a_judge_config_shares_its_limits_between_reward_workers(tmp_path, tiny_
     settings = RewardSettings.from_kwargs(
         {**kwargs(tiny_qwen, tiny_dataset, judge_factory=None), "judge_config": str(judge_yaml), "workers": 8}
     )
-    judge = reward_module._build_judge(settings)
+    judge = reward_module.judge_for(settings)  # build_judge(processes=workers) shares the limits
     assert judge.config.concurrency == 32 and judge.config.requests_per_minute == 125
 
 
@@ -227,12 +237,12 @@ def test_verls_naive_reward_manager_passes_nan_through(tiny_qwen, tiny_dataset, 
 
     out = asyncio.run(run())
     info = out["reward_extra_info"]
-    assert set(info) == set(result_keys())
+    assert set(info) == set(RESULT_KEYS)
     if factory.endswith("scripted_judge"):
-        assert info["judged"] == 1.0 and out["reward_score"] == pytest.approx(info["score"])
+        assert info["failure"] is None and out["reward_score"] == pytest.approx(info["score"])
         assert info["caption_tokens"] == 7  # decoded without EOS/padding, counted with the policy tokenizer
     else:
-        assert math.isnan(out["reward_score"]) and math.isnan(info["precision"]) and info["judged"] == 0.0
+        assert math.isnan(out["reward_score"]) and math.isnan(info["precision"]) and info["failure"]
     # verl writes the score on the last response token: NaN stays NaN there.
     rm = manager_cls.assemble_rm_scores(
         one_rollout(tokenizer, "a red circle on the left ."), [out["reward_score"]]
@@ -271,7 +281,7 @@ def test_compute_score_never_raises_for_a_bad_set_up(tiny_qwen, tiny_dataset, tm
     assert (
         typo["failure"] == "bad_input" and "tau_hihg" in typo["failure_detail"] and math.isnan(typo["score"])
     )
-    assert tuple(typo) == result_keys()
+    assert tuple(typo) == RESULT_KEYS and typo["caption_tokens"] is None  # not counted
     no_image = asyncio.run(
         compute_score(
             "s", "a red circle", REFERENCE, {"id": "x"}, **kwargs(tiny_qwen, tiny_dataset, image_root=None)

@@ -24,37 +24,33 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl_testkit import crafted_batch  # noqa: E402
 
 from balcaprl import c_gdpo_advantages  # noqa: E402
-from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights  # noqa: E402
+from balcaprl.rewards import REWARD_NAMES, RewardConfig, RewardWeights, RolloutRecord  # noqa: E402
 from balcaprl.train.advantages import group_index_from_ids  # noqa: E402
+from balcaprl.train.verl_backend.estimator import (  # noqa: E402
+    batch_step_for,
+    rollout_records,
+    verl_batch_step,
+)
 from balcaprl.train.verl_backend.render import PLUGIN_MODULE, render_verl  # noqa: E402
 from balcaprl.train.verl_backend.trainer import (  # noqa: E402
     TRAINER_MODE,
     BalancedPPOTrainerSync,
-    batch_metrics,
-    reward_columns,
 )
 
 WEIGHTS = [0.1, 0.3, 0.3]
 
 
-def info(precision, recall, linguistic, failure=""):
-    return {
-        "reward_extra_info": {
-            "score": 0.0,
-            "precision": precision,
-            "recall": recall,
-            "linguistic": linguistic,
-            "failure": failure,
-            "masked": 0.0,
-            "length_ratio": 1.0,
-            "non_pointable_share": 0.0,
-            "non_visible_share": 0.0,
-            "length_penalty": 0.0,
-        }
-    }
+def info(precision, recall, linguistic, failure=None):
+    """A row's extra_fields as verl stores them: compute_score's dict (verl's score, the record's row)."""
+    record = RolloutRecord(
+        id="row", caption="a red circle", caption_tokens=3, reference_tokens=3, length_ratio=1.0, in_band=True,
+        precision=precision, recall=recall, linguistic=linguistic, linguistic_raw=linguistic, failure=failure,
+        non_pointable_share=0.0, non_visible_share=0.0, n_caption_assertions=2,
+    )  # fmt: skip
+    return {"reward_extra_info": {"score": 0.0, **record.row()}}
 
 
-def test_reward_columns_read_compute_score_dicts_and_drop_padding():
+def test_rollout_records_read_compute_score_dicts_and_drop_padding():
     keys = ["u1_0_0", "u1_1_0", "u2_0_0", "padabc_0_0"]
     tags = [{}, {}, {}, {"is_padding": True}]
     extra = [
@@ -63,17 +59,21 @@ def test_reward_columns_read_compute_score_dicts_and_drop_padding():
         info(1.0, 0.0, 0.5),
         info(0.5, 0.2, 0.9),
     ]
-    columns, infos = reward_columns(keys, tags, extra)
-    assert columns.uids == ("u1", "u1", "u2", "padabc")
-    assert columns.rewards[0].tolist() == [0.5, 0.2, 0.9]
-    assert torch.isnan(columns.rewards[3]).all() and infos[3] is None  # padding: left out, not a copy
-    metrics = batch_metrics(columns, infos)
-    assert metrics["balcaprl/rollouts"] == 3.0
-    assert metrics["balcaprl/judge_failure_rate"] == pytest.approx(1 / 3)
-    assert metrics["balcaprl/judge_failures/timeout"] == 1.0
-    assert metrics["balcaprl/reward/precision/mean"] == pytest.approx(0.75)
+    uids, rollouts = rollout_records(keys, tags, extra)
+    assert uids == ["u1", "u1", "u2", "padabc"]
+    assert rollouts[0].as_tuple() == (0.5, 0.2, 0.9) and rollouts[3] is None  # padding: left out, not a copy
+    assert rollouts[1].failure == "timeout" and not rollouts[1].judged
+    trainer = bare_trainer()
+    step = batch_step_for(trainer.config.algorithm, trainer.config.algorithm.adv_estimator)
+    assert verl_batch_step(step, keys, tags, extra)[0] == uids
+    _, advantages, metrics = verl_batch_step(step, keys, tags, extra)
+    assert advantages[1] == 0 and advantages[3] == 0  # a failed judge and a padding row
+    assert metrics["judge/requests"] == 3.0
+    assert metrics["judge/failure_share"] == pytest.approx(1 / 3)
+    assert metrics["judge/failures/timeout"] == 1.0
+    assert metrics["rewards/precision/mean"] == pytest.approx(0.75)
     with pytest.raises(KeyError, match="compute_score"):
-        reward_columns(["u_0_0"], [{}], [{"reward_extra_info": {"acc": 1.0}}])
+        rollout_records(["u_0_0"], [{}], [{"reward_extra_info": {"acc": 1.0}}])
 
 
 def test_batch_metrics_carry_the_judges_share_of_the_step():
@@ -81,8 +81,8 @@ def test_batch_metrics_carry_the_judges_share_of_the_step():
     extra = [info(0.5, 0.2, 0.9), info(1.0, 0.0, 0.5), info(0.5, 0.5, 0.5)]
     for row, (started, finished) in zip(extra, [(100.0, 103.0), (101.0, 102.0), (104.0, 106.5)], strict=True):
         row["reward_extra_info"].update(judge_started_s=started, judge_finished_s=finished)
-    columns, infos = reward_columns(["u1_0_0", "u1_1_0", "u2_0_0"], [{}, {}, {}], extra)
-    metrics = batch_metrics(columns, infos)
+    step = batch_step_for(bare_trainer().config.algorithm, "balcaprl_c_gdpo")
+    _, _, metrics = verl_batch_step(step, ["u1_0_0", "u1_1_0", "u2_0_0"], [{}, {}, {}], extra)
     assert metrics["judge/wall_s"] == 6.5  # 100 -> 106.5
     assert metrics["judge/exposed_s"] == 2.5  # the last rollout generated at 104, judged at 106.5
 
@@ -200,7 +200,9 @@ def put_batch(tq, uids, rewards, mask, partition, padding=0):
                 "response_mask": torch.ones(length, dtype=torch.int64),
                 "rm_scores": torch.zeros(length),
                 "old_log_probs": torch.zeros(length),
-                "extra_fields": info(*[float(v) for v in rewards[i]]),
+                "extra_fields": info(
+                    *rewards[i].tolist(), "timeout" if bool(rewards[i].isnan().all()) else None
+                ),
             }
         )
         tags.append({})
@@ -240,8 +242,8 @@ def test_verls_v1_advantage_step_writes_the_contracts_advantages(ray_cluster):
     expected = c_gdpo_advantages(rewards, group_index_from_ids(uids), WEIGHTS)
     assert torch.allclose(per_rollout[: len(uids)].double(), expected, atol=1e-6, rtol=0)
     assert per_rollout[len(uids) :].tolist() == [0.0, 0.0, 0.0]  # padding rows
-    assert metrics["balcaprl/rollouts"] == len(uids)
-    assert metrics["balcaprl/judge_failure_rate"] == pytest.approx(3 / len(uids))
+    assert metrics["judge/requests"] == len(uids)
+    assert metrics["judge/failure_share"] == pytest.approx(3 / len(uids))
 
 
 def test_the_run_stops_when_the_judge_fails_on_whole_batches(ray_cluster):
@@ -255,4 +257,4 @@ def test_the_run_stops_when_the_judge_fails_on_whole_batches(ray_cluster):
         trainer._compute_advantage(put_batch(tq, list(uids), failed, mask, "f2"), {})
     ok = torch.rand(4, 3, dtype=torch.float64)
     trainer._compute_advantage(put_batch(tq, list(uids), ok, mask, "f3"), {})
-    assert trainer._balcaprl_failed_in_a_row == 0
+    assert trainer._balcaprl_step.failed_in_a_row == 0

@@ -34,7 +34,6 @@ from typing import Any
 from balcaprl.rewards import (
     BCAPSCORE_REWARDS,
     Verdict,
-    b_capscore,
     parse_verdict,
     score_rollout,
     score_verdict,
@@ -79,7 +78,7 @@ def metric_scores(verdict: Verdict | dict[str, Any]) -> dict[str, float]:
         "recall": r.recall,
         "linguistic": r.linguistic,
         "linguistic_raw": r.linguistic_raw,
-        "b_capscore": float(b_capscore(r.precision, r.recall, r.linguistic)),
+        "b_capscore": r.b_capscore,
     }
 
 

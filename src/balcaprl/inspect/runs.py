@@ -28,7 +28,7 @@ from balcaprl.inspect.inspection import (
     finite_number,
     read_json,
 )
-from balcaprl.rewards import b_capscore, score_verdict
+from balcaprl.rewards import RolloutRecord, score_verdict
 
 __all__ = ["add_training_run", "load_demo"]
 
@@ -192,31 +192,27 @@ def add_training_run(
 def _rollout_card(
     row: dict[str, Any], source: int, caption: str, reference: str | None, mask: bool
 ) -> dict[str, Any]:
-    precision, recall = finite_number(row.get("precision")), finite_number(row.get("recall"))
-    linguistic, raw = finite_number(row.get("linguistic")), finite_number(row.get("linguistic_raw"))
-    # Without a verdict, b-CapScore from the logged rewards (the metric's rule: the unmasked score).
-    bcap = None
-    if precision is not None and recall is not None and raw is not None:
-        bcap = float(b_capscore(precision, recall, raw))
+    r = RolloutRecord.from_row(row)  # a rollouts.jsonl line: the record's row, plus step, group, advantage
     return {
-        "id": str(row.get("id", "")),
+        "id": str(r.id),
         "source": source,
         "image": None,
         "caption": caption,
         "reference": reference,
-        "precision": precision,
-        "recall": recall,
-        "linguistic": linguistic,
-        "linguistic_raw": raw,
-        "b_capscore": bcap,
-        "ratio": finite_number(row.get("length_ratio")),
+        "precision": finite_number(r.precision),
+        "recall": finite_number(r.recall),
+        "linguistic": finite_number(r.linguistic),
+        "linguistic_raw": finite_number(r.linguistic_raw),
+        # Without a verdict, b-CapScore from the logged rewards (the metric's rule: the unmasked score).
+        "b_capscore": finite_number(r.b_capscore),
+        "ratio": finite_number(r.length_ratio),
         "ratio_unit": "tokens",
-        "in_band": row.get("in_band"),
-        "masked": bool(row.get("masked")) if mask and row.get("failure") is None else None,
-        "meta": finite_number(row.get("non_pointable_share")),
-        "halluc": finite_number(row.get("non_visible_share")),
-        "failure": row.get("failure"),
-        "detail": row.get("failure_detail") or "",
+        "in_band": r.in_band,
+        "masked": r.masked if mask and r.judged else None,
+        "meta": finite_number(r.non_pointable_share),
+        "halluc": finite_number(r.non_visible_share),
+        "failure": r.failure,
+        "detail": r.failure_detail or "",
         "step": row.get("step"),
         "group": row.get("group"),
         "advantage": finite_number(row.get("advantage")),

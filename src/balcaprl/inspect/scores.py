@@ -66,7 +66,7 @@ def add_scores(found: Inspection, folder: Path, image_root: Path | None, label: 
             "in_band": None,
             "masked": None,  # b-CapScore has no length control
             "failure": row.get("failure"),
-            "detail": row.get("detail") or "",
+            "detail": row.get("failure_detail") or row.get("detail") or "",  # a record row, or an older one
             "verdict_from": None,
             "note": "",
         }

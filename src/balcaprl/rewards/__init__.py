@@ -1,4 +1,5 @@
-"""Verdict schema, the reward configuration, verdict -> rewards, length control and b-CapScore."""
+"""Verdict schema, the reward configuration, verdict -> rewards, length control, b-CapScore and the
+record of one judged rollout."""
 
 from balcaprl.rewards.bcapscore import b_capscore
 from balcaprl.rewards.config import (
@@ -15,15 +16,8 @@ from balcaprl.rewards.length import (
     linear_length_penalty,
     mask_linguistic_by_length,
 )
-from balcaprl.rewards.scoring import (
-    REWARD_NAMES,
-    LengthGate,
-    RewardVector,
-    RolloutScore,
-    length_gate,
-    score_rollout,
-    score_verdict,
-)
+from balcaprl.rewards.record import RolloutRecord, failed_rollout, score_rollout
+from balcaprl.rewards.scoring import REWARD_NAMES, RewardVector, score_verdict
 from balcaprl.rewards.verdict import (
     CaptionAssertion,
     ReferenceAssertion,
@@ -38,11 +32,10 @@ __all__ = [
     "TAU_HIGH",
     "TAU_LOW",
     "LengthControlConfig",
-    "LengthGate",
     "LengthMode",
     "RewardConfig",
     "RewardWeights",
-    "RolloutScore",
+    "RolloutRecord",
     "CaptionAssertion",
     "ReferenceAssertion",
     "RewardVector",
@@ -52,7 +45,7 @@ __all__ = [
     "length_ratio",
     "linear_length_penalty",
     "mask_linguistic_by_length",
-    "length_gate",
+    "failed_rollout",
     "parse_verdict",
     "score_rollout",
     "score_verdict",

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from balcaprl.rewards._elementwise import where
-
 __all__ = ["b_capscore"]
 
 
-def b_capscore(precision: Any, recall: Any, linguistic: Any) -> Any:
-    """3 / (1/p + 1/r + 1/l), in [0, 1]; 0 when any component is 0. Numbers, arrays or tensors.
+def b_capscore(precision: float, recall: float, linguistic: float) -> float:
+    """3 / (1/p + 1/r + 1/l), in [0, 1]; 0 when any component is 0 (the harmonic mean's limit).
 
-    Zero components are swapped for 1 before taking reciprocals (then the result is set to 0), so
-    nothing divides by zero; subnormal inputs overflow 1/x to inf and give 0, as they should.
-    Dataset-level b-CapScore (as the paper reports it) is 100 x the mean of the per-caption values.
+    Subnormal inputs overflow 1/x to inf and give 0, as they should. Dataset-level b-CapScore (as the
+    paper reports it) is 100 x the mean of the per-caption values.
     """
-    any_zero = (precision == 0) | (recall == 0) | (linguistic == 0)
-    p, r, g = (where(any_zero, 1.0, x) for x in (precision, recall, linguistic))
-    return where(any_zero, 0.0, 3 / (1 / p + 1 / r + 1 / g))
+    if precision == 0 or recall == 0 or linguistic == 0:
+        return 0.0
+    return 3 / (1 / precision + 1 / recall + 1 / linguistic)

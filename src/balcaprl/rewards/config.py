@@ -2,7 +2,7 @@
 
 Every place that scores verdicts takes a :class:`RewardConfig` whole (the TRL reward functions, verl's
 reward workers, ``balcaprl score``, the evaluations, the demo) and hands it to the one scoring function,
-:func:`balcaprl.rewards.scoring.score_rollout`. A recipe's ``rewards:`` section is a RewardConfig (plus
+:func:`balcaprl.rewards.record.score_rollout`. A recipe's ``rewards:`` section is a RewardConfig (plus
 the run's judge-failure guard, which is no scoring setting).
 
 The metric is not a training choice: b-CapScore is always scored as :data:`BCAPSCORE_REWARDS` says

@@ -19,7 +19,7 @@ from PIL import Image
 
 from balcaprl.data.format import read_split_rows
 from balcaprl.judge.protocol import Judgement, JudgeOutcome, JudgeRequest, Rubric
-from balcaprl.rewards import BCAPSCORE_REWARDS, RolloutScore, b_capscore, score_rollout
+from balcaprl.rewards import BCAPSCORE_REWARDS, RolloutRecord, b_capscore, score_rollout
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import caption_token_counts, generate_captions
 
@@ -40,7 +40,8 @@ class CaptionScores:
     per_caption: list[float] = field(default_factory=list, repr=False)  # b-CapScore in [0, 1], 0 if failed
     captions: list[str] = field(default_factory=list, repr=False)
     outcomes: list[JudgeOutcome] = field(default_factory=list, repr=False)  # the one judgement per caption
-    scored: list[RolloutScore | None] = field(default_factory=list, repr=False)  # None where the judge failed
+    # The record of each caption, None where the judge failed.
+    scored: list[RolloutRecord | None] = field(default_factory=list, repr=False)
 
     def summary(self) -> str:
         tokens = f", {self.mean_tokens:.0f} tokens" if self.mean_tokens is not None else ""

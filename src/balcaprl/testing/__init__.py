@@ -6,6 +6,8 @@
   ``[serve]`` extra. ``balcaprl judge serve`` and the offline demo run it; tests and benchmarks too.
 - :mod:`balcaprl.testing.scripted_judge`: a deterministic rule-based judge whose verdicts can be
   computed by hand.
+- :mod:`balcaprl.testing.loop_advantages`: c-GDPO and GRPO as plain per-group loops, to check the
+  vectorised ``balcaprl.advantages`` against (tests) and to measure it (benchmarks).
 - :mod:`balcaprl.testing.compare_modes`: the joint vs cached-reference comparison on the scripted judge.
 - :mod:`balcaprl.testing.sharegpt4v_fixture`: a generated stand-in for ShareGPT4V in its exact layout.
 - :mod:`balcaprl.testing.toy_demo`: the smallest demo config that runs every stage.

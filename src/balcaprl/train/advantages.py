@@ -1,24 +1,26 @@
 """The advantage step of both backends: exactly ``balcaprl.c_gdpo_advantages`` (or ``grpo_advantages``),
-then the linear length penalty (eq. A.5), in :func:`rollout_advantages`.
+then the linear length penalty (eq. A.5), in :class:`AdvantageStep`.
 
 TRL's ``multi_objective_aggregation="normalize_then_sum"`` is GDPO, but it differs from the pinned
 contract in ways that change numbers: it adds 1e-4 to the std (we add 1e-6), it assumes each group is
 ``num_generations`` consecutive rows (we group by the prompt's row id, so any layout of groups works),
 and a reward that failed for one rollout but not another is handled row-wise rather than per reward
-column. So the TRL trainer lets TRL compute its rewards tensor, then replaces TRL's advantages with
-:class:`AdvantageStep`'s on the same gathered tensor; verl's estimators (``verl_backend/estimator.py``)
-call :func:`rollout_advantages` on the reward columns its reward function returned.
+column. So both backends replace their library's advantages with :class:`AdvantageStep`'s, called by the
+one batch step (``train/step.py``) on the batch's rollout records.
 
 One generation batch, all processes gathered:
     rewards (N, 3)  ->  eqs. 2.4-2.6 (c-GDPO) or sum-then-normalise (GRPO)  ->  A (N,)
     length mode "linear":  A~ = A - p_len                                      (eq. A.5)
 p_len = lambda_len * d(rho) is scored per rollout with its rewards (``balcaprl.rewards.score_rollout``),
 0 in the other modes. A rollout whose judge failed (all rewards NaN) gets exactly 0 and no penalty.
+
+The estimators are a registry with one signature, ``(rewards, group_index, weights, eps) -> A``, as
+verl's ``register_adv_est``: a new estimator is one entry in :data:`ESTIMATOR_FUNCTIONS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -31,13 +33,16 @@ __all__ = [
     "AdvantageStep",
     "Estimator",
     "group_index_from_ids",
-    "rollout_advantages",
     "subtract_length_penalty",
 ]
 
 # The estimators a recipe can choose (``advantage.estimator``): the paper's, and its Table 3 ablation.
 Estimator = Literal["c_gdpo", "grpo"]
 ESTIMATORS: tuple[str, ...] = get_args(Estimator)
+ESTIMATOR_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "c_gdpo": c_gdpo_advantages,  # eqs. 2.4-2.6: per-reward group normalisation, weighted sum, batch step
+    "grpo": grpo_advantages,  # Table 3, 'w/o c-GDPO': weighted sum, then one group normalisation
+}
 
 
 def group_index_from_ids(row_ids: Sequence[str]) -> torch.Tensor:
@@ -59,36 +64,9 @@ def subtract_length_penalty(
     return torch.where(judged, advantages - torch.nan_to_num(penalty, nan=0.0), advantages)
 
 
-def rollout_advantages(
-    rewards: torch.Tensor,
-    group_index: torch.Tensor | Sequence[int],
-    weights: Sequence[float],
-    *,
-    estimator: Estimator = "c_gdpo",
-    eps: float = 1e-6,
-    length_penalty: torch.Tensor | Sequence[float] | None = None,
-) -> torch.Tensor:
-    """(N,) advantages of one generation batch: the contract's estimator, then eq. A.5.
-
-    ``rewards`` is (N, 3) with NaN for a failed judge; ``length_penalty`` (N,) is each rollout's p_len
-    (None or zeros unless the recipe's length mode is "linear").
-    """
-    if estimator == "c_gdpo":
-        # Eqs. 2.4-2.6: per-reward group normalisation, weighted sum, batch normalisation.
-        advantages = c_gdpo_advantages(rewards, group_index, weights, eps=eps)
-    elif estimator == "grpo":
-        # Table 3, 'w/o c-GDPO': weighted sum, then one group normalisation.
-        advantages = grpo_advantages(rewards, group_index, weights, eps=eps)
-    else:
-        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
-    if length_penalty is None:
-        return advantages
-    return subtract_length_penalty(advantages, rewards, length_penalty)
-
-
 @dataclass(frozen=True)
 class AdvantageStep:
-    """The recipe's advantage estimator, applied to one generation batch (the TRL trainer's step).
+    """The recipe's advantage estimator, applied to one generation batch (the batch step's step 3).
 
     Args:
         weights: (w_prec, w_rec, w_ling), eq. 2.5.
@@ -101,7 +79,7 @@ class AdvantageStep:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in ESTIMATOR_FUNCTIONS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
 
     def __call__(
@@ -110,12 +88,9 @@ class AdvantageStep:
         group_index: torch.Tensor | Sequence[int],
         length_penalty: torch.Tensor | Sequence[float] | None = None,
     ) -> torch.Tensor:
-        """(N,) advantages for the (N, 3) rewards (NaN = failed judge) and per-rollout p_len."""
-        return rollout_advantages(
-            rewards,
-            group_index,
-            self.weights,
-            estimator=self.estimator,
-            eps=self.eps,
-            length_penalty=length_penalty,
-        )
+        """(N,) advantages for the (N, 3) rewards (NaN = failed judge), then eq. A.5 with each rollout's
+        p_len (None or zeros unless the recipe's length mode is "linear")."""
+        advantages = ESTIMATOR_FUNCTIONS[self.estimator](rewards, group_index, self.weights, eps=self.eps)
+        if length_penalty is None:
+            return advantages
+        return subtract_length_penalty(advantages, rewards, length_penalty)

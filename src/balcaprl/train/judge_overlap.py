@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest
-from balcaprl.train.rewards import caption_text, judge_usage
+from balcaprl.train.judging import caption_text, judge_usage
 
 __all__ = [
     "EarlyJudge",

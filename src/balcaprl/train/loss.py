@@ -11,9 +11,10 @@ dual-clip and the aggregation (Appendix A.1) but gives neither eps nor c; the re
 c = 3 are verl's defaults (``actor.clip_ratio``, ``actor.clip_ratio_c``), the framework the paper used.
 
 The clip and the dual-clip bind only when the ratio moves away from 1, that is from the second
-optimizer update of a generation batch on (``train.updates_per_batch`` > 1). :func:`ratio_statistics`
-measures how often they do; both backends log it under the same names (``policy/ratio_mean``,
-``policy/ratio_max``, ``policy/clipped_share``, ``policy/dual_clipped_share``).
+optimizer update of a generation batch on (``train.updates_per_batch`` > 1). Both backends log how
+often they do under the same names (``policy/ratio_mean``, ``policy/ratio_max``, ``policy/clipped_share``,
+``policy/dual_clipped_share``): the clipped share is each library's own metric under the shared name,
+:func:`ratio_statistics` adds what the libraries lack.
 
 Why TRL's ``loss_type="luspo"`` with ``importance_sampling_level="token"`` and ``delta=c`` is exactly
 this (TRL 1.16, ``GRPOTrainer._compute_loss``):
@@ -121,43 +122,32 @@ def ratio_statistics(
     old_logps: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_epsilon: float,
-    clip_epsilon_high: float | None,
     dual_clip_c: float | None,
 ) -> torch.Tensor:
-    """Sums over the masked tokens of one micro-batch: ``[tokens, sum of ratios, max ratio, clipped,
-    dual-clipped]`` (float64; max is -inf without tokens). ``old_logps`` None means on-policy (ratio 1).
+    """Sums over the masked tokens of one micro-batch: ``[tokens, sum of ratios, max ratio, dual-clipped]``
+    (float64; max is -inf without tokens). ``old_logps`` None means on-policy (ratio 1).
 
-    A token is *clipped* when the PPO clip takes it out of the gradient: ratio < 1 - eps with A < 0, or
-    ratio > 1 + eps_high with A > 0 (TRL's ``clip_ratio/region_mean``, verl's ``pg_clipfrac``). It is
-    *dual-clipped* when A < 0 and ratio > c, where dual-clip caps the loss at -c A (verl's
-    ``pg_clipfrac_lower``). ``advantages``: (B,) or (B, T).
+    What neither library logs: the ratio itself, and on TRL the *dual-clipped* tokens, A < 0 and
+    ratio > c, where dual-clip caps the loss at -c A (verl's ``pg_clipfrac_lower``). The PPO clip's
+    share is each library's own (TRL's ``clip_ratio/region_mean``, verl's ``pg_clipfrac``).
+    ``advantages``: (B,) or (B, T).
     """
     logps = logps.detach()
     ratio = torch.ones_like(logps) if old_logps is None else torch.exp(logps - old_logps.detach())
     adv = advantages.detach()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
     keep = mask.bool()
-    high = clip_epsilon if clip_epsilon_high is None else clip_epsilon_high
-    clipped = ((ratio < 1 - clip_epsilon) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
     dual = (ratio > dual_clip_c) & (adv < 0) if dual_clip_c is not None else torch.zeros_like(keep)
     kept = ratio[keep].double()
-    return torch.stack(
-        [
-            keep.sum().double(),
-            kept.sum(),
-            kept.max()
-            if kept.numel()
-            else torch.tensor(float("-inf"), dtype=torch.float64, device=kept.device),
-            (clipped & keep).sum().double(),
-            (dual & keep).sum().double(),
-        ]
+    largest = (
+        kept.max() if kept.numel() else torch.tensor(float("-inf"), dtype=torch.float64, device=kept.device)
     )
+    return torch.stack([keep.sum().double(), kept.sum(), largest, (dual & keep).sum().double()])
 
 
 class RatioStatistics:
     """Accumulates :func:`ratio_statistics` over the micro-batches of one optimizer step (already summed,
-    or maxed, over processes) and turns them into :data:`POLICY_METRICS`."""
+    or maxed, over processes) and turns them into the ratio's metrics."""
 
     def __init__(self) -> None:
         self.totals: torch.Tensor | None = None
@@ -167,7 +157,7 @@ class RatioStatistics:
         if self.totals is None:
             self.totals = sums.clone()
         else:
-            self.totals[[0, 1, 3, 4]] += sums[[0, 1, 3, 4]]
+            self.totals[[0, 1, 3]] += sums[[0, 1, 3]]
             self.totals[2] = torch.maximum(self.totals[2], sums[2])
 
     def pop(self) -> dict[str, float]:
@@ -179,6 +169,5 @@ class RatioStatistics:
         return {
             "policy/ratio_mean": float(totals[1]) / tokens,
             "policy/ratio_max": float(totals[2]),
-            "policy/clipped_share": float(totals[3]) / tokens,
-            "policy/dual_clipped_share": float(totals[4]) / tokens,
+            "policy/dual_clipped_share": float(totals[3]) / tokens,
         }

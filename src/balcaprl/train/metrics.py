@@ -1,11 +1,10 @@
-"""Per-step metrics: what is computed from a scored batch, and where it is written.
+"""Per-step metrics: what is computed from a batch of rollout records, and where it is written.
 
-Every step's metrics go to ``OUTPUT/metrics.jsonl`` (one JSON object a line, appended and fsynced, so
-a crash loses at most the line being written), and to TensorBoard / W&B when the recipe names them
-(through TRL's ``report_to``). TRL already logs each reward's mean and std (``rewards/<name>/mean``,
-``.../std``; linguistic after the length mask), the loss, clip ratios and completion lengths; the
-metrics below add what the paper's method needs watched:
+Both backends log one vocabulary, computed here by :func:`batch_metrics` from the batch step
+(``train/step.py``). TRL also logs each reward's mean and std itself under the same names (the TRL
+trainer leaves those to it), and the loss, clip ratios and completion lengths. The names:
 
+    rewards/{precision,recall,linguistic}/{mean,std}   over judged rollouts; linguistic after the mask
     rewards/linguistic_unmasked/mean   the judge's linguistic score before the length mask
     length/caption_tokens_mean         caption length in the policy's tokens
     length/reference_tokens_mean
@@ -16,12 +15,17 @@ metrics below add what the paper's method needs watched:
     assertions/non_pointable_share     meta-commentary (mean over judged rollouts)
     assertions/non_visible_share       hallucination (pointable but not visible)
     assertions/per_caption_mean
-    judge/calls, judge/requests        judge_batch calls and rollouts sent this step (one call per rollout batch)
+    judge/requests                     rollouts judged this step
     judge/failures, judge/failure_share, judge/failures/<reason>
     judge/truncated_input_share
-    judge/usage/<counter>              tokens, cost, ... when the judge reports them
     advantages/mean, advantages/std, advantages/zero_share
     groups/{precision,recall,linguistic,all}_flat_share
+    judge/calls, judge/usage/<counter> TRL only: judge_batch calls and the judge's accounting (tokens,
+                                       cost, ...) this step; verl's reward workers call the judge apart
+
+Every step's metrics go to ``OUTPUT/metrics.jsonl`` on TRL (one JSON object a line, appended and
+fsynced, so a crash loses at most the line being written), and to TensorBoard / W&B when the recipe
+names them (through TRL's ``report_to``); verl hands them to its own loggers.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,7 +44,7 @@ from transformers import TrainerCallback
 
 from balcaprl.files import jsonl_lines, naming
 from balcaprl.judge.protocol import FailureReason
-from balcaprl.rewards import REWARD_NAMES, LengthMode
+from balcaprl.rewards import REWARD_NAMES, LengthMode, RolloutRecord
 
 __all__ = [
     "MetricsJsonlCallback",
@@ -53,60 +58,77 @@ __all__ = [
 KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
 
 
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else math.nan
+def _known(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(v)]
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    kept = _known(values)
+    return statistics.fmean(kept) if kept else math.nan
+
+
+def _std(values: Sequence[float]) -> float:
+    kept = _known(values)
+    return statistics.stdev(kept) if len(kept) >= 2 else math.nan  # unbiased, as TRL's nanstd
 
 
 def batch_metrics(
-    records: Sequence[Mapping[str, Any]],
+    rollouts: Sequence[RolloutRecord],
+    group_ids: Sequence[str],
     advantages: torch.Tensor,
-    length_penalties: torch.Tensor,
     *,
     length_mode: LengthMode,
-    judge_calls: int,
-    usage: Mapping[str, float],
+    judge_calls: int | None = None,
+    usage: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Metrics of one generation batch (all processes gathered). NaN where undefined (TRL drops NaN)."""
-    judged = [r for r in records if r["failure"] is None]
-    n = len(records)
-    metrics: dict[str, float] = {
-        "rewards/linguistic_unmasked/mean": _mean([r["linguistic_raw"] for r in judged]),
-        "length/caption_tokens_mean": _mean([r["caption_tokens"] for r in records]),
-        "length/reference_tokens_mean": _mean([r["reference_tokens"] for r in records]),
-        "length/ratio_mean": _mean([r["length_ratio"] for r in records]),
-        "length/out_of_band_share": _mean([0.0 if r["in_band"] else 1.0 for r in records]),
-        "length/masked_share": _mean([1.0 if r["masked"] else 0.0 for r in judged])
-        if length_mode == "mask"
-        else 0.0,
-        "length/penalty_mean": float(length_penalties.float().mean()) if n else math.nan,
-        "assertions/non_pointable_share": _mean([r["non_pointable_share"] for r in judged]),
-        "assertions/non_visible_share": _mean([r["non_visible_share"] for r in judged]),
-        "assertions/per_caption_mean": _mean([r["n_caption_assertions"] for r in judged]),
-        "judge/calls": float(judge_calls),
+    """Metrics of one batch (all processes gathered). NaN where undefined (the loggers drop NaN)."""
+    judged = [r for r in rollouts if r.judged]
+    n = len(rollouts)
+    metrics: dict[str, float] = {}
+    for name in REWARD_NAMES:
+        values = [getattr(r, name) for r in judged]
+        metrics[f"rewards/{name}/mean"] = _mean(values)
+        metrics[f"rewards/{name}/std"] = _std(values)
+    metrics |= {
+        "rewards/linguistic_unmasked/mean": _mean([r.linguistic_raw for r in judged]),
+        "length/caption_tokens_mean": _mean([r.caption_tokens for r in rollouts]),
+        "length/reference_tokens_mean": _mean([r.reference_tokens for r in rollouts]),
+        "length/ratio_mean": _mean([r.length_ratio for r in rollouts]),
+        "length/out_of_band_share": _mean(
+            [None if r.in_band is None else float(not r.in_band) for r in rollouts]
+        ),
+        "length/masked_share": _mean([float(r.masked) for r in judged]) if length_mode == "mask" else 0.0,
+        "length/penalty_mean": _mean([r.length_penalty for r in rollouts]),
+        "assertions/non_pointable_share": _mean([r.non_pointable_share for r in judged]),
+        "assertions/non_visible_share": _mean([r.non_visible_share for r in judged]),
+        "assertions/per_caption_mean": _mean([r.n_caption_assertions for r in judged]),
         "judge/requests": float(n),
         "judge/failures": float(n - len(judged)),
         "judge/failure_share": (n - len(judged)) / n if n else math.nan,
-        "judge/truncated_input_share": _mean([1.0 if r["truncated_input"] else 0.0 for r in judged]),
-        "advantages/mean": float(advantages.float().mean()) if n else math.nan,
-        "advantages/std": float(advantages.float().std()) if n > 1 else math.nan,
-        "advantages/zero_share": float((advantages == 0).float().mean()) if n else math.nan,
+        "judge/truncated_input_share": _mean([float(r.truncated_input) for r in judged]),
+        "advantages/mean": float(advantages.double().mean()) if n else math.nan,
+        "advantages/std": float(advantages.double().std()) if n > 1 else math.nan,
+        "advantages/zero_share": float((advantages == 0).double().mean()) if n else math.nan,
     }
-    metrics.update(flat_group_shares(judged))
-    reasons = {r["failure"] for r in records if r["failure"] is not None}
+    metrics.update(flat_group_shares([(g, r) for g, r in zip(group_ids, rollouts, strict=True) if r.judged]))
+    reasons = {r.failure for r in rollouts if not r.judged}
     for reason in sorted(set(KNOWN_FAILURE_REASONS) | reasons):
-        metrics[f"judge/failures/{reason}"] = float(sum(r["failure"] == reason for r in records))
-    for key, value in usage.items():
+        metrics[f"judge/failures/{reason}"] = float(sum(r.failure == reason for r in rollouts))
+    if judge_calls is not None:
+        metrics["judge/calls"] = float(judge_calls)
+    for key, value in (usage or {}).items():
         metrics[f"judge/usage/{key}"] = float(value)
     return metrics
 
 
-def flat_group_shares(judged: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Among prompts with at least two judged rollouts: the share whose reward is the same for all of
-    them (no relative signal from that reward, eq. 2.4 gives 0), per reward, and the share where all
-    three are. TRL's own ``frac_reward_zero_std`` looks at the batch-normalised sum and misses these."""
-    by_prompt: dict[str, list[Mapping[str, Any]]] = {}
-    for record in judged:
-        by_prompt.setdefault(str(record["id"]), []).append(record)
+def flat_group_shares(judged: Sequence[tuple[str, RolloutRecord]]) -> dict[str, float]:
+    """Among prompts with at least two judged rollouts ((group id, record) pairs): the share whose
+    reward is the same for all of them (no relative signal from that reward, eq. 2.4 gives 0), per
+    reward, and the share where all three are. TRL's own ``frac_reward_zero_std`` looks at the
+    batch-normalised sum and misses these."""
+    by_prompt: dict[str, list[RolloutRecord]] = {}
+    for group, record in judged:
+        by_prompt.setdefault(str(group), []).append(record)
     groups = [rollouts for rollouts in by_prompt.values() if len(rollouts) >= 2]
     if not groups:
         return {
@@ -114,8 +136,8 @@ def flat_group_shares(judged: Sequence[Mapping[str, Any]]) -> dict[str, float]:
             "groups/all_flat_share": math.nan,
         }
 
-    def flat(rollouts: list[Mapping[str, Any]], name: str) -> bool:
-        return len({r[name] for r in rollouts}) == 1
+    def flat(rollouts: list[RolloutRecord], name: str) -> bool:
+        return len({getattr(r, name) for r in rollouts}) == 1
 
     shares = {
         f"groups/{name}_flat_share": _mean([float(flat(g, name)) for g in groups]) for name in REWARD_NAMES
@@ -189,13 +211,13 @@ class RolloutLog:
         return self.every > 0 and (first_step + span - 1) // self.every > (first_step - 1) // self.every
 
     def write(
-        self, step: int, records: Sequence[Mapping[str, Any]], advantages: torch.Tensor, groups: torch.Tensor
+        self, step: int, rollouts: Sequence[RolloutRecord], advantages: torch.Tensor, groups: torch.Tensor
     ):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lines = []
-        for record, advantage, group in zip(records, advantages.tolist(), groups.tolist(), strict=True):
+        for rollout, advantage, group in zip(rollouts, advantages.tolist(), groups.tolist(), strict=True):
             row = {"step": step, "group": int(group), "advantage": float(advantage)}
-            row.update({k: _finite(v) for k, v in record.items()})
+            row.update({k: _finite(v) for k, v in rollout.row().items()})
             lines.append(json.dumps(row, default=str))
         with naming(self.path), open(self.path, "a", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")

@@ -8,12 +8,14 @@ One training step, in the order it happens (TRL does everything not listed):
    count the same image tokens; a vLLM server that counts differently is stopped with a clear error
    (``train/modeling.py``).
 2. Rewards (``_calculate_rewards``): TRL calls the three reward functions precision, recall and
-   linguistic; they share one judge verdict per rollout (``train/rewards.py``), the length mask gates
-   the linguistic reward (Sec. 2.3), a failed judge is NaN. TRL gathers the (N, 3) tensor over
-   processes; we keep it.
-3. Advantages (``_generate_and_score_completions``): TRL's are replaced by ``balcaprl.c_gdpo_advantages``
-   (eqs. 2.4-2.6) on that same tensor, grouped by prompt id, or ``grpo_advantages`` for the ablation,
-   minus the linear length penalty (eq. A.5) when chosen (``train/advantages.py``). Metrics are logged.
+   linguistic; they share one judge verdict per rollout (``train/rewards.py``, each rollout's record
+   made by ``train/judging.py``), the length mask gates the linguistic reward (Sec. 2.3), a failed
+   judge is NaN. TRL gathers the (N, 3) tensor over processes.
+3. Advantages and metrics (``_generate_and_score_completions``): every process's rollout records are
+   gathered and the batch step (``train/step.py``, verl's too) replaces TRL's advantages with
+   ``balcaprl.c_gdpo_advantages`` (eqs. 2.4-2.6), grouped by prompt id, or ``grpo_advantages`` for the
+   ablation, minus the linear length penalty (eq. A.5) when chosen, stops a run whose judge failed on
+   whole batches, and gives the batch's metrics.
 4. Loss and update: TRL's ``luspo`` loss with token-level ratios and ``delta = c`` is exactly the
    paper's dual-clip PPO with token-sum-sequence-mean aggregation, no KL (``train/loss.py`` proves it;
    TRL's vLLM importance-sampling weight, a term the paper lacks, is off unless the recipe asks).
@@ -49,7 +51,8 @@ from trl.trainer.utils import RepeatSampler
 from balcaprl.errors import ConfigError
 from balcaprl.judge.protocol import Judge
 from balcaprl.recipe import Recipe
-from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
+from balcaprl.rewards import REWARD_NAMES, RolloutRecord
+from balcaprl.train.advantages import AdvantageStep
 from balcaprl.train.checkpointing import (
     AtomicCheckpoints,
     StopAfterStep,
@@ -64,7 +67,7 @@ from balcaprl.train.data import prepare_train_dataset
 from balcaprl.train.driver import check_driver
 from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
-from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog, batch_metrics
+from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog
 from balcaprl.train.modeling import (
     ImageGrid,
     image_grid,
@@ -75,6 +78,7 @@ from balcaprl.train.modeling import (
 )
 from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.step import BatchStep, StepResult
 from balcaprl.train.vision_attention import use_varlen_vision_attention
 
 __all__ = [
@@ -90,6 +94,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Batch metrics TRL logs itself, under the same names, from the reward functions' values.
+TRL_LOGGED = frozenset(f"rewards/{name}/{stat}" for name in REWARD_NAMES for stat in ("mean", "std"))
 
 
 class _DropKnownTrlNoise(logging.Filter):
@@ -185,7 +192,7 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
 
     Args:
         scorer: the shared-verdict scorer whose three reward functions are passed to TRL.
-        advantage_step: the recipe's advantage estimator.
+        batch_step: the recipe's batch step (advantages, metrics, the judge-failure stop rule).
         rollout_log: optional per-rollout log.
         image_grid: the policy processor's image grid (None for processors without one, e.g. LLaVA);
             a colocated vLLM engine gets its limits, a vLLM server is checked against it.
@@ -198,7 +205,7 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
         self,
         *args: Any,
         scorer: SharedVerdictScorer,
-        advantage_step: AdvantageStep,
+        batch_step: BatchStep,
         rollout_log: RolloutLog | None = None,
         image_grid: ImageGrid | None = None,
         judge_overlap: OverlapMode = "per_rollout",
@@ -209,10 +216,10 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
                 "BalancedGRPOTrainer builds its reward functions from `scorer`; do not pass reward_funcs"
             )
         self.scorer = scorer
-        self.advantage_step = advantage_step
+        self.batch_step = batch_step
         self.rollout_log = rollout_log
         self.image_grid = image_grid
-        self._gathered_rewards: torch.Tensor | None = None
+        self._gathered_rewards = torch.zeros(0, len(REWARD_NAMES))
         self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
         self._ratio_statistics = RatioStatistics()
         engine = {"mm_processor_kwargs": image_grid.processor_kwargs()} if image_grid is not None else {}
@@ -269,116 +276,95 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge
+        self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge; checked against the records
         return rewards
 
-    # 3. Advantages: TRL's are replaced by the contract's, on the same gathered rewards.
+    # 3. Advantages and metrics: the batch step (train/step.py) on every process's rollout records.
     def _generate_and_score_completions(self, inputs):
         self.scorer.begin_batch()
         output = super()._generate_and_score_completions(inputs)  # steps 1 and 2, and TRL's advantages
-        rewards, local = self._gathered_rewards, self.scorer.last_batch
-        if rewards is None or local is None:
+        if self.scorer.last_batch is None:
             raise RuntimeError("internal: the reward functions were not called for this batch")
-        # What each process scored, in the order TRL gathered the rewards (process 0 first).
-        parts = gather_object(
-            [
-                {
-                    "rollouts": [r.as_dict() for r in local.rollouts],
-                    "judge_calls": local.judge_calls,
-                    "usage": local.usage,
-                }
-            ]
-        )
-        records = [record for part in parts for record in part["rollouts"]]
-        failed = torch.tensor([r["failure"] is not None for r in records], dtype=torch.bool)
-        if len(records) != rewards.shape[0] or not torch.equal(failed, torch.isnan(rewards).all(dim=1).cpu()):
+        parts = gather_object([self.scorer.last_batch])  # in the order TRL gathered the rewards
+        rollouts = [rollout for part in parts for rollout in part.rollouts]
+        if [not r.judged for r in rollouts] != torch.isnan(self._gathered_rewards).all(dim=1).tolist():
             raise RuntimeError(
                 "internal: the gathered rewards and the scored rollouts disagree (rows or failures); "
                 "the shared verdict memo served another batch"
             )
-        # A dead judge stops the run: judged on the whole batch, identically on every process.
-        self.scorer.check_batch_failures(records)
-        group_index = group_index_from_ids([r["id"] for r in records])
-        length_penalty = torch.tensor([float(r["length_penalty"]) for r in records])
-
-        # Eqs. 2.4-2.6 (or the GRPO ablation), then eq. A.5 (p_len is 0 unless the mode is "linear").
-        advantages = self.advantage_step(rewards.cpu(), group_index, length_penalty)
-        self.last_advantages = advantages
-        start = self.accelerator.process_index * len(inputs)
-        output["advantages"] = advantages[start : start + len(inputs)].to(
-            device=output["advantages"].device, dtype=output["advantages"].dtype
-        )
-        # TRL's completion log holds its own advantages for this batch; show ours instead.
-        logged = self._logs["advantages"]
-        for _ in range(min(len(advantages), len(logged))):
-            logged.pop()
-        logged.extend(advantages.tolist())
-
-        # Metrics of this batch (metrics.py), and every rollout when the recipe asks for it.
         usage: dict[str, float] = {}
         for part in parts:
-            for key, value in part["usage"].items():
+            for key, value in part.usage.items():
                 usage[key] = usage.get(key, 0.0) + value
-        metrics = batch_metrics(
-            records,
-            advantages,
-            length_penalty,
-            length_mode=self.scorer.rewards.length.mode,
-            judge_calls=sum(part["judge_calls"] for part in parts),
-            usage=usage,
+        # The stop rule, the advantages, the metrics: on the whole batch, identically on every process.
+        step = self.batch_step(
+            rollouts, [r.id for r in rollouts], judge_calls=sum(p.judge_calls for p in parts), usage=usage
         )
-        mode = "train" if self.model.training else "eval"
-        for key, value in metrics.items():
-            self._metrics[mode][key].append(value)
-        step = self.state.global_step + 1  # the first optimizer step this batch feeds
-        if (
-            self.rollout_log is not None
-            and self.accelerator.is_main_process
-            and self.rollout_log.wants(step, self.steps_per_batch)
-        ):
-            self.rollout_log.write(step, records, advantages, group_index)
+        self.last_advantages = step.advantages.to(
+            output["advantages"].dtype
+        )  # every process's, in TRL's dtype
+        start = self.accelerator.process_index * len(inputs)
+        output["advantages"] = self.last_advantages[start : start + len(inputs)].to(
+            output["advantages"].device
+        )
+        self._log_batch(step, rollouts)
         return output
 
-    # 4. Loss and update: TRL's, configured by train/loss.py; the ratio statistics are recorded on the way.
-    def _compute_loss(self, model, inputs):
-        """TRL's loss, unchanged; the current log-probs it computes are kept for :func:`ratio_statistics`."""
-        captured: list[torch.Tensor] = []
-        own = self.__dict__.get("_get_per_token_logps_and_entropies")  # an instance override stays in place
-        inner = self._get_per_token_logps_and_entropies
+    def _log_batch(self, step: StepResult, rollouts: Sequence[RolloutRecord]) -> None:
+        """The step's metrics (those TRL does not log itself), and every rollout when the recipe asks."""
+        mode = "train" if self.model.training else "eval"
+        for key, value in step.metrics.items():
+            if key not in TRL_LOGGED:
+                self._metrics[mode][key].append(value)
+        # TRL's completion log holds its own advantages for this batch; show ours instead.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(step.advantages), len(logged))):
+            logged.pop()
+        logged.extend(self.last_advantages.tolist())
+        first = self.state.global_step + 1  # the first optimizer step this batch feeds
+        log = self.rollout_log
+        if log is not None and self.accelerator.is_main_process and log.wants(first, self.steps_per_batch):
+            log.write(first, rollouts, step.advantages, step.group_index)
 
-        def capture(*args, **kwargs):
-            result = inner(*args, **kwargs)
-            captured.append(result[0])
+    # 4. Loss and update: TRL's, configured by train/loss.py; the ratio metrics TRL lacks are added.
+    def _compute_loss(self, model, inputs):
+        """TRL's loss, unchanged. Its PPO-clip share is logged under the shared name too; the current
+        policy's log-probs it computes first (through whichever class provides them: TRL's, the packed
+        rows', a test's stand-in) give the ratio metrics TRL lacks."""
+        if not self.model.training:
+            return super()._compute_loss(model, inputs)
+        own = self.__dict__.get("_get_per_token_logps_and_entropies")  # an instance's stand-in stays
+        compute = self._get_per_token_logps_and_entropies
+
+        def first_call(*args: Any, **kwargs: Any):
+            restore()
+            result = compute(*args, **kwargs)
+            self._record_ratios(result[0], inputs)
             return result
 
-        self._get_per_token_logps_and_entropies = capture
+        def restore() -> None:
+            self.__dict__.pop("_get_per_token_logps_and_entropies", None)
+            if own is not None:
+                self._get_per_token_logps_and_entropies = own
+
+        self._get_per_token_logps_and_entropies = first_call
         try:
             loss = super()._compute_loss(model, inputs)
         finally:
-            if own is not None:
-                self._get_per_token_logps_and_entropies = own
-            else:
-                del self._get_per_token_logps_and_entropies
-        if captured and self.model.training:
-            self._record_ratios(captured[0], inputs)
+            restore()
+        if region := self._metrics["train"].get("clip_ratio/region_mean"):  # every recipe loss logs it
+            self._metrics["train"]["policy/clipped_share"].append(region[-1])
         return loss
 
     def _record_ratios(self, logps: torch.Tensor, inputs: dict[str, Any]) -> None:
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        sums = ratio_statistics(
-            logps,
-            inputs.get("old_per_token_logps"),  # None: TRL skipped it, the batch is on-policy (ratio 1)
-            inputs["advantages"],
-            mask,
-            self.epsilon_low,
-            self.epsilon_high,
-            self.args.delta,
-        )
-        totals = self.accelerator.reduce(sums[[0, 1, 3, 4]], reduction="sum")
+        old = inputs.get("old_per_token_logps")  # None: TRL skipped it, the batch is on-policy (ratio 1)
+        sums = ratio_statistics(logps, old, inputs["advantages"], mask, self.args.delta)
+        totals = self.accelerator.reduce(sums[[0, 1, 3]], reduction="sum")
         largest = self.accelerator.gather(sums[2:3]).max()
-        self._ratio_statistics.add(torch.stack([totals[0], totals[1], largest, totals[2], totals[3]]))
+        self._ratio_statistics.add(torch.stack([totals[0], totals[1], largest, totals[2]]))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "train_runtime" not in logs:  # a step's log, not the run's summary
@@ -573,17 +559,12 @@ def build_trainer(
             f"({recipe.train.prompts_per_batch}): not one batch can be formed"
         )
     args = grpo_config(recipe)
-    scorer = SharedVerdictScorer(
-        judge,
-        recipe.rewards.reward_config(),
-        special_token_ids=tokenizer.all_special_ids,
+    rewards = recipe.rewards.reward_config()
+    scorer = SharedVerdictScorer(judge, rewards, special_token_ids=tokenizer.all_special_ids)
+    batch_step = BatchStep(
+        AdvantageStep(tuple(rewards.weights.as_list()), recipe.advantage.estimator, recipe.advantage.eps),
+        length_mode=rewards.length.mode,
         max_failed_batches_in_a_row=recipe.rewards.max_failed_batches_in_a_row,
-        check_failures=False,  # on the gathered batch, by every process alike (_generate_and_score_completions)
-    )
-    advantage_step = AdvantageStep(
-        weights=tuple(recipe.rewards.weights.as_list()),
-        estimator=recipe.advantage.estimator,
-        eps=recipe.advantage.eps,
     )
     output_dir = Path(args.output_dir)
     rollout_log = RolloutLog(output_dir / "rollouts.jsonl", recipe.run.log_rollouts_every)
@@ -597,7 +578,7 @@ def build_trainer(
         processing_class=processor,
         peft_config=peft_config(recipe.model),
         scorer=scorer,
-        advantage_step=advantage_step,
+        batch_step=batch_step,
         rollout_log=rollout_log if recipe.run.log_rollouts_every else None,
         image_grid=grid,
         judge_overlap=recipe.train.judge_overlap,

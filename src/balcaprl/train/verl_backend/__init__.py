@@ -3,9 +3,10 @@ exactly the same c-GDPO advantages as the TRL backend. Its commands (``balcaprl 
 are in :mod:`balcaprl.cli.verl`.
 
     export.py     dataset folder -> verl multimodal parquet rows       (``balcaprl verl export``)
-    reward.py     async ``compute_score``: judge, length mask, NaN for failed judges
-    estimator.py  verl estimators ``balcaprl_c_gdpo`` / ``balcaprl_grpo`` = ``balcaprl.c_gdpo_advantages``
-    trainer.py    verl V1 trainer mode ``balcaprl_sync``: hands the reward columns to the estimator
+    reward.py     async ``compute_score``: judge, length mask, NaN for failed judges; the rollout's record
+    estimator.py  verl estimators ``balcaprl_c_gdpo`` / ``balcaprl_grpo`` = ``balcaprl.c_gdpo_advantages``;
+                  a V1 batch's records -> the batch step (``balcaprl.train.step``)
+    trainer.py    verl V1 trainer mode ``balcaprl_sync``: runs the batch step, hands its advantages on
     plugin.py     imported by every verl process (``VERL_USE_EXTERNAL_MODULES``): registers the above
     render.py     recipe -> verl Hydra overrides; rejects what verl cannot do
     launch.py     writes the run folder's files and starts ``main.py`` (``balcaprl verl launch``)

@@ -12,23 +12,22 @@ So balcaprl registers its own estimators with verl's ``register_adv_est``:
     algorithm.adv_estimator=balcaprl_grpo     Table 3 'w/o c-GDPO': sum the rewards, then normalise
 
 Both receive what verl passes every estimator (``token_level_rewards``, ``response_mask``, ``index`` =
-the prompt uid, ``config`` = the algorithm section) and read the three reward columns (NaN = failed
-judge), the length penalty column and the row uids from one of two places:
+the prompt uid, ``config`` = the algorithm section) and take each rollout's advantage from one of two
+places:
 
-1. ``non_tensor_batch`` when verl passes it (a verl with PR #7473), keys ``algorithm.gdpo_reward_keys``;
-2. otherwise :func:`provide_rollout_rewards`, a context the balcaprl trainer
-   (``trainer.v1.trainer_mode=balcaprl_sync``, see ``trainer.py``) opens around verl's advantage step
-   after reading the columns that ``compute_score`` returned.
+1. :func:`provide_advantages`, a context the balcaprl trainer (``trainer.v1.trainer_mode=balcaprl_sync``,
+   see ``trainer.py``) opens around verl's advantage step after running the batch step
+   (``balcaprl.train.step``, the TRL backend's too) on the rollout records ``compute_score`` returned;
+2. otherwise ``non_tensor_batch`` when verl passes it (a verl with PR #7473) with the reward columns:
+   the same batch step's advantages, computed here, rows without a response token (verl's padding)
+   left out like failed judges.
 
-The uids of the columns must equal ``index`` row for row; anything else is an error, never a guess.
-The result is one scalar per rollout, broadcast over its response tokens (verl's convention).
-The weights are those of the recipe's reward config, ``algorithm.balcaprl.rewards`` (the rendering
-makes it an interpolation of the reward function's ``reward_kwargs.rewards``, so both read one JSON
-string); ``algorithm.balcaprl.eps`` (default 1e-6) is added to every std. The linear length penalty
-p_len arrives per rollout in the ``length_penalty`` column, scored with the rewards (0 unless the
-recipe chose ``length.mode: linear``); the advantage step is the TRL backend's own function,
-``balcaprl.train.advantages.rollout_advantages`` (eqs. 2.4-2.6, then A~ = A - p_len for judged
-rollouts, eq. A.5); a rollout whose judge failed gets exactly 0.
+The uids must equal ``index`` row for row; anything else is an error, never a guess. The result is
+one scalar per rollout, broadcast over its response tokens (verl's convention). The settings
+(:func:`batch_step_for`) are the recipe's: the reward config ``algorithm.balcaprl.rewards`` (the
+rendering makes it an interpolation of the reward function's ``reward_kwargs.rewards``, so both read
+one JSON string: weights, length mode), ``algorithm.balcaprl.eps`` (default 1e-6) and
+``algorithm.balcaprl.max_failed_batches_in_a_row`` (default 3).
 """
 
 from __future__ import annotations
@@ -42,91 +41,52 @@ from typing import Any
 import numpy as np
 import torch
 
-from balcaprl.rewards import REWARD_NAMES, RewardConfig
+from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
 from balcaprl.train.advantages import ESTIMATORS as ESTIMATOR_NAMES
-from balcaprl.train.advantages import group_index_from_ids, rollout_advantages
+from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
+from balcaprl.train.judge_overlap import judge_stage_metrics
+from balcaprl.train.step import BatchStep, reward_table
 
 __all__ = [
     "ESTIMATORS",
-    "LENGTH_PENALTY_KEY",
-    "RolloutRewards",
+    "ProvidedAdvantages",
     "algorithm_setting",
     "balcaprl_c_gdpo_advantage",
     "balcaprl_grpo_advantage",
-    "provide_rollout_rewards",
+    "batch_step_for",
+    "provide_advantages",
     "register_estimators",
     "reward_config",
-    "verl_rollout_advantages",
+    "rollout_records",
+    "verl_batch_step",
 ]
 
-LENGTH_PENALTY_KEY = "length_penalty"
 # verl estimator name -> the recipe's advantage.estimator
 ESTIMATORS = {f"balcaprl_{name}": name for name in ESTIMATOR_NAMES}
 
 
 @dataclass(frozen=True)
-class RolloutRewards:
-    """The reward columns of one training batch, row-aligned with verl's ``DataProto``.
-
-    ``rewards`` is ``(N, K)`` float64 (NaN = failed judge, or a padding row verl added), ``uids`` the
-    prompt uid of each row, ``length_penalty`` ``(N,)`` (0 unless the linear penalty is on).
-    """
+class ProvidedAdvantages:
+    """The batch step's advantages of one training batch, row-aligned with verl's batch (0 for padding)."""
 
     uids: tuple[str, ...]
-    rewards: torch.Tensor
-    length_penalty: torch.Tensor
-    keys: tuple[str, ...] = REWARD_NAMES
-
-    def __post_init__(self) -> None:
-        n = len(self.uids)
-        if self.rewards.shape != (n, len(self.keys)):
-            raise ValueError(
-                f"rewards must have shape ({n}, {len(self.keys)}) for {n} uids, got {tuple(self.rewards.shape)}"
-            )
-        if self.length_penalty.shape != (n,):
-            raise ValueError(f"length_penalty must have shape ({n},), got {tuple(self.length_penalty.shape)}")
-
-    @classmethod
-    def from_columns(
-        cls, uids: Sequence[Any], columns: Mapping[str, Sequence[Any]], keys: Sequence[str] = REWARD_NAMES
-    ) -> RolloutRewards:
-        """From per-key sequences (``non_tensor_batch`` or ``compute_score`` dicts gathered by key).
-
-        ``None`` counts as NaN. A missing length penalty column counts as 0.
-        """
-        missing = [k for k in keys if k not in columns]
-        if missing:
-            raise KeyError(
-                f"reward columns {missing} are missing (have {sorted(columns)}); the reward function must be "
-                "balcaprl.train.verl_backend.reward.compute_score, whose dict return carries them"
-            )
-        rewards = torch.tensor(
-            [[_as_float(v) for v in columns[k]] for k in keys], dtype=torch.float64
-        ).T.reshape(len(uids), len(keys))
-        penalty = columns.get(LENGTH_PENALTY_KEY)
-        length_penalty = (
-            torch.zeros(len(uids), dtype=torch.float64)
-            if penalty is None
-            else torch.tensor([_as_float(v) for v in penalty], dtype=torch.float64)
-        )
-        return cls(tuple(str(u) for u in uids), rewards, length_penalty, tuple(keys))
+    advantages: torch.Tensor  # (N,) float64
 
 
-def _as_float(value: Any) -> float:
-    return float("nan") if value is None else float(value)
-
-
-_CURRENT: contextvars.ContextVar[RolloutRewards | None] = contextvars.ContextVar(
-    "balcaprl_rollout_rewards", default=None
+_CURRENT: contextvars.ContextVar[ProvidedAdvantages | None] = contextvars.ContextVar(
+    "balcaprl_advantages", default=None
 )
 
 
 @contextlib.contextmanager
-def provide_rollout_rewards(rewards: RolloutRewards) -> Iterator[RolloutRewards]:
-    """Make ``rewards`` visible to the balcaprl estimators called inside this block (same thread)."""
-    token = _CURRENT.set(rewards)
+def provide_advantages(uids: Sequence[Any], advantages: torch.Tensor) -> Iterator[ProvidedAdvantages]:
+    """Make ``advantages`` visible to the balcaprl estimators called inside this block (same thread)."""
+    provided = ProvidedAdvantages(tuple(str(u) for u in uids), advantages)
+    if provided.advantages.shape != (len(provided.uids),):
+        raise ValueError(f"advantages must have shape ({len(provided.uids)},), got {tuple(advantages.shape)}")
+    token = _CURRENT.set(provided)
     try:
-        yield rewards
+        yield provided
     finally:
         _CURRENT.reset(token)
 
@@ -152,53 +112,6 @@ def _get(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
-def _columns_for(index: Any, config: Any, non_tensor_batch: Mapping[str, Any] | None) -> RolloutRewards:
-    keys = tuple(_get(config, "gdpo_reward_keys") or REWARD_NAMES)
-    uids = [str(u) for u in (index if index is not None else [])]
-    if non_tensor_batch is not None and all(k in non_tensor_batch for k in keys):
-        columns = RolloutRewards.from_columns(uids, non_tensor_batch, keys)
-    else:
-        columns = _CURRENT.get()
-        if columns is None:
-            raise RuntimeError(
-                "the balcaprl advantage estimator got no reward columns: verl 0.9.1 passes per-reward values "
-                "only to its own 'gdpo' estimator. Run the balcaprl trainer (trainer.v1.trainer_mode="
-                "balcaprl_sync, as `balcaprl verl launch` renders it) or call verl's compute_advantage "
-                "inside balcaprl.train.verl_backend.estimator.provide_rollout_rewards(...)"
-            )
-        if columns.keys != keys:
-            raise ValueError(f"reward columns {columns.keys} do not match algorithm.gdpo_reward_keys {keys}")
-    if index is not None and list(columns.uids) != uids:
-        raise ValueError(
-            "the reward columns are not row-aligned with the batch (their uids differ from verl's `index`); "
-            "refusing to guess which reward belongs to which rollout"
-        )
-    return columns
-
-
-def verl_rollout_advantages(
-    columns: RolloutRewards,
-    weights: Sequence[float],
-    estimator: str = "c_gdpo",
-    eps: float = 1e-6,
-    response_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """(N,) float64 advantages of verl's batch: :func:`balcaprl.train.advantages.rollout_advantages` on
-    the columns. Rows with no response token (verl's padding rows) are left out like failed judges."""
-    rewards = columns.rewards.clone()
-    if response_mask is not None:
-        empty = response_mask.reshape(len(columns.uids), -1).sum(dim=-1).cpu() == 0
-        rewards[empty] = float("nan")
-    return rollout_advantages(
-        rewards,
-        group_index_from_ids(columns.uids),
-        weights,
-        estimator=estimator,
-        eps=eps,
-        length_penalty=columns.length_penalty,
-    )
-
-
 def reward_config(config: Any) -> RewardConfig:
     """The recipe's reward config from the algorithm section (``algorithm.balcaprl.rewards``, JSON)."""
     text = algorithm_setting(config, "rewards", None)
@@ -210,6 +123,71 @@ def reward_config(config: Any) -> RewardConfig:
     return RewardConfig.from_json(str(text), "algorithm.balcaprl.rewards")
 
 
+def batch_step_for(config: Any, estimator: str) -> BatchStep:
+    """The recipe's batch step from verl's algorithm section, for verl estimator name ``estimator``."""
+    rewards = reward_config(config)
+    advantage = AdvantageStep(
+        tuple(rewards.weights.as_list()), ESTIMATORS[estimator], float(algorithm_setting(config, "eps", 1e-6))
+    )
+    failed = int(algorithm_setting(config, "max_failed_batches_in_a_row", 3))
+    return BatchStep(advantage, length_mode=rewards.length.mode, max_failed_batches_in_a_row=failed)
+
+
+def rollout_records(
+    keys: Sequence[str], tags: Sequence[Mapping[str, Any]], extra_fields: Sequence[Any]
+) -> tuple[list[str], list[RolloutRecord | None]]:
+    """The prompt uid and the rollout record (None for a padding row) of every row of a V1 batch.
+
+    ``keys`` are TransferQueue keys ``{uid}_{session}_{index}``; ``tags`` their tags (``is_padding``);
+    ``extra_fields`` each row's ``extra_fields`` (``reward_extra_info`` holds what ``compute_score``
+    returned: the record's row form).
+    """
+    if not len(keys) == len(tags) == len(extra_fields):
+        raise ValueError(f"{len(keys)} keys, {len(tags)} tags and {len(extra_fields)} extra_fields differ")
+    uids = [str(key).rsplit("_", 2)[0] for key in keys]
+    records: list[RolloutRecord | None] = []
+    for key, tag, extra in zip(keys, tags, extra_fields, strict=True):
+        if tag.get("is_padding", False):
+            records.append(None)
+            continue
+        row = extra.get("reward_extra_info") if isinstance(extra, Mapping) else None
+        if not isinstance(row, Mapping) or "failure" not in row:
+            raise KeyError(
+                f"rollout {key!r} has no balcaprl rollout record in its extra_fields.reward_extra_info; set "
+                "reward.custom_reward_function.path=pkg://balcaprl.train.verl_backend.reward and "
+                ".name=compute_score"
+            )
+        records.append(RolloutRecord.from_row(dict(row)))
+    return uids, records
+
+
+def verl_batch_step(
+    step: BatchStep, keys: Sequence[str], tags: Sequence[Mapping[str, Any]], extra_fields: Sequence[Any]
+) -> tuple[list[str], torch.Tensor, dict[str, float]]:
+    """A V1 batch (see :func:`rollout_records`) through the batch step, on its real rollouts: every row's
+    uid, (N,) float64 advantages (0 for padding) and the metrics the balcaprl trainer adds to verl's
+    (the step's, and the judge stage's from ``compute_score``'s time stamps)."""
+    uids, rollouts = rollout_records(keys, tags, extra_fields)
+    real = [i for i, rollout in enumerate(rollouts) if rollout is not None]
+    result = step([rollouts[i] for i in real], [uids[i] for i in real])  # type: ignore[misc]
+    advantages = torch.zeros(len(rollouts), dtype=torch.float64)
+    advantages[real] = result.advantages
+    stamps = judge_stage_metrics([extra_fields[i]["reward_extra_info"] for i in real])  # judge/wall_s, ...
+    return uids, advantages, {**result.metrics, **stamps}
+
+
+def _from_columns(
+    estimator: str, uids: list[str], config: Any, columns: Mapping[str, Any], response_mask: torch.Tensor
+) -> torch.Tensor:
+    """The batch step's advantages from verl's ``non_tensor_batch`` reward columns."""
+    empty = (response_mask.reshape(len(uids), -1).sum(dim=-1) == 0).tolist()
+    names = [name for name in (*REWARD_NAMES, "length_penalty") if name in columns]
+    rollouts = [RolloutRecord(**{name: float(columns[name][i]) for name in names}) for i in range(len(uids))]
+    rewards, penalty = reward_table(rollouts)
+    rewards[torch.tensor(empty, dtype=torch.bool)] = float("nan")
+    return batch_step_for(config, estimator).advantage(rewards, group_index_from_ids(uids), penalty)
+
+
 def _estimate(
     estimator: str,
     token_level_rewards: torch.Tensor,
@@ -218,16 +196,30 @@ def _estimate(
     config: Any = None,
     non_tensor_batch: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    weights = reward_config(config).weights.as_list()
-    columns = _columns_for(index, config, non_tensor_batch)
-    if len(columns.uids) != token_level_rewards.shape[0]:
-        raise ValueError(
-            f"{len(columns.uids)} reward rows for a batch of {token_level_rewards.shape[0]} rollouts"
+    uids = [str(u) for u in (index if index is not None else [])]
+    provided = _CURRENT.get()
+    if provided is None and non_tensor_batch is not None and all(k in non_tensor_batch for k in REWARD_NAMES):
+        provided = ProvidedAdvantages(
+            tuple(uids), _from_columns(estimator, uids, config, non_tensor_batch, response_mask)
         )
-    eps = float(algorithm_setting(config, "eps", 1e-6))
-    scalars = verl_rollout_advantages(columns, weights, estimator, eps, response_mask)
+    if provided is None:
+        raise RuntimeError(
+            "the balcaprl advantage estimator got no advantages: verl 0.9.1 passes per-reward values only to "
+            "its own 'gdpo' estimator. Run the balcaprl trainer (trainer.v1.trainer_mode=balcaprl_sync, as "
+            "`balcaprl verl launch` renders it) or call verl's compute_advantage inside "
+            "balcaprl.train.verl_backend.estimator.provide_advantages(...)"
+        )
+    if len(provided.uids) != token_level_rewards.shape[0]:
+        raise ValueError(
+            f"{len(provided.uids)} advantages for a batch of {token_level_rewards.shape[0]} rollouts"
+        )
+    if index is not None and list(provided.uids) != uids:
+        raise ValueError(
+            "the advantages are not row-aligned with the batch (their uids differ from verl's `index`); "
+            "refusing to guess which advantage belongs to which rollout"
+        )
     # One scalar per rollout, on every response token (verl's outcome-advantage convention).
-    scalars = scalars.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
+    scalars = provided.advantages.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
     advantages = scalars.unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)
     return advantages, advantages
 
@@ -241,7 +233,7 @@ def balcaprl_c_gdpo_advantage(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """c-GDPO (eqs. 2.4-2.6) per rollout; returns (advantages, returns), both (bs, response_length)."""
-    return _estimate("c_gdpo", token_level_rewards, response_mask, index, config, non_tensor_batch)
+    return _estimate("balcaprl_c_gdpo", token_level_rewards, response_mask, index, config, non_tensor_batch)
 
 
 def balcaprl_grpo_advantage(
@@ -253,7 +245,7 @@ def balcaprl_grpo_advantage(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Vanilla multi-reward GRPO (the 'w/o c-GDPO' ablation); returns (advantages, returns)."""
-    return _estimate("grpo", token_level_rewards, response_mask, index, config, non_tensor_batch)
+    return _estimate("balcaprl_grpo", token_level_rewards, response_mask, index, config, non_tensor_batch)
 
 
 def register_estimators() -> None:

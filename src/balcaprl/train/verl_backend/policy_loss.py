@@ -53,10 +53,8 @@ def dual_clip_loss_with_ratio_metrics(
         config=config,
         rollout_is_weights=rollout_is_weights,
     )
-    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    tokens, ratio_sum, ratio_max, _, _ = ratio_statistics(
-        log_prob, old_log_prob, advantages, response_mask, low, high, config.get("clip_ratio_c", 3.0)
+    tokens, ratio_sum, ratio_max, _ = ratio_statistics(
+        log_prob, old_log_prob, advantages, response_mask, config.get("clip_ratio_c", 3.0)
     ).tolist()
     metrics["actor/ratio_mean"] = ratio_sum / tokens if tokens else float("nan")
     metrics["actor/ratio_max"] = ratio_max if tokens else float("nan")

@@ -1,0 +1,138 @@
+"""Judging rollouts: one plain function both training backends call (TRL's reward functions through
+``train/rewards.py``, verl's ``compute_score`` through ``verl_backend/reward.py``).
+
+For every rollout :func:`judge_rollouts`
+1. sends one ``JudgeRequest(image, caption, reference, rubric)``: the training rubric, or for the
+   "w/o pointability" ablation (``RewardConfig.pointability = False``) the training rubric with the
+   pointability test removed from the judge's prompt, as the paper's ablation removes it
+   (:func:`~balcaprl.judge.rubrics.training_rubric_name`);
+2. makes the rollout's record under the recipe's :class:`~balcaprl.rewards.RewardConfig`
+   (:func:`~balcaprl.rewards.score_rollout`: eq. 2.3 with its pointability rule, the length mask on
+   the linguistic reward, Sec. 2.3, and the linear length penalty of eq. A.5 when chosen).
+
+A failed judge (``JudgeFailure``, or an exception from the judge) gives a failed record, NaN in all
+three rewards, never 0: the advantage step leaves the rollout out. One failure is the run's, not the
+rollout's: an endpoint that rejects the judge's key (401/403) or model (404) raises a
+:class:`~balcaprl.errors.UserError`; its rollouts are marked ``judge_rejected`` and the batch step
+stops the run on them at once (:meth:`~balcaprl.train.step.BatchStep.check_failures`). The caption's length is counted
+with the policy's tokenizer by the caller (:func:`count_caption_tokens` on generated ids).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from balcaprl.errors import UserError
+from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest
+from balcaprl.judge.rubrics import training_rubric_name
+from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout, score_rollout
+
+__all__ = [
+    "JUDGE_EXCEPTION",
+    "JUDGE_REJECTED",
+    "RolloutToJudge",
+    "caption_text",
+    "count_caption_tokens",
+    "judge_rollouts",
+    "judge_usage",
+]
+
+logger = logging.getLogger(__name__)
+
+# Failure reason recorded when the judge raised instead of returning a JudgeFailure.
+JUDGE_EXCEPTION = "judge_exception"
+# Failure reason of every rollout of a batch whose judge raised a UserError: the endpoint rejected the
+# key, the permissions or the model; no later batch can do better, so the run stops on it.
+JUDGE_REJECTED = "judge_rejected"
+
+
+@dataclass(frozen=True)
+class RolloutToJudge:
+    """One generated caption with what judging it needs."""
+
+    id: str  # the prompt's dataset row id
+    caption: str
+    caption_tokens: int  # policy tokenizer, special tokens excluded
+    image: str
+    reference: str
+    reference_tokens: int  # policy tokenizer (see train/data.py)
+
+
+async def judge_rollouts(
+    judge: Judge, rollouts: Sequence[RolloutToJudge], rewards: RewardConfig
+) -> list[RolloutRecord]:
+    """One ``judge_batch`` call for ``rollouts``; their records, in order."""
+    rubric = training_rubric_name(rewards.pointability)  # what the judge is asked to apply
+    requests = [JudgeRequest(image=r.image, caption=r.caption, reference=r.reference, rubric=rubric)
+                for r in rollouts]  # fmt: skip
+    outcomes = await _outcomes(judge, requests)
+    return [_record(rollout, outcome, rewards) for rollout, outcome in zip(rollouts, outcomes, strict=True)]
+
+
+async def _outcomes(judge: Judge, requests: list[JudgeRequest]) -> list[JudgeOutcome]:
+    try:
+        outcomes = list(await judge.judge_batch(requests))
+    except UserError as err:  # not this batch's failure but the configuration's: the step stops the run
+        return [JudgeFailure(JUDGE_REJECTED, str(err))] * len(requests)  # type: ignore[arg-type]
+    except Exception as err:  # a judge should return failures, but a crash must not become a reward
+        logger.exception("the judge raised on a batch of %d rollouts; they count as failed", len(requests))
+        return [JudgeFailure(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}")] * len(requests)
+    if len(outcomes) != len(requests):
+        raise RuntimeError(
+            f"{type(judge).__name__}.judge_batch returned {len(outcomes)} outcomes for {len(requests)} "
+            "requests; the Judge protocol requires exactly one outcome per request, in order"
+        )
+    return outcomes
+
+
+def _record(rollout: RolloutToJudge, outcome: JudgeOutcome, rewards: RewardConfig) -> RolloutRecord:
+    identity = {"id": rollout.id, "caption": rollout.caption}
+    counts = (rollout.caption_tokens, rollout.reference_tokens)
+    if isinstance(outcome, JudgeFailure):
+        return failed_rollout(outcome.reason, outcome.detail, rewards, *counts, **identity)
+    if not isinstance(outcome, Judgement):
+        raise TypeError(f"judge outcome must be a Judgement or a JudgeFailure, got {type(outcome).__name__}")
+    return score_rollout(
+        outcome.verdict, rewards, *counts, **identity, truncated_input=outcome.truncated_input
+    )
+
+
+def count_caption_tokens(token_ids: Sequence[int], special_token_ids: frozenset[int]) -> int:
+    """Caption length in the policy's tokens: generated ids minus special ones (EOS, padding)."""
+    return sum(1 for t in token_ids if int(t) not in special_token_ids)
+
+
+def caption_text(completion: Any) -> str:
+    """The caption of a completion: a string, or a conversational ``[{"role": "assistant", ...}]``."""
+    if isinstance(completion, str):
+        return completion.strip()
+    if isinstance(completion, list) and completion:
+        content = completion[-1].get("content", "")
+        if isinstance(content, list):  # structured content blocks
+            content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+        return str(content).strip()
+    raise TypeError(f"unexpected completion format: {type(completion).__name__}")
+
+
+def judge_usage(judge: Judge) -> dict[str, float]:
+    """Cumulative accounting a judge offers (tokens, cost, cache hits, ...), else ``{}``.
+
+    Duck-typed so any judge can take part: a ``usage()`` method or ``usage`` mapping of cumulative
+    numeric counters, or (``balcaprl.judge.OpenAICompatibleJudge``) a ``stats`` object with
+    ``as_dict(prices)``, priced with ``judge.config.price_per_million_tokens`` when set. The TRL trainer
+    logs per-step differences under ``judge/usage/<name>``.
+    """
+    usage = getattr(judge, "usage", None)
+    if callable(usage):
+        usage = usage()
+    if usage is None and hasattr(getattr(judge, "stats", None), "as_dict"):
+        prices = getattr(getattr(judge, "config", None), "price_per_million_tokens", None)
+        usage = judge.stats.as_dict(prices)
+    if not isinstance(usage, Mapping):
+        return {}
+    return {
+        str(k): float(v) for k, v in usage.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
