@@ -15,8 +15,20 @@ Measured, each in a process of its own: its peak resident set size (``VmHWM`` of
 * the baseline: a process that imports what ``score`` imports and decodes *one* of the images at full
   size, the cost of a single naive decode.
 
-Prints both, their ratio, and whether the target holds: ``score`` peak RSS under 1 GB. Run:
-``.venv/bin/python benchmarks/bench_score_memory.py`` (about a minute). Not a timed test.
+Prints both, their ratio, and whether the target holds: ``score`` peak RSS under 1 GB.
+
+``--scale`` measures instead how ``score`` grows with the number of captions (small images, a
+loopback scripted judge, one shared verdict cache), each run a process of its own:
+
+* peak RSS of ``score`` on the first ``--small`` captions and on all ``--large`` of them, with a
+  cold cache and then a warm one; the target: the large run's peak within 10% of the small run's;
+* per caption on the warm cache: the difference of the two warm runs' wall times over the
+  difference of their caption counts (process start and imports cancel out), against a bare SQLite
+  read of one cached answer (``SELECT value FROM judge_cache WHERE key = ?``) timed on the same
+  cache in this process; the target: within 5x.
+
+Run: ``.venv/bin/python benchmarks/bench_score_memory.py`` (about a minute), ``... --scale`` (a few
+minutes at the defaults 2,000 and 20,000; ``nice -n 10`` on a shared machine). Not a timed test.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ _PEAK_AT_EXIT = (
 )
 # The baseline: the imports of `score`, then one image decoded at full size.
 _ONE_FULL_DECODE = _PEAK_AT_EXIT + (
-    "import sys; import balcaprl.cli.evaluate, balcaprl.judge.client, balcaprl.judge.score; "
+    "import sys; import balcaprl.cli.evaluate, balcaprl.judge.client, balcaprl.evaluate.score; "
     "from PIL import Image; Image.MAX_IMAGE_PIXELS = None; image = Image.open(sys.argv[1]); image.load(); "
     "print(image.size)"
 )
@@ -84,10 +96,104 @@ def _run(argv: list[str], env: dict[str, str], peak_file: Path) -> tuple[int, in
     return result.returncode, peak, time.perf_counter() - start, result.stdout + result.stderr
 
 
+def _read_s(cache: Path, repeats: int = 3) -> tuple[float, float]:
+    """Seconds per read of one cached answer: a bare ``SELECT value ... WHERE key = ?``, and the judge
+    cache's own ``get`` (the same select, then the JSON decoded); best of ``repeats`` passes over every
+    key, in a shuffled order."""
+    import random
+    import sqlite3
+
+    from balcaprl.judge.cache import JudgeCache
+
+    db = sqlite3.connect(cache)
+    keys = [key for (key,) in db.execute("SELECT key FROM judge_cache")]
+    random.Random(0).shuffle(keys)
+    bare = judged = float("inf")
+    judge_cache = JudgeCache(cache)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for key in keys:
+            db.execute("SELECT value FROM judge_cache WHERE key = ?", (key,)).fetchone()
+        bare = min(bare, (time.perf_counter() - start) / len(keys))
+        start = time.perf_counter()
+        for key in keys:
+            judge_cache.get(key)
+        judged = min(judged, (time.perf_counter() - start) / len(keys))
+    db.close()
+    judge_cache.close()
+    return bare, judged
+
+
+def scale(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Peak RSS at ``--small`` and ``--large`` captions, and the warm-cache time per caption."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-score-scale-") as tmp,
+        JudgeServer(ScriptedJudge()) as server,
+    ):
+        from PIL import Image
+
+        root = Path(tmp)
+        images = root / "images"
+        images.mkdir()
+        Image.new("RGB", (64, 48), (40, 120, 200)).save(images / "0.jpg", quality=90)
+        for i in range(1, args.large):
+            os.link(images / "0.jpg", images / f"{i}.jpg")  # a file per caption, one on disk
+        lines = [
+            json.dumps({"image": f"{i}.jpg", "caption": f"A lake with {i} small boats and a wooden pier."})
+            + "\n"
+            for i in range(args.large)
+        ]
+        for n in (args.small, args.large):
+            (root / f"captions-{n}.jsonl").write_text("".join(lines[:n]))
+        (root / "references.json").write_text(json.dumps({f"{i}.jpg": REFERENCE for i in range(args.large)}))
+        judge = {"base_url": server.base_url, "model": "scripted", "api_key_env": None,
+                 "cache_path": str(root / "cache.sqlite"), "concurrency": args.concurrency, "max_retries": 0,
+                 "timeout_s": 120}  # fmt: skip
+        (root / "judge.yaml").write_text(yaml.safe_dump(judge))
+        peak_file = root / "peak-rss-kb"
+        figures: dict[tuple[str, int], tuple[int, float]] = {}
+        for cache in ("cold", "warm"):  # the cold large run finds the small run's answers cached
+            for n in (args.small, args.large):
+                out = root / f"out-{cache}-{n}"
+                argv = [sys.executable, "-c", _SCORE, "score", "--images", str(images), "--captions",
+                        str(root / f"captions-{n}.jsonl"), "--references", str(root / "references.json"),
+                        "--judge", str(root / "judge.yaml"), "--out", str(out), "--no-progress"]  # fmt: skip
+                code, peak, wall, output = _run(argv, env, peak_file)
+                if code != 0:
+                    raise SystemExit(f"score ({cache}, {n}) failed (exit {code}):\n{output}")
+                assert json.loads((out / "summary.json").read_text())["n_scored"] == n
+                figures[cache, n] = (peak, wall)
+                print(
+                    f"score, {cache} cache, {n:6d} captions: peak RSS {peak / 2**20:6.0f} MiB, {wall:6.1f} s"
+                )
+        bare, get = _read_s(root / "cache.sqlite")
+        calls = server.counters.total
+
+    print(f"judge calls: {calls} (one per caption of the large set)")
+    for cache in ("cold", "warm"):
+        ratio = figures[cache, args.large][0] / figures[cache, args.small][0]
+        verdict = "PASS" if ratio <= 1.10 else "FAIL"
+        print(
+            f"{verdict}: {cache} cache, peak RSS at {args.large} / at {args.small} captions: {ratio:.3f} (target <= 1.10)"
+        )
+    per_caption = (figures["warm", args.large][1] - figures["warm", args.small][1]) / (
+        args.large - args.small
+    )
+    ratio = per_caption / bare
+    print(f"warm cache: {per_caption * 1e3:.3f} ms per caption; bare SQLite read: {bare * 1e3:.4f} ms; "
+          f"JudgeCache.get: {get * 1e3:.4f} ms")  # fmt: skip
+    print(
+        f"{'PASS' if ratio <= 5 else 'FAIL'}: warm-cache time per caption / bare SQLite read: {ratio:.1f} (target <= 5)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--scale", action="store_true", help="Measure growth with the number of captions.")
+    parser.add_argument("--small", type=int, default=2000, help="--scale: captions of the small run.")
+    parser.add_argument("--large", type=int, default=20000, help="--scale: captions of the large run.")
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--width", type=int, default=8000)
@@ -99,6 +205,9 @@ def main() -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), *sys.path]),
     }
+    if args.scale:
+        scale(args, env)
+        return
     with (
         tempfile.TemporaryDirectory(prefix="bench-score-memory-") as tmp,
         JudgeServer(ScriptedJudge(latency_s=args.latency)) as server,

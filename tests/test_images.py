@@ -35,7 +35,8 @@ def test_the_limit_is_pillows_threshold_and_is_checked_from_the_header():
 def test_every_reader_refuses_the_same_image(tmp_path):
     """prepare, the judge (score, evaluate, training rewards), the trainer's loader and `caption`."""
     from balcaprl.data.validation import inspect_image
-    from balcaprl.evaluate.captioning import CaptionError, CaptionItem, _load_pil
+    from balcaprl.errors import InputError
+    from balcaprl.evaluate.captioning import CaptionItem, _load_pil
     from balcaprl.train.data import open_image as open_training_image
 
     path = tmp_path / "huge.png"
@@ -48,7 +49,7 @@ def test_every_reader_refuses_the_same_image(tmp_path):
         judge_images.ImageLoader(1024, root=tmp_path).load("huge.png")
     with pytest.raises(ImageTooLarge, match="above the limit of 89.5 MP"):
         open_training_image(str(path), max_side=512)
-    with pytest.raises(CaptionError, match="above the limit of 89.5 MP"):
+    with pytest.raises(InputError, match="above the limit of 89.5 MP"):
         _load_pil(CaptionItem("huge", path))
 
 

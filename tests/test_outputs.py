@@ -163,6 +163,8 @@ def test_the_record_survives_a_cut_last_line(tmp_path):
     assert [r["i"] for r in JsonlLog(path).read()] == [0, 1, 2]
     assert path.read_bytes().endswith(b"}\n")  # the cut line is gone, the file is valid JSONL again
     assert JsonlLog(tmp_path / "absent.jsonl").read() == []
+    scanned = list(JsonlLog(path).scan())  # line by line, each with the offset that reads it back
+    assert [JsonlLog(path).at(offset) for offset, _ in scanned] == [r for _, r in scanned] != []
 
 
 def test_text_that_is_not_utf8_names_the_byte_and_line(tmp_path):

@@ -19,8 +19,6 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["c_gdpo_advantages", "decoupled_group_advantages", "grpo_advantages", "group_normalize"]
-
 
 def _as_inputs(
     rewards: torch.Tensor, group_index: torch.Tensor | Sequence[int], weights: torch.Tensor | Sequence[float]

@@ -32,20 +32,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from balcaprl.errors import ConfigError, UserError
 from balcaprl.files import decode_utf8
 
-__all__ = [
-    "Override",
-    "Section",
-    "apply_overrides",
-    "deep_merge",
-    "format_validation_error",
-    "load_config",
-    "parse_yaml",
-    "read_config_file",
-    "redact_credentials",
-    "section_without",
-    "validate_config",
-]
-
 M = TypeVar("M", bound=BaseModel)
 
 # A command-line ``"key.sub=value"`` (value parsed as YAML), or a ``(key.sub, value)`` pair whose value

@@ -11,8 +11,6 @@ Two of them also carry the built-in type a library caller may already catch:
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "InputError", "MissingInputError", "OutputError", "UserError"]
-
 
 class UserError(Exception):
     """A mistake in the user's input; the message names the input and what to do about it."""

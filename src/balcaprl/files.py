@@ -27,19 +27,6 @@ from typing import IO, Any
 
 from balcaprl.errors import InputError, MissingInputError
 
-__all__ = [
-    "MAX_LINE_BYTES",
-    "JsonlLog",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "decode_utf8",
-    "invalid_unicode",
-    "jsonl_lines",
-    "naming",
-    "temporary_sibling",
-    "read_utf8_text",
-]
-
 
 def jsonl_lines(text: str) -> list[str]:
     """The lines of JSONL text: split at ``\n`` only. ``str.splitlines`` also splits at U+2028, U+0085
@@ -187,23 +174,36 @@ class JsonlLog:
 
     def read(self) -> list[dict[str, Any]]:
         """Every complete record in the file, in order (none if the file does not exist)."""
+        return [record for _, record in self.scan()]
+
+    def scan(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(byte offset, record)`` of every complete record, in order, read line by line (a long
+        record stays on disk: :meth:`at` reads one back by its offset)."""
         try:
-            data = self.path.read_bytes()
+            handle = self.path.open("r+b")
         except FileNotFoundError:
-            return []
-        if data and not data.endswith(b"\n"):  # a line cut by an interruption
-            data = data[: data.rfind(b"\n") + 1]
-            with self.path.open("r+b") as handle:
-                handle.truncate(len(data))
-        records = []
-        for line in jsonl_lines(data.decode("utf-8", errors="replace")):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+            return
+        with handle:
+            offset = 0
+            for line in handle:
+                if not line.endswith(b"\n"):  # a line cut by an interruption
+                    handle.truncate(offset)
+                    return
+                try:
+                    record = json.loads(line.decode("utf-8", errors="replace"))
+                except json.JSONDecodeError:
+                    record = None
+                if isinstance(record, dict):
+                    yield offset, record
+                offset += len(line)
+
+    def at(self, offset: int) -> dict[str, Any]:
+        """The record that starts at byte ``offset`` (one :meth:`scan` gave)."""
+        if self._handle is not None:
+            self._handle.flush()
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            return json.loads(handle.readline().decode("utf-8", errors="replace"))
 
     def append(self, record: dict[str, Any]) -> None:
         with naming(self.path):

@@ -29,17 +29,6 @@ from typing import IO, Any
 
 from balcaprl.errors import InputError
 
-__all__ = [
-    "DECODE_SLOTS",
-    "MAX_PIXELS",
-    "ImageReadError",
-    "ImageTooLarge",
-    "check_pixels",
-    "open_image",
-    "path_in_root",
-    "pillow",
-]
-
 MAX_PIXELS = 89_478_485  # = PIL.Image.MAX_IMAGE_PIXELS by default; fixed here so all readers agree
 # Images read and decoded at once by the judge's loader: with draft decoding a large JPEG costs
 # ~10-40 MB while it is prepared; only formats without a reduced decode (a 90 MP PNG: ~360 MB) are

@@ -32,8 +32,6 @@ from urllib.parse import urlsplit
 
 from balcaprl.errors import MissingInputError
 
-__all__ = ["check_model_path", "hub_unreachable", "names_local_path"]
-
 HUB_PROBE_TIMEOUT_S = 3.0
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 

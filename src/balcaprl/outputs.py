@@ -46,21 +46,6 @@ from typing import Literal
 
 from balcaprl.errors import OutputError, UserError
 
-__all__ = [
-    "Mode",
-    "OutputDir",
-    "choose_mode",
-    "claim_in_place",
-    "claim_output_dir",
-    "claim_output_file",
-    "ensure_writable_dir",
-    "lock_output",
-    "present",
-    "release_output_locks",
-    "remove",
-    "shortfall",
-]
-
 Mode = Literal["new", "resume", "overwrite"]
 REFUSAL_HINT = "pass --resume to continue them, --overwrite to replace them, or choose another place"
 REFUSAL_HINT_NO_RESUME = "pass --overwrite to replace them, or choose another place"

@@ -39,8 +39,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["Progress"]
-
 
 class Progress:
     """Reports how far one long task has come; see the module docstring.

@@ -35,28 +35,6 @@ from balcaprl.judge.config import JudgeSection
 from balcaprl.rewards.config import RewardConfig
 from balcaprl.train.advantages import Estimator
 
-__all__ = [
-    "PROVENANCE",
-    "AdvantageConfig",
-    "DataConfig",
-    "ImageConfig",
-    "LoraSettings",
-    "ModelConfig",
-    "Provenance",
-    "Recipe",
-    "RecipeRewards",
-    "RolloutConfig",
-    "RunConfig",
-    "TrainConfig",
-    "VLLMConfig",
-    "load_recipe",
-    "load_recipe_dict",
-    "provenance_table",
-    "recipe_defaults",
-    "recipe_from_dict",
-]
-
-
 # --------------------------------------------------------------------------------------------- model
 
 

@@ -9,8 +9,6 @@ thread from the start). ``--threads N`` asks for more; a GPU run is left alone.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_CPU_THREADS", "THREADS_HELP", "use_cpu_threads"]
-
 DEFAULT_CPU_THREADS = 1
 THREADS_HELP = (
     "torch threads when running on the CPU (default 1: small models' matrix products are too small to "

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from balcaprl.data.format import TokenCounter, load_split, read_card, read_split_rows
-from balcaprl.data.sharegpt4v import JsonFileError, PrepareOptions, prepare_sharegpt4v
+from balcaprl.data.sharegpt4v import PrepareOptions, prepare_sharegpt4v
 from balcaprl.data.validation import REASONS, ImageLimits, inspect_image
 from balcaprl.errors import InputError
 
@@ -438,7 +438,7 @@ def test_broken_json_keeps_the_checks_of_an_earlier_run(sharegpt4v, tmp_path):
     good = sharegpt4v.json_path.read_bytes()
     sharegpt4v.json_path.write_bytes(good[: len(good) // 2])  # a new download, interrupted
     inspect, calls = counting_inspector()
-    with pytest.raises(JsonFileError) as caught:
+    with pytest.raises(InputError) as caught:
         prepare_sharegpt4v(sharegpt4v.json_path, sharegpt4v.image_root, out, options=opts, inspect=inspect)
     assert isinstance(caught.value, InputError) and str(sharegpt4v.json_path) in str(caught.value)
     assert "complete entries" in " ".join(str(caught.value).split())

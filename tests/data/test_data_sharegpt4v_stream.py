@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from balcaprl.data.sharegpt4v import PrepareOptions, prepare_sharegpt4v
-from balcaprl.data.sharegpt4v.stream import JsonArrayStream, JsonFileError
+from balcaprl.data.sharegpt4v.stream import JsonArrayStream
 from balcaprl.errors import InputError
 
 
@@ -89,7 +89,7 @@ def where(error):
 def test_broken_file_is_a_clear_error(tmp_path, text, message, complete):
     path = tmp_path / "broken.json"
     path.write_text(text, encoding="utf-8")
-    with pytest.raises(JsonFileError) as caught:
+    with pytest.raises(InputError) as caught:
         list(JsonArrayStream(path))
     error = caught.value
     assert isinstance(error, InputError)  # the CLI shows it as one line, exit 2
@@ -108,7 +108,7 @@ def test_cut_file_names_the_entries_read_and_its_end(tmp_path, monkeypatch):
     path.write_bytes(whole[: len(whole) * 2 // 3])  # an interrupted download
     monkeypatch.setattr(JsonArrayStream, "BUFFER", 4096)
     handed_out = []
-    with pytest.raises(JsonFileError, match="ends inside the list") as caught:
+    with pytest.raises(InputError, match="ends inside the list") as caught:
         for entry in JsonArrayStream(path):
             handed_out.append(entry)
     complete, first, last = where(caught.value)
@@ -124,7 +124,7 @@ def test_corrupt_byte_is_located(tmp_path, monkeypatch):
     path = tmp_path / "corrupt.json"
     path.write_bytes(bytes(data))
     monkeypatch.setattr(JsonArrayStream, "BUFFER", 1024)
-    with pytest.raises(JsonFileError, match="JSON syntax error") as caught:
+    with pytest.raises(InputError, match="JSON syntax error") as caught:
         list(JsonArrayStream(path))
     complete, first, last = where(caught.value)
     assert complete == 250
@@ -134,7 +134,7 @@ def test_corrupt_byte_is_located(tmp_path, monkeypatch):
 def test_preparation_stops_on_a_broken_file(tmp_path, fixture_template):
     path = tmp_path / "broken.json"
     path.write_text('[{"id": 1}, {"id": 2')
-    with pytest.raises(JsonFileError, match="download it again"):
+    with pytest.raises(InputError, match="download it again"):
         prepare_sharegpt4v(
             path, fixture_template.image_root, tmp_path / "o", options=PrepareOptions(workers=0)
         )

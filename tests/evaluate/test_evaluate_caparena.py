@@ -8,7 +8,14 @@ import json
 import pytest
 from evaluate_testkit import CAPARENA_BASELINES, ProtocolJudge, judge_config, write_caparena
 
-from balcaprl.evaluate.caparena import Battle, arena_scores, caption_words, positions, run_caparena
+from balcaprl.evaluate.caparena import (
+    Battle,
+    CapArenaSection,
+    arena_scores,
+    caption_words,
+    positions,
+    run_caparena,
+)
 from balcaprl.evaluate.formats import read_caparena, read_caption_sets
 from balcaprl.judge import JudgeCaller
 
@@ -68,7 +75,7 @@ def test_protocol_over_http(tmp_path, eval_server):
     captions = read_caption_sets(["caparena=" + str(captions_file)])["caparena"]
     result = run_caparena(
         JudgeCaller(judge_config(server.base_url), image_root=images), read_caparena(annotations), captions,
-        images, tmp_path / "out",
+        tmp_path / "out", CapArenaSection(images=images),
     )  # fmt: skip
     per = result.metrics["per_baseline"]
     assert (per[GPT]["wins"], per[GPT]["score"]) == (2, 1.0)
@@ -104,8 +111,8 @@ def test_own_baseline_is_skipped(tmp_path, eval_server):
         None
     ]
     result = run_caparena(
-        JudgeCaller(judge_config(server.base_url)), read_caparena(annotations), captions, images,
-        tmp_path / "out", model_name=GPT,
+        JudgeCaller(judge_config(server.base_url)), read_caparena(annotations), captions,
+        tmp_path / "out", CapArenaSection(images=images), label=GPT,
     )  # fmt: skip
     assert result.metrics["skipped_own_baseline"] == ["test_00000.jpg"] and result.n_items == 2
     assert result.metrics["per_baseline"][GPT]["battles"] == 0

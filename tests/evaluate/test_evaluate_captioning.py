@@ -11,8 +11,8 @@ from evaluate_testkit import png, write_caparena, write_captionqa, write_decapbe
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
+from balcaprl.errors import InputError
 from balcaprl.evaluate.captioning import (
-    CaptionError,
     GenerationSettings,
     caption_items,
     collect_items,
@@ -61,9 +61,9 @@ def test_sources(tmp_path):
         "test_00000.jpg", "test_00001.jpg", "test_00002.jpg"
     ]  # fmt: skip
     assert len(collect_items(arena_images, benchmark="caparena", limit=2)) == 2
-    with pytest.raises(CaptionError, match="--annotations"):
+    with pytest.raises(InputError, match="--annotations"):
         collect_items(images, benchmark="decapbench")
-    with pytest.raises(CaptionError, match="no images"):
+    with pytest.raises(InputError, match="no images"):
         collect_items(_empty(tmp_path))
 
 
@@ -116,7 +116,7 @@ def test_an_interrupted_run_resumes_and_a_different_run_is_refused(tmp_path):
     assert again.batches == 0
 
     (tmp_path / "caps.jsonl.part").write_text(json.dumps({**run.rows[0], "run_id": "other"}) + "\n")
-    with pytest.raises(CaptionError, match="different run"):
+    with pytest.raises(InputError, match="different run"):
         caption_items(items, FakeCaptioner(), out, settings=settings)
     run = caption_items(items, FakeCaptioner(), out, settings=settings, overwrite=True)
     assert run.generated == 5

@@ -8,7 +8,7 @@ import json
 import pytest
 from evaluate_testkit import DECAP_ORACLE, ProtocolJudge, judge_config, write_decapbench
 
-from balcaprl.evaluate.dcscore import DCScoreSettings, caption_scores, run_dcscore, score_trial
+from balcaprl.evaluate.dcscore import DCScoreSection, caption_scores, run_dcscore, score_trial
 from balcaprl.evaluate.formats import read_caption_sets, read_decapbench
 from balcaprl.judge import JudgeCaller
 
@@ -94,7 +94,11 @@ def test_protocol_over_http_then_resume(tmp_path, eval_server):
     assert set(sets) == {"decapbench"}  # recognised by its image_path field
 
     result = run_dcscore(
-        JudgeCaller(cfg, image_root=images), items, sets["decapbench"], images, tmp_path / "d1"
+        JudgeCaller(cfg, image_root=images),
+        items,
+        sets["decapbench"],
+        tmp_path / "d1",
+        DCScoreSection(images=images),
     )
     assert result.score == pytest.approx(100 * (F1 + F1_REL) / 2, rel=1e-6)
     assert result.metrics["precision"] == pytest.approx(100 * PRECISION)
@@ -114,7 +118,11 @@ def test_protocol_over_http_then_resume(tmp_path, eval_server):
     # times, then the caption is invalid: left out of the mean and counted.
     server.counters.by_kind.clear()
     again = run_dcscore(
-        JudgeCaller(cfg, image_root=images), items, sets["decapbench"], images, tmp_path / "d2"
+        JudgeCaller(cfg, image_root=images),
+        items,
+        sets["decapbench"],
+        tmp_path / "d2",
+        DCScoreSection(images=images),
     )
     assert server.counters.by_kind == {"dcscore_extract": 5}
     assert again.complete and again.n_scored == 1
@@ -124,8 +132,8 @@ def test_protocol_over_http_then_resume(tmp_path, eval_server):
     # our stricter rule is one option away: one extraction, the caption scored 0 and kept in the mean
     server.counters.by_kind.clear()
     strict = run_dcscore(
-        JudgeCaller(cfg, image_root=images), items, sets["decapbench"], images, tmp_path / "d3",
-        DCScoreSettings(degenerate_captions="zero"),
+        JudgeCaller(cfg, image_root=images), items, sets["decapbench"], tmp_path / "d3",
+        DCScoreSection(images=images, degenerate_captions="zero"),
     )  # fmt: skip
     assert server.counters.by_kind == {} and strict.n_scored == 2 and strict.metrics["n_invalid"] == 0
     assert strict.score == pytest.approx(100 * (F1 + F1_REL) / 4, rel=1e-6)
@@ -145,8 +153,8 @@ def test_invalid_match_answers_are_reasked_then_fail(tmp_path, eval_server):
     server = eval_server(handler)
     captions = read_caption_sets([_write(tmp_path / "c.json", {"iiw_001.jpg": CAPTION})])[None]
     result = run_dcscore(
-        JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions, images,
-        tmp_path / "out", DCScoreSettings(n_match=1, n_verify=1),
+        JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions,
+        tmp_path / "out", DCScoreSection(images=images, n_match=1, n_verify=1),
     )  # fmt: skip
     assert result.failures == {"schema_violation": 1} and result.score is None
     assert result.missing == ["iiw_002.jpg"]

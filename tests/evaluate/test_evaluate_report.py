@@ -12,8 +12,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
+from balcaprl.errors import InputError
 from balcaprl.evaluate.report import (
-    ReportError,
     build_report,
     human_alignment,
     load_eval_rows,
@@ -94,7 +94,7 @@ def test_published_rows_reproduce_the_papers_deltas(tmp_path):
         "bcapscore": None,
     }
     assert rows[3].general["TextVQA"] == 78.40  # Table 2 rides along where the paper has it
-    with pytest.raises(ReportError, match="no published row"):
+    with pytest.raises(InputError, match="no published row"):
         published_rows("qwen3")
 
 

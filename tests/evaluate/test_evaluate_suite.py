@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.errors import ConfigError
-from balcaprl.evaluate.suite import load_evaluation_config, read_eval
+from balcaprl.evaluate.config import load_evaluation_config
+from balcaprl.evaluate.suite import read_eval
 
 # b-CapScore with the scripted verdict judge (see tests/judge/judge_testkit.py for its rules):
 # iiw_001: clauses "a red door on the left" (visible, pointable), "a purple elephant" (not visible),
@@ -208,6 +209,31 @@ def test_the_evaluation_config_resolves_paths_and_validates_judges_when_it_loads
     config_file.write_text("base: ../base.yaml\nbcapscore: {judge: ../judges/typo.yaml}\n")
     with pytest.raises(ConfigError, match=r"bcapscore\.judge\.modle: unknown key; allowed here: api_key_env"):
         load_evaluation_config(config_file)
+
+
+def test_the_protocol_table_is_what_the_config_and_the_command_line_read():
+    import inspect
+
+    import typer
+
+    from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig
+
+    assert list(PROTOCOLS) == ["bcapscore", "dcscore", "captionqa", "caparena"]
+    POSITIONAL, KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    command = typer.main.get_command(app).commands["evaluate"]  # type: ignore[attr-defined]
+    flags = {option for param in command.params for option in param.opts}
+    for name, protocol in PROTOCOLS.items():
+        assert protocol.name == name
+        assert EvaluationConfig.model_fields[name].annotation is protocol.section  # its config section
+        section = protocol.section()
+        for key, (_, flag) in protocol.section.INPUTS.items():
+            assert flag in flags  # every input file has its flag
+            assert key not in section.options()  # the recorded settings are the options only
+        assert set(protocol.official_options) - {"images_sent"} <= set(section.options())
+        parameters = inspect.signature(protocol.run).parameters.values()  # the one signature
+        assert [p.kind for p in parameters] == [POSITIONAL] * 5 + [KEYWORD] * 3
+        assert [p.name for p in parameters][4:] == ["settings", "on_progress", "prompts", "label"]
+    assert set(EvaluationConfig.model_fields) == {"judge", "official", *PROTOCOLS}
 
 
 def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_server):

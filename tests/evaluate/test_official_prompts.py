@@ -20,6 +20,7 @@ from official_fakes import (
 )
 
 from balcaprl.errors import ConfigError
+from balcaprl.evaluate.config import load_evaluation_config
 from balcaprl.evaluate.official import (
     OFFICIAL_TEXT_CHANGE,
     load_caparena_prompts,
@@ -27,7 +28,6 @@ from balcaprl.evaluate.official import (
     load_decapbench_prompts,
     paper_comparability,
 )
-from balcaprl.evaluate.suite import load_evaluation_config
 
 
 def test_decapbench_prompts_are_read_without_running_the_file(tmp_path):

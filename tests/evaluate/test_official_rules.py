@@ -19,12 +19,12 @@ from evaluate_testkit import CAPTIONQA_ROWS, ProtocolJudge, judge_config, png, w
 from official_fakes import FAKE_SYSTEM, fake_caparena, fake_captionqa_repo, fake_decapbench, fake_lmms_eval
 from PIL import Image
 
-from balcaprl.errors import ConfigError
-from balcaprl.evaluate.caparena import CapArenaSettings, read_official_judgment, run_caparena
-from balcaprl.evaluate.captioning import CaptionError, caption_items, collect_items
-from balcaprl.evaluate.captionqa import CaptionQASettings, prepare_questions, run_captionqa
+from balcaprl.errors import ConfigError, InputError
+from balcaprl.evaluate.caparena import CapArenaSection, read_official_judgment, run_caparena
+from balcaprl.evaluate.captioning import caption_items, collect_items
+from balcaprl.evaluate.captionqa import CaptionQASection, prepare_questions, run_captionqa
 from balcaprl.evaluate.dcscore import (
-    DCScoreSettings,
+    DCScoreSection,
     fact_list_json,
     parse_fenced_json,
     run_dcscore,
@@ -175,7 +175,9 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     captions.captions["blank.jpg"] = "   "
     items.append(type(items[0])("blank.jpg", "ref", ("a fact",)))
     cfg = judge_config(server.base_url, cache_path=tmp_path / "cache.sqlite")
-    result = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out", prompts=prompts)
+    result = run_dcscore(
+        JudgeCaller(cfg), items, captions, tmp_path / "out", DCScoreSection(images=images), prompts=prompts
+    )
 
     assert result.score == pytest.approx(100 * DC1, rel=1e-6)  # 60.61: only the valid caption counts
     assert result.metrics["recall"] == pytest.approx(50.0) and result.metrics["f1_relevant"] == pytest.approx(
@@ -207,12 +209,14 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
 
     # A re-run is free (every sample, the unusable one included, is cached) and scores the same.
     handler.calls.clear()
-    again = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out2", prompts=prompts)
+    again = run_dcscore(
+        JudgeCaller(cfg), items, captions, tmp_path / "out2", DCScoreSection(images=images), prompts=prompts
+    )
     assert handler.calls == {} and again.score == result.score
 
     # our stricter rule: invalid captions score 0 and stay in the mean: (20/33 + 0 + 0) / 3 = 20.20
-    strict = run_dcscore(JudgeCaller(cfg), items, captions, images, tmp_path / "out3",
-                         DCScoreSettings(degenerate_captions="zero"), prompts=prompts)  # fmt: skip
+    strict = run_dcscore(JudgeCaller(cfg), items, captions, tmp_path / "out3",
+                         DCScoreSection(images=images, degenerate_captions="zero"), prompts=prompts)  # fmt: skip
     assert strict.score == pytest.approx(100 * DC1 / 3, rel=1e-6) and strict.n_scored == 3
 
 
@@ -292,7 +296,7 @@ def test_captionqa_empty_answers_and_rounding_by_hand(tmp_path, eval_server):
 
     def run(**options):
         caller = JudgeCaller(judge_config(server.base_url))
-        return run_captionqa(caller, entries, captions, tmp_path / "out", CaptionQASettings(**options))
+        return run_captionqa(caller, entries, captions, tmp_path / "out", CaptionQASection(**options))
 
     # qa.py: each score rounded to 4 decimals: 0.3833 + 1 + 0.3833 + 0 (the empty answer, counted)
     official = run()
@@ -341,7 +345,7 @@ def test_captionqa_shuffle_over_captioned_questions_by_hand(tmp_path, eval_serve
     ]
     for rule, first, score in (("captioned", ["By a tree", "Cannot answer from the caption"], 65.0),
                                ("all", ["By a tree", "Ford"], 50.0)):  # fmt: skip
-        settings = CaptionQASettings(shuffle_over=rule)
+        settings = CaptionQASection(shuffle_over=rule)
         result = run_captionqa(
             JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / rule, settings
         )
@@ -365,7 +369,7 @@ def test_captionqa_with_lmms_eval_task(tmp_path, eval_server):
     server = eval_server(handler)
     captions = read_caption_sets([_json(tmp_path / "c.json", {"nat_011": "A round <b>thing</b>."})])[None]
     result = run_captionqa(
-        JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / "out", task=task
+        JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / "out", prompts=task
     )
     assert result.score == 100.0 and result.settings["prompts"]["kind"] == "official"
     text = seen[0].text  # their layout, our escaped block, their cannot-answer option
@@ -417,7 +421,7 @@ def test_captionqa_multi_image_entries_are_captioned_from_all_images(tmp_path):
         )
         caption_items(items, recorder, tmp_path / mode / "caps.jsonl", benchmark="captionqa")
         assert recorder.got == got, mode
-    with pytest.raises(CaptionError, match="--official-captionqa-repo"):
+    with pytest.raises(InputError, match="--official-captionqa-repo"):
         collect_items(None, benchmark="captionqa", annotations=path, multi_image="captionqa")
     with pytest.raises(ConfigError, match="found 0"):  # not CaptionQA's script
         load_captionqa_multi_image_line(fake_captionqa_repo(tmp_path / "other", "x = 1\n"))
@@ -488,8 +492,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
 
     server = eval_server(handler)
     captions = read_caption_sets([_json(tmp_path / "c.json", ours)])[None]
-    result = run_caparena(JudgeCaller(judge_config(server.base_url)), read_caparena(annotations), captions, images,
-                          tmp_path / "out", prompts=prompts)  # fmt: skip
+    result = run_caparena(JudgeCaller(judge_config(server.base_url)), read_caparena(annotations), captions,
+                          tmp_path / "out", CapArenaSection(images=images), prompts=prompts)  # fmt: skip
     per = result.metrics["per_baseline"]
     # GPT-4o: a win -> (1 - 0) / 2 = 0.5; CogVLM: a loss -> -0.5; MiniCPM: unrecognised -> 0
     assert [per[b]["score"] for b in ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")] == [
@@ -507,8 +511,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     assert call.temperature == 0.1 and call.body["top_p"] == 0.9 and call.max_tokens == 1500
     assert result.settings["images_sent"] == "official" and result.settings["prompts"]["kind"] == "official"
     # with our prompts the judge config's size applies and no detail is sent (unless asked for)
-    paraphrase = run_caparena(JudgeCaller(judge_config(server.base_url)), [], captions, images, tmp_path / "p",
-                              CapArenaSettings())  # fmt: skip
+    paraphrase = run_caparena(JudgeCaller(judge_config(server.base_url)), [], captions, tmp_path / "p",
+                              CapArenaSection(images=images))  # fmt: skip
     assert (
         paraphrase.settings["images_sent"] == "judge"
         and paraphrase.settings["prompts"]["kind"] == "paraphrase"

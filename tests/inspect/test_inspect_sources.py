@@ -14,7 +14,8 @@ from inspect_testkit import HOSTILE
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
-from balcaprl.inspect import InspectError, load_inspection
+from balcaprl.errors import InputError
+from balcaprl.inspect import load_inspection
 from balcaprl.inspect.cards import verdict_fields
 from balcaprl.rewards import BCAPSCORE_REWARDS, score_rollout
 from balcaprl.synthetic.oracle import OracleJudge
@@ -143,7 +144,7 @@ def test_a_training_run_shows_the_chosen_step_with_oracle_verdicts(dataset, tmp_
 
     both = load_inspection(run, steps=[1, 2])
     assert sorted({c["step"] for c in both.cards}) == [1, 2]
-    with pytest.raises(InspectError, match=r"no rollouts of step\(s\) \[7\].*logged steps 1, 2"):
+    with pytest.raises(InputError, match=r"no rollouts of step\(s\) \[7\].*logged steps 1, 2"):
         load_inspection(run, steps=[7])
 
 
@@ -168,7 +169,7 @@ def test_an_evaluation_folder_shows_its_bcapscore_results(scored, tmp_path):
     ],
 )
 def test_unreadable_paths_are_clear_errors(tmp_path, make, message):
-    with pytest.raises(InspectError, match=message):
+    with pytest.raises(InputError, match=message):
         load_inspection(make(tmp_path))
 
 

@@ -3,7 +3,11 @@ reads back exactly what the client meant."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from judge_testkit import IMAGE, judge_and_close
 
 from balcaprl.judge.images import ImageLoader
@@ -79,6 +83,23 @@ def test_clean_text_handles_invalid_utf8_surrogates_controls_and_bidi():
     assert clean_text("a\x00b\x1b[31mred\x07\r\nline\ttab\x7f") == "ab[31mred\nline\ttab"
     assert clean_text("abc\u202edcba\u2066x") == "abcdcbax"
     assert clean_text("e\u0301") == "é"  # NFC
+
+
+def _clean_text_per_character(text: str) -> str:
+    """The first clean_text, a character at a time: the regex one must agree with it everywhere."""
+    import unicodedata
+
+    text = re.sub("[\ud800-\udfff]", "\ufffd", text)
+    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
+    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
+    return text.translate(dict.fromkeys([*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x2FFFF), max_size=60) |
+       st.text(st.sampled_from("\x00\x07\t\n\x0b\r\x1b\x7f\x85\x9f\xa0e\u0301\u202e\u2066\ud800 a"), max_size=30))  # fmt: skip
+def test_clean_text_equals_the_character_by_character_version(text):
+    assert clean_text(text) == _clean_text_per_character(text)
 
 
 def test_captions_are_capped_and_flagged():

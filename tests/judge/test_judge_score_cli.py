@@ -13,9 +13,10 @@ from judge_testkit import CAPTION, REFERENCE, config, judge_and_close, png_bytes
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
+from balcaprl.errors import InputError
+from balcaprl.evaluate.score import read_caption_file
+from balcaprl.evaluate.summary import bootstrap_mean_ci
 from balcaprl.judge import Judgement, OpenAICompatibleJudge
-from balcaprl.judge.score import CaptionFileError, read_caption_file
-from balcaprl.judge.summary import bootstrap_mean_ci
 from balcaprl.rewards import score_verdict
 
 FULL = "A red door on the left, a black cat sits on the step."
@@ -144,11 +145,11 @@ def test_caption_files(tmp_path):
     assert read_caption_file(jsonl, keys=("reference", "caption")) == [("a.png", "r1"), ("b.png", "r2")]
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"image": "a.png", "caption": "x"}\nnot json\n')
-    with pytest.raises(CaptionFileError, match="broken.jsonl:2"):
+    with pytest.raises(InputError, match="broken.jsonl:2"):
         read_caption_file(broken)
     missing_field = tmp_path / "m.jsonl"
     missing_field.write_text('{"image": "a.png", "text": "x"}\n')
-    with pytest.raises(CaptionFileError, match="'caption'"):
+    with pytest.raises(InputError, match="'caption'"):
         read_caption_file(missing_field)
     # JSON keeps U+2028/U+0085 unescaped with ensure_ascii=False (as `balcaprl caption` writes): they are
     # inside the string, not line breaks

@@ -10,19 +10,6 @@ import os
 
 import typer
 
-__all__ = [
-    "INTERRUPTED_STATUS",
-    "MIN_SCORED_HELP",
-    "OVERWRITE_HELP",
-    "RESUME_HELP",
-    "SYSTEM_ERROR_STATUS",
-    "exit_if_short",
-    "interrupted_line",
-    "quiet_abandoned_tasks",
-    "system_error",
-    "system_error_line",
-]
-
 SYSTEM_ERROR_STATUS = 1  # the work ran (some of it was paid for) and could not be written or read
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 KEPT = "what was finished is kept: run the same command again (with --resume where it has one) to go on"

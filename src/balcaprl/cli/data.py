@@ -12,8 +12,6 @@ import typer
 from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short
 from balcaprl.errors import InputError, UserError
 
-__all__ = ["info", "prepare_sharegpt4v", "recaption"]
-
 IMAGE_MODES = ("auto", "hardlink", "copy", "reencode")
 
 

@@ -10,8 +10,6 @@ import typer
 from balcaprl.demo.variants import VARIANTS
 from balcaprl.errors import UserError
 
-__all__ = ["demo"]
-
 
 def demo(
     variant: str | None = typer.Option(

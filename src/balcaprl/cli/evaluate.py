@@ -2,7 +2,7 @@
 
 Thin on purpose: arguments in, one call into the evaluate (or judge) modules, a printed result out.
 ``score`` and the b-CapScore protocol of ``evaluate`` share one implementation
-(:func:`balcaprl.judge.score.score_captions`).
+(:func:`balcaprl.evaluate.score.score_captions`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ import typer
 from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short
 from balcaprl.errors import InputError, UserError
 from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
-
-__all__ = ["caption", "evaluate", "evaluate_general", "report", "score"]
-
-PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
 
 
 def caption(
@@ -151,9 +147,9 @@ def score(
     from rich.console import Console
     from rich.table import Table
 
+    from balcaprl.evaluate.score import score_captions, score_results
     from balcaprl.judge.client import build_judge
     from balcaprl.judge.protocol import JudgeFailure
-    from balcaprl.judge.score import score_captions, score_results
     from balcaprl.outputs import claim_output_dir, shortfall
     from balcaprl.progress import Progress
 
@@ -230,8 +226,8 @@ def evaluate(
     captions: list[str] = typer.Option(
         ..., "--captions", help="Caption file (repeatable); BENCHMARK=FILE says which benchmark it is for."
     ),
-    suite: str = typer.Option(
-        "bcapscore,dcscore,captionqa,caparena", "--suite", help="Comma-separated protocols to run."
+    suite: str | None = typer.Option(
+        None, "--suite", help="Comma-separated protocols to run (default: every protocol)."
     ),
     out: Path = typer.Option(..., "--out", help="Evaluation folder (eval.json + one folder per protocol)."),
     config: Path | None = typer.Option(None, "--config", help="Evaluation config YAML (files, judges, settings)."),
@@ -268,23 +264,20 @@ def evaluate(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:  # fmt: skip
     """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable (--resume)."""
-    from balcaprl.evaluate.suite import (
-        ANSWER_RECORD,
-        evaluation_results,
-        load_evaluation_config,
-        read_eval,
-        run_suite,
-    )
+    from balcaprl.evaluate.config import PROTOCOLS, load_evaluation_config
+    from balcaprl.evaluate.suite import ANSWER_RECORD, evaluation_results, read_eval, run_suite
     from balcaprl.files import read_utf8_text
     from balcaprl.outputs import claim_output_dir, remove, shortfall
     from balcaprl.progress import Progress
 
+    flags = {"--decapbench": decapbench, "--decapbench-images": decapbench_images, "--captionqa": captionqa,
+             "--caparena": caparena, "--caparena-images": caparena_images}  # fmt: skip
     overrides: dict = {
         "judge": str(judge) if judge else None,
-        "bcapscore": {"annotations": decapbench, "images": decapbench_images},
-        "dcscore": {"annotations": decapbench, "images": decapbench_images},
-        "captionqa": {"questions": captionqa},
-        "caparena": {"annotations": caparena, "images": caparena_images},
+        **{
+            name: {key: flags.get(flag) for key, (_, flag) in protocol.section.INPUTS.items()}
+            for name, protocol in PROTOCOLS.items()
+        },
         "official": {
             "decapbench": official_decapbench,
             "caparena": official_caparena,
@@ -296,14 +289,14 @@ def evaluate(
         if not path or protocol not in PROTOCOLS:
             raise UserError(f"--judge-for {spec!r}: expected PROTOCOL=FILE with a protocol of the suite")
         overrides[protocol]["judge"] = path
-    names = [p.strip() for p in suite.split(",") if p.strip()]
+    names = [p.strip() for p in suite.split(",") if p.strip()] if suite is not None else list(PROTOCOLS)
     settings = load_evaluation_config(config, overrides)
     for spec in captions:  # text inputs must be UTF-8: an error naming the byte, never a traceback
         benchmark, _, rest = spec.partition("=")
-        path = rest if rest and benchmark in ("decapbench", "captionqa", "caparena") else spec
+        path = rest if rest and benchmark in {p.benchmark for p in PROTOCOLS.values()} else spec
         if not read_utf8_text(path, "--captions").strip():
             exit_if_short(f"--captions {path} holds no captions: nothing scored")
-    for flag, path in (("--decapbench", decapbench), ("--captionqa", captionqa), ("--caparena", caparena)):
+    for flag, path in flags.items():
         if path is not None and path.is_file():
             read_utf8_text(path, flag)
     target = claim_output_dir(
@@ -389,7 +382,7 @@ def report(
     """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
     from balcaprl.evaluate.report import build_report
 
-    result = build_report(  # ReportError (a UserError) says what is wrong
+    result = build_report(  # an InputError (a UserError) says what is wrong
         runs or [], out, baseline=baseline, published=published, human_ranking=human_ranking, title=title
     )
     typer.echo(result.markdown)

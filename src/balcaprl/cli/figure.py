@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["advantage_collapse"]
-
 
 def advantage_collapse(
     out: Path = typer.Option(..., "--out", help="Folder for advantage_collapse.png and .csv."),

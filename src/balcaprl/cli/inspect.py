@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["inspect"]
-
 
 def inspect(
     path: Path = typer.Argument(

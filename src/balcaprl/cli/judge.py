@@ -9,8 +9,6 @@ import typer
 
 from balcaprl.errors import InputError, UserError
 
-__all__ = ["audit", "serve"]
-
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 

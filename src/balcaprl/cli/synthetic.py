@@ -12,8 +12,6 @@ from balcaprl.cli.common import OVERWRITE_HELP
 from balcaprl.errors import UserError
 from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
 
-__all__ = ["build", "caption", "init_policy", "probe", "sft", "show"]
-
 
 def build(
     out: Path = typer.Option(..., "--out", help="Dataset folder to write."),

@@ -12,8 +12,6 @@ import typer
 
 from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
 
-__all__ = ["train"]
-
 
 def train(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Recipe YAML (see configs/)."),

@@ -11,8 +11,6 @@ import typer
 
 from balcaprl.errors import UserError
 
-__all__ = ["export", "launch"]
-
 REFERENCE_COLUMNS = ("reference", "reference_original")
 
 

@@ -30,18 +30,6 @@ from balcaprl.files import atomic_write_bytes, atomic_write_text, temporary_sibl
 from balcaprl.images import path_in_root
 from balcaprl.model_paths import check_model_path, hub_unreachable, names_local_path
 
-__all__ = [
-    "COLUMNS",
-    "SPLITS",
-    "DatasetSample",
-    "TokenCounter",
-    "load_split",
-    "read_card",
-    "read_split_rows",
-    "read_split_table",
-    "write_dataset",
-]
-
 SPLITS = ("train", "eval")
 SCHEMA = pa.schema(
     [

@@ -13,15 +13,6 @@ from balcaprl.data.format import SPLITS, TokenCounter, read_card, read_split_row
 from balcaprl.data.validation import REASONS
 from balcaprl.errors import OutputError
 
-__all__ = [
-    "dataset_info",
-    "format_info",
-    "info_json",
-    "length_stats",
-    "render_info",
-    "write_length_histogram",
-]
-
 
 def length_stats(lengths: list[int]) -> dict[str, float] | None:
     """count, mean, min, 5th/50th/95th percentiles and max of a list of lengths (None when empty)."""

@@ -19,8 +19,6 @@ from typing import Literal
 
 from balcaprl.files import atomic_write_bytes
 
-__all__ = ["ImageMode", "place_image", "placed_name", "prune_images"]
-
 ImageMode = Literal["auto", "hardlink", "copy", "reencode"]
 
 

@@ -52,15 +52,6 @@ from balcaprl.errors import OutputError
 from balcaprl.files import atomic_write_text, jsonl_lines
 from balcaprl.progress import Progress
 
-__all__ = [
-    "RECAPTION_RUBRICS",
-    "RecaptionOutcome",
-    "RecaptionReport",
-    "Recaptioner",
-    "recaption_dataset",
-    "recaption_results",
-]
-
 log = logging.getLogger("balcaprl.recaption")
 
 WORK_DIR = ".recaption"

@@ -11,8 +11,6 @@ import hashlib
 import heapq
 from collections.abc import Iterable
 
-__all__ = ["eval_ids", "split_key"]
-
 
 def split_key(seed: int, sample_id: str) -> bytes:
     return hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()

@@ -23,18 +23,6 @@ import os
 import stat
 from dataclasses import asdict, dataclass, field
 
-__all__ = [
-    "REASONS",
-    "ImageFacts",
-    "ImageLimits",
-    "Rejection",
-    "image_rejection",
-    "inspect_image",
-    "lexical_path_problem",
-    "normalise_path",
-    "stat_key",
-]
-
 # Every reason a ShareGPT4V entry can be rejected for, with what it means (printed by `data info`).
 REASONS: dict[str, str] = {
     "malformed_entry": "the entry is not an object, or its id / image / turn values are missing or not text",

@@ -35,7 +35,6 @@ from typing import Any
 
 from balcaprl.demo.config import DemoConfig
 from balcaprl.demo.pipeline import (
-    DemoError,
     Evaluation,
     Log,
     ensure_dataset,
@@ -48,17 +47,8 @@ from balcaprl.demo.pipeline import (
 )
 from balcaprl.demo.report import BootstrapInterval, HeldOut, direction_verdict, seed_scene_bootstrap
 from balcaprl.demo.variants import Variant, get_variant
+from balcaprl.errors import UserError
 from balcaprl.progress import Progress
-
-__all__ = [
-    "AblationResult",
-    "ClaimCheck",
-    "VariantSummary",
-    "ablation_csv",
-    "ablation_markdown",
-    "run_ablation",
-    "summarise",
-]
 
 CHANGE_METRICS = (("b_capscore", 100.0), ("precision", 1.0), ("recall", 1.0), ("linguistic", 1.0))
 MEAN_METRICS = ("tokens", "non_pointable_share", "non_visible_share", "fluency")
@@ -190,9 +180,9 @@ def run_ablation(
 ) -> AblationResult:
     """Train and evaluate every (variant, seed), ``jobs`` at a time, and write the comparison."""
     if not variants:
-        raise DemoError("no variant to run")
+        raise UserError("no variant to run")
     if seeds < 1 or jobs < 1:
-        raise DemoError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
+        raise UserError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
     import torch
 
     from balcaprl.synthetic.oracle import OracleJudge

@@ -32,13 +32,6 @@ from balcaprl.recipe import (
 from balcaprl.rewards import RewardWeights
 from balcaprl.synthetic.lexicon import COLORS, KINDS
 
-__all__ = [
-    "DemoConfig",
-    "DemoRecipe",
-    "demo_recipe",
-    "load_demo_config",
-]
-
 
 class _Frozen(Section):
     model_config = ConfigDict(extra="forbid", frozen=True)

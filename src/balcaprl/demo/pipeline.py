@@ -45,21 +45,8 @@ from balcaprl.demo.variants import Variant
 from balcaprl.errors import UserError
 from balcaprl.progress import Progress
 
-__all__ = [
-    "DemoError",
-    "DemoResult",
-    "ProgressFactory",
-    "VariantResult",
-    "quiet_library_progress_bars",
-    "run_demo",
-]
-
 STAGE_FILE = "demo_stage.json"
 SUMMARY_FILE = "summary.json"
-
-
-class DemoError(UserError, RuntimeError):
-    """A demo stage that cannot run; the message says what to do."""
 
 
 Log = Callable[[str], None]
@@ -95,7 +82,7 @@ def _stage_matches(folder: Path, settings: dict[str, Any], what: str) -> bool:
     old = recorded.get("settings", {})
     changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     details = ", ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in changed[:4])
-    raise DemoError(
+    raise UserError(
         f"{folder} holds a {what} made with other settings ({details}). Delete that folder to redo it, "
         "or pass another --out."
     )
@@ -302,7 +289,7 @@ def oracle_judge(config: DemoConfig, data_dir: Path, oracle: Any, log: Log) -> I
         from balcaprl.judge import build_judge
         from balcaprl.testing.judge_server import JudgeServer
     except ImportError as error:  # fastapi / uvicorn live in the [serve] extra
-        raise DemoError(
+        raise UserError(
             f"the HTTP judge needs the [serve] extra ({error}); install it, or run with --judge in-process"
         ) from None
     with JudgeServer(oracle) as server:
@@ -355,7 +342,7 @@ def ensure_rl(
         if _without_paths(recorded.get("recipe", {})) == _without_paths(recipe.to_dict()):
             log(f"rl: reusing {out}")
             return final, float(recorded.get("train_s", 0.0))
-        raise DemoError(f"{out} holds an RL run of another recipe; delete it or pass another --out")
+        raise UserError(f"{out} holds an RL run of another recipe; delete it or pass another --out")
     resume = latest_checkpoint(out) is not None if out.is_dir() else False
     if out.is_dir() and not resume:
         # Nothing to resume from (stopped before the first checkpoint): start the run again cleanly.
@@ -367,7 +354,7 @@ def ensure_rl(
         result = train(recipe, judge, resume=resume)
     train_s = time.perf_counter() - start
     if result.final_model_dir is None:
-        raise DemoError(f"the RL run in {out} stopped before its last step; run the demo again to resume it")
+        raise UserError(f"the RL run in {out} stopped before its last step; run the demo again to resume it")
     marker.write_text(json.dumps({"recipe": recipe.to_dict(), "train_s": train_s}, default=str) + "\n")
     return result.final_model_dir, train_s
 
@@ -474,7 +461,7 @@ def run_demo(
     from balcaprl.synthetic.oracle import OracleJudge
 
     if not variants:
-        raise DemoError("no variant to run")
+        raise UserError("no variant to run")
     import torch
 
     torch.set_num_threads(config.threads)

@@ -17,22 +17,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "BootstrapInterval",
-    "HeldOut",
-    "before_after_rows",
-    "comparison_csv",
-    "comparison_markdown",
-    "comparison_rows",
-    "direction_verdict",
-    "moving_average",
-    "paired_bootstrap",
-    "plot_training_curves",
-    "rich_before_after_table",
-    "rich_comparison_table",
-    "seed_scene_bootstrap",
-]
-
 # (metrics.jsonl key, label) of the curves in the figure's left panel.
 REWARD_CURVES = (
     ("rewards/precision/mean", "precision"),

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from balcaprl.errors import ConfigError
 
-__all__ = ["VARIANTS", "VARIANT_SETS", "Claim", "Variant", "get_variant", "parse_variants"]
-
 
 @dataclass(frozen=True)
 class Claim:

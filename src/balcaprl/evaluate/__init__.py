@@ -14,26 +14,19 @@ Library use: :func:`run_suite` (all protocols), or one protocol's ``run_*`` with
 :func:`~balcaprl.evaluate.caparena.arena_scores`, :func:`~balcaprl.evaluate.report.spearman`).
 """
 
+from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
 from balcaprl.evaluate.formats import (
     CapArenaItem,
     CaptionQAEntry,
     CaptionSet,
     DeCapBenchItem,
-    FormatError,
     read_caparena,
     read_caption_sets,
     read_captionqa,
     read_decapbench,
 )
 from balcaprl.evaluate.results import ProtocolResult
-from balcaprl.evaluate.suite import (
-    PROTOCOLS,
-    EvaluationConfig,
-    EvaluationError,
-    load_evaluation_config,
-    read_eval,
-    run_suite,
-)
+from balcaprl.evaluate.suite import read_eval, run_suite
 
 __all__ = [
     "PROTOCOLS",
@@ -42,8 +35,6 @@ __all__ = [
     "CaptionSet",
     "DeCapBenchItem",
     "EvaluationConfig",
-    "EvaluationError",
-    "FormatError",
     "ProtocolResult",
     "load_evaluation_config",
     "read_caparena",

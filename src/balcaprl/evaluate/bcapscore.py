@@ -2,7 +2,7 @@
 pointability-aware precision, reference recall and linguistic quality, judged with the evaluation
 rubric against DeCapBench's images and human reference captions (GPT-5.4 as judge in Table 1).
 
-This is `balcaprl score` (:func:`balcaprl.judge.score.score_captions`) run on the benchmark: the
+This is `balcaprl score` (:func:`balcaprl.evaluate.score.score_captions`) run on the benchmark: the
 captions and the human references are written as ``{image: text}`` files in the protocol's folder
 and scored there, so ``scores.jsonl`` and ``summary.json`` are exactly what ``balcaprl score`` writes.
 The evaluation rubric is our wording of the paper's evaluation prompt; the summary records it as such
@@ -15,14 +15,26 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
-from balcaprl.evaluate.official import PromptSource
-from balcaprl.evaluate.results import ProtocolResult
-from balcaprl.files import atomic_write_text as _write_atomic
-from balcaprl.judge.client import OpenAICompatibleJudge
-from balcaprl.judge.score import score_captions
+from pydantic import Field
 
-__all__ = ["run_bcapscore"]
+from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem, read_decapbench
+from balcaprl.evaluate.official import PromptSource
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.results import ProtocolResult
+from balcaprl.evaluate.score import score_captions
+from balcaprl.files import atomic_write_text as _write_atomic
+from balcaprl.judge.client import OpenAICompatibleJudge, build_judge
+
+
+class BCapScoreSection(ProtocolSection):
+    """b-CapScore's files (its options are the judge config's)."""
+
+    INPUTS = {
+        "annotations": ("DeCapBench annotations", "--decapbench"),
+        "images": ("the DeCapBench image folder", "--decapbench-images"),
+    }
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (human references).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
 
 
 def run_bcapscore(
@@ -30,9 +42,15 @@ def run_bcapscore(
     items: Sequence[DeCapBenchItem],
     captions: CaptionSet,
     out_dir: Path,
+    settings: BCapScoreSection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
+    prompts: None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
-    """Score the DeCapBench images that have a caption; ``judge`` resolves images in the image folder."""
+    """Score the DeCapBench images that have a caption; ``judge`` resolves images in the image folder
+    (b-CapScore has no options and no official prompts: ``settings``, ``prompts`` and ``label`` are
+    there for the one signature of every protocol)."""
     out_dir = Path(out_dir)
     chosen = [(item, captions.lookup(item.key)) for item in items]
     missing = [item.key for item, caption in chosen if caption is None]
@@ -83,3 +101,10 @@ def run_bcapscore(
         notes="b-CapScore x100 (mean of per-caption harmonic means); precision, recall, linguistic x100; "
         "scores.jsonl/summary.json as `balcaprl score` writes them",
     )
+
+
+PROTOCOL = Protocol(
+    name="bcapscore", benchmark="decapbench", title="b-CapScore (DeCapBench).", section=BCapScoreSection,
+    read=lambda section: read_decapbench(section.annotations), run=run_bcapscore,
+    client=build_judge,
+)  # fmt: skip

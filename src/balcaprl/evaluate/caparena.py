@@ -45,26 +45,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from balcaprl.evaluate.formats import CapArenaItem, CaptionSet
-from balcaprl.evaluate.official import OFFICIAL_IMAGE_SIDE, CapArenaPrompts, paraphrase_source
-from balcaprl.evaluate.results import ProtocolResult, mean, write_items
+from balcaprl.evaluate.formats import CapArenaItem, CaptionSet, read_caparena
+from balcaprl.evaluate.official import (
+    OFFICIAL_IMAGE_SIDE,
+    CapArenaPrompts,
+    load_caparena_prompts,
+    paraphrase_source,
+)
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
-
-__all__ = [
-    "BASELINES",
-    "OFFICIAL_OPTIONS",
-    "CapArenaSettings",
-    "PairVerdict",
-    "arena_scores",
-    "caption_words",
-    "positions",
-    "read_official_judgment",
-    "run_caparena",
-]
 
 BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 JUDGMENTS = ("Caption 1 is better", "Caption 2 is better", "Tie")
@@ -72,11 +66,15 @@ _REASON = re.compile(r"Reason:\s*(.+?)\s*Judgment:", re.DOTALL)
 _JUDGMENT = re.compile(r"Judgment:\s*(.+)")
 
 
-class CapArenaSettings(BaseModel):
-    """How CapArena-Auto is run; the defaults are the official protocol's."""
+class CapArenaSection(ProtocolSection):
+    """CapArena-Auto's files and options; the defaults are the official protocol's."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    INPUTS = {
+        "annotations": ("caparena_auto_600.json", "--caparena"),
+        "images": ("the CapArena image folder", "--caparena-images"),
+    }
+    annotations: Path | None = Field(None, description="caparena_auto_600.json.")
+    images: Path | None = Field(None, description="CapArena-Auto (DOCCI) image folder.")
     seed: int = Field(0, description="Seed of the position draw.")
     temperature: float | None = Field(0.1, description="Judge temperature (official: 0.1).")
     top_p: float | None = Field(0.9, description="Judge top_p (official: 0.9); null omits it.")
@@ -202,28 +200,28 @@ def run_caparena(
     caller: JudgeCaller,
     items: Sequence[CapArenaItem],
     captions: CaptionSet,
-    image_root: Path,
     out_dir: Path,
-    settings: CapArenaSettings | None = None,
-    model_name: str | None = None,
+    settings: CapArenaSection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
     prompts: CapArenaPrompts | None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
     """Battle every image that has a caption against its baseline; write ``items.jsonl``; summarise.
     ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_caparena_prompts`);
     None runs our paraphrase."""
-    settings = settings or CapArenaSettings()
+    settings = settings or CapArenaSection()
     extra = {"top_p": settings.top_p} if settings.top_p is not None else None
     official_images = settings.image_mode == "official" or (
         settings.image_mode == "auto" and prompts is not None
     )
     images = (
-        ImageLoader(OFFICIAL_IMAGE_SIDE, root=image_root)
+        ImageLoader(OFFICIAL_IMAGE_SIDE, root=settings.images)
         if official_images
-        else ImageLoader(caller.config.max_image_side, root=image_root)
+        else ImageLoader(caller.config.max_image_side, root=settings.images)
     )
     detail = "high" if official_images else None
-    skipped = [i.image for i in items if model_name is not None and i.ref_model == model_name]
+    skipped = [i.image for i in items if label is not None and i.ref_model == label]
     todo = [(i, captions.lookup(i.image)) for i in items if i.image not in skipped]
     missing = [i.image for i, c in todo if c is None]
     todo = [(i, c) for i, c in todo if c is not None]
@@ -255,7 +253,7 @@ def run_caparena(
             last.reason, f"no usable answer in {settings.max_attempts} samples: {last.detail}"
         )
 
-    async def one(item: CapArenaItem, caption: str) -> tuple[bool, str | None, JudgeFailure | None]:
+    async def battle(item: CapArenaItem, caption: str) -> tuple[bool, str | None, JudgeFailure | None]:
         first = positions(item.image, settings.seed)
         try:
             image = await asyncio.to_thread(images.load, item.image)
@@ -267,26 +265,15 @@ def run_caparena(
         judgment, failure = await judge(messages)
         return first, judgment, failure
 
-    async def run_all():
-        done = 0
+    done = 0
 
-        async def tracked(item, caption):
-            nonlocal done
-            out = await one(item, caption)
-            done += 1
-            if on_progress is not None:
-                on_progress(done, len(todo))
-            return out
-
-        try:
-            return await asyncio.gather(*[tracked(i, c) for i, c in todo])
-        finally:
-            await caller.aclose()
-
-    outcomes = asyncio.run(run_all())
-    rows, battles = [], []
-    for (item, caption), (first, judgment, failure) in zip(todo, outcomes, strict=True):
-        battles.append(Battle(item.image, item.ref_model, first, judgment))
+    async def one(pair: tuple[CapArenaItem, str]) -> dict[str, Any]:
+        nonlocal done
+        item, caption = pair
+        first, judgment, failure = await battle(item, caption)
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(todo))
         winner = None
         if judgment == "unrecognised":
             winner = "unrecognised"
@@ -296,13 +283,17 @@ def run_caparena(
                 if judgment == "Tie"
                 else ("model" if (judgment == JUDGMENTS[0]) == first else "baseline")
             )
-        rows.append({
+        return {
             "image": item.image, "baseline": item.ref_model, "model_position": 1 if first else 2,
             "judgment": judgment, "winner": winner, "words": caption_words(caption),
             "failure": None if failure is None else failure.reason,
             **({} if failure is None else {"detail": failure.detail}),
-        })  # fmt: skip
-    write_items(Path(out_dir) / "items.jsonl", rows)
+        }  # fmt: skip
+
+    path = Path(out_dir) / "items.jsonl"
+    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    rows = [{k: v for k, v in row.items() if k != "detail"} for row in read_items(path)]
+    battles = [Battle(r["image"], r["baseline"], r["model_position"] == 1, r["judgment"]) for r in rows]
     baselines = list(dict.fromkeys([*BASELINES, *(i.ref_model for i in items)]))
     scores = arena_scores(battles, baselines) if battles else None
     metrics = {
@@ -323,7 +314,7 @@ def run_caparena(
         failures=failures,
         missing=missing,
         settings={
-            **settings.model_dump(),
+            **settings.options(),
             "images_sent": "official" if official_images else "judge",
             "prompts": (
                 prompts.source
@@ -336,3 +327,11 @@ def run_caparena(
         notes="score = mean over baselines of (wins - losses) / 2 (-100..100 on the full 600 images); "
         "length_words = mean words per caption; a failed battle or an unrecognised judgment counts neither way",
     )
+
+
+PROTOCOL = Protocol(
+    name="caparena", benchmark="caparena", title="CapArena-Auto.", section=CapArenaSection,
+    read=lambda section: read_caparena(section.annotations), run=run_caparena,
+    official_prompts=lambda o: None if o.caparena is None else load_caparena_prompts(o.caparena),
+    official_options=OFFICIAL_OPTIONS,
+)  # fmt: skip

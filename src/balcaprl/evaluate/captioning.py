@@ -48,19 +48,6 @@ from balcaprl.errors import InputError
 from balcaprl.files import JsonlLog, atomic_write_text
 from balcaprl.model_paths import check_model_path
 
-__all__ = [
-    "PROMPT_PRESETS",
-    "CaptionItem",
-    "CaptionRun",
-    "GenerationSettings",
-    "TransformersCaptioner",
-    "VLLMCaptioner",
-    "caption_items",
-    "collect_items",
-    "native_path",
-    "resolve_prompt",
-]
-
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
 # Detailed-description prompts. "detailed" is the caption prompt of lmms-eval's CaptionQA task and
 # the synthetic world's prompt; "dataset" uses each dataset row's own prompt (ShareGPT4V's prompts
@@ -69,10 +56,6 @@ PROMPT_PRESETS: dict[str, str | None] = {
     "detailed": "Describe this image in detail.",
     "dataset": None,
 }
-
-
-class CaptionError(InputError):
-    """Captioning cannot run as asked (bad source, a different earlier run in OUT.part...)."""
 
 
 class GenerationSettings(BaseModel):
@@ -133,11 +116,11 @@ def collect_items(
     from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
 
     if benchmark is not None and images is not None and not Path(images).is_dir():
-        raise CaptionError(f"--images {images} is not a folder")
+        raise InputError(f"--images {images} is not a folder")
     items: list[CaptionItem]
     if benchmark == "decapbench":
         if annotations is None or images is None:
-            raise CaptionError(
+            raise InputError(
                 "--benchmark decapbench needs --annotations (the JSONL) and --images (the folder)"
             )
         items = [
@@ -146,7 +129,7 @@ def collect_items(
         ]
     elif benchmark == "captionqa":
         if annotations is None:
-            raise CaptionError("--benchmark captionqa needs --annotations (the question file)")
+            raise InputError("--benchmark captionqa needs --annotations (the question file)")
         items = []
         for entry in read_captionqa(annotations):
             found: list[Path | bytes] = []
@@ -159,11 +142,11 @@ def collect_items(
                 candidates = [Path(images) / f"{entry.id}{s}" for s in (".jpg", ".png", ".jpeg")]
                 found = [c for c in candidates if c.is_file()][:1]
             if not found:
-                raise CaptionError(f"CaptionQA entry {entry.id}: no embedded image and none under --images")
+                raise InputError(f"CaptionQA entry {entry.id}: no embedded image and none under --images")
             if multi_image == "first":
                 found = found[:1]
             if multi_image == "captionqa" and multi_image_line is None:
-                raise CaptionError(
+                raise InputError(
                     "--multi-image captionqa needs the benchmark's count line: give --official-captionqa-repo "
                     "(a checkout of the CaptionQA repository), or use --multi-image lmms-eval"
                 )
@@ -175,14 +158,14 @@ def collect_items(
             items.append(CaptionItem(entry.id, found[0], more_images=tuple(found[1:]), prompt_prefix=prefix))
     elif benchmark == "caparena":
         if images is None:
-            raise CaptionError("--benchmark caparena needs --images (the DOCCI image folder)")
+            raise InputError("--benchmark caparena needs --images (the DOCCI image folder)")
         names = [i.image for i in read_caparena(annotations)] if annotations else None
         if names is None:
             names = [p.relative_to(images).as_posix() for p in _images_under(Path(images))]
         items = [CaptionItem(n, Path(images) / n) for n in names]
     elif benchmark is None:
         if images is None:
-            raise CaptionError("give --images (a folder of images or a balcaprl dataset) or --benchmark")
+            raise InputError("give --images (a folder of images or a balcaprl dataset) or --benchmark")
         root = Path(images)
         if (root / "dataset.json").is_file():
             from balcaprl.data.format import read_split_rows
@@ -194,11 +177,11 @@ def collect_items(
         elif root.is_dir():
             items = [CaptionItem(p.relative_to(root).as_posix(), p) for p in _images_under(root)]
             if not items:
-                raise CaptionError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+                raise InputError(f"{root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
         else:
-            raise CaptionError(f"--images {root} is not a folder")
+            raise InputError(f"--images {root} is not a folder")
     else:
-        raise CaptionError(f"unknown benchmark {benchmark!r}; choose decapbench, captionqa or caparena")
+        raise InputError(f"unknown benchmark {benchmark!r}; choose decapbench, captionqa or caparena")
     return items[:limit] if limit is not None else items
 
 
@@ -211,7 +194,7 @@ def _load_pil(item: CaptionItem, image: Path | bytes | None = None):
     try:
         return open_image(source, mode="RGB", where=f"the image of {item.key!r} ({item.image_label})")
     except ImageReadError as error:
-        raise CaptionError(f"{error}; fix or remove it, then run again with --resume") from None
+        raise InputError(f"{error}; fix or remove it, then run again with --resume") from None
 
 
 class TransformersCaptioner:
@@ -239,7 +222,7 @@ class TransformersCaptioner:
             )
             self.processor = AutoProcessor.from_pretrained(model)
         except (OSError, ValueError) as error:  # not a checkpoint, not on the hub, or offline
-            raise CaptionError(
+            raise InputError(
                 f"--model {model}: cannot load an image-text model from it ({str(error).splitlines()[0]}); "
                 "give a checkpoint folder (config.json, weights, processor files) or a hub id"
             ) from None
@@ -293,7 +276,7 @@ class VLLMCaptioner:
         try:
             from vllm import LLM
         except ImportError as error:
-            raise CaptionError(
+            raise InputError(
                 f"the vllm backend needs vLLM ({error}); install it with `pip install 'balcaprl[vllm]'` "
                 "on a GPU machine, or use --backend transformers"
             ) from None
@@ -356,7 +339,7 @@ def _read_done(path: Path, run_id: str) -> dict[str, dict[str, Any]]:
     done = {}
     for row in JsonlLog(path).read():
         if row.get("run_id") != run_id:
-            raise CaptionError(
+            raise InputError(
                 f"{path} holds captions of a different run (model, prompt or sampling differ); "
                 "finish that run, or pass --overwrite to start over"
             )
@@ -381,7 +364,7 @@ def caption_items(
     out = Path(out)
     text = resolve_prompt(prompt)
     if text is None and any(i.prompt is None for i in items):
-        raise CaptionError("--prompt dataset needs a balcaprl dataset (its rows carry their prompts)")
+        raise InputError("--prompt dataset needs a balcaprl dataset (its rows carry their prompts)")
     multi = {i.key: [len(i.images), i.prompt_prefix] for i in items if len(i.images) > 1 or i.prompt_prefix}
     run_id = _run_id(captioner.model_id, text, captioner.name, settings, multi)
     part = out.with_name(out.name + ".part")

@@ -48,7 +48,6 @@ prompt, which ``balcaprl caption --multi-image captionqa`` reads from a checkout
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 from collections import Counter, defaultdict
@@ -57,28 +56,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question
-from balcaprl.evaluate.official import CaptionQATask, paraphrase_source
-from balcaprl.evaluate.results import ProtocolResult, mean, write_items
+from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
+from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, paraphrase_source
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
-
-__all__ = [
-    "CANNOT_ANSWER",
-    "OFFICIAL_OPTIONS",
-    "CaptionQASettings",
-    "PreparedQuestion",
-    "extract_letter",
-    "is_yes_no_question",
-    "prepare_questions",
-    "question_prompt",
-    "run_captionqa",
-    "score_answer",
-]
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CANNOT_ANSWER = "Cannot answer from the caption"
@@ -90,11 +77,12 @@ _YES_NO_STARTS = (
 )  # fmt: skip
 
 
-class CaptionQASettings(BaseModel):
-    """How CaptionQA is run; the defaults are the official protocol's (seed 0, temperature 0)."""
+class CaptionQASection(ProtocolSection):
+    """CaptionQA's question file and options; the defaults are the official protocol's (seed 0,
+    temperature 0)."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    INPUTS = {"questions": ("the CaptionQA questions", "--captionqa")}
+    questions: Path | None = Field(None, description="CaptionQA questions (parquet/JSON/JSONL).")
     seed: int = Field(0, description="Seed of the option shuffle (official: 0).")
     temperature: float | None = Field(0.0, description="The answering model's temperature (official: 0).")
     max_tokens: int = Field(
@@ -274,14 +262,16 @@ def run_captionqa(
     entries: Sequence[CaptionQAEntry],
     captions: CaptionSet,
     out_dir: Path,
-    settings: CaptionQASettings | None = None,
+    settings: CaptionQASection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
-    task: CaptionQATask | None = None,
+    prompts: CaptionQATask | None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
     """Answer every usable question whose image has a caption; write ``items.jsonl``; summarise.
-    ``task``: lmms-eval's official task (:func:`~balcaprl.evaluate.official.load_captionqa_task`);
+    ``prompts``: lmms-eval's official task (:func:`~balcaprl.evaluate.official.load_captionqa_task`);
     None runs our paraphrase."""
-    settings = settings or CaptionQASettings()
+    settings, task = settings or CaptionQASection(), prompts
     caption_of = {e.id: captions.lookup(e.id) for e in entries}
     only = (lambda i: caption_of[i] is not None) if settings.shuffle_over == "captioned" else None
     questions = prepare_questions(
@@ -294,38 +284,25 @@ def run_captionqa(
     todo = [q for q in questions if caption_of[q.entry_id] is not None]
     read_letter = extract_letter if task is None else task.extract_letter
 
-    async def run_all():
-        done = 0
+    done = 0
 
-        async def one(q: PreparedQuestion):
-            nonlocal done
-            caption = clean_text(caption_of[q.entry_id] or "").strip()
-            result = await caller.call_text(
-                answer_messages(caption, q, task), kind="captionqa_answer", temperature=settings.temperature,
-                max_tokens=settings.max_tokens, truncated_ok=True,
-            )  # fmt: skip
-            done += 1
-            if on_progress is not None:
-                on_progress(done, len(todo))
-            return result
-
-        try:
-            return await asyncio.gather(*[one(q) for q in todo])
-        finally:
-            await caller.aclose()
-
-    results = asyncio.run(run_all())
-    rows = []
-    for q, result in zip(todo, results, strict=True):
+    async def one(q: PreparedQuestion) -> dict[str, Any]:
+        nonlocal done
+        caption = clean_text(caption_of[q.entry_id] or "").strip()
+        result = await caller.call_text(
+            answer_messages(caption, q, task), kind="captionqa_answer", temperature=settings.temperature,
+            max_tokens=settings.max_tokens, truncated_ok=True,
+        )  # fmt: skip
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(todo))
         row: dict[str, Any] = {
             "id": q.entry_id, "question_index": q.index, "category": q.category, "question": q.question,
             "options_shown": q.shown, "ground_truth": q.choices[q.answer_index],
         }  # fmt: skip
         failure = result.failure
         if failure is not None and not (settings.empty_answer == "zero" and _is_empty_answer(failure)):
-            row.update(failure=failure.reason, detail=failure.detail, score=None)
-            rows.append(row)
-            continue
+            return {**row, "failure": failure.reason, "detail": failure.detail, "score": None}
         response = "" if failure is not None else result.value
         letter = read_letter(response, len(q.options))
         score, outcome = score_answer(q, letter)
@@ -333,9 +310,19 @@ def run_captionqa(
             outcome = "empty"
         if settings.rounding == "question":
             score = round(score, ROUND_DIGITS)
-        row.update(failure=None, response=response, letter=letter, outcome=outcome, score=score)
-        rows.append(row)
-    write_items(Path(out_dir) / "items.jsonl", rows)
+        return {
+            **row,
+            "failure": None,
+            "response": response,
+            "letter": letter,
+            "outcome": outcome,
+            "score": score,
+        }
+
+    items = Path(out_dir) / "items.jsonl"
+    judge_in_spans(items, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    summary_keys = ("category", "failure", "outcome", "score")  # what the figures below read, per row
+    rows = [{key: row.get(key) for key in summary_keys} for row in read_items(items)]
 
     ok = [r for r in rows if r["failure"] is None]
     by_category: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -376,9 +363,17 @@ def run_captionqa(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings={**settings.model_dump(), "prompts": source.as_dict()},
+        settings={**settings.options(), "prompts": source.as_dict()},
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="score = 100 x mean per-question score (correct 1, cannot-answer 1/n + 0.05, wrong, unreadable "
         "or empty 0); missing lists image ids without a caption (their questions are not asked)",
     )
+
+
+PROTOCOL = Protocol(
+    name="captionqa", benchmark="captionqa", title="CaptionQA.", section=CaptionQASection,
+    read=lambda section: read_captionqa(section.questions), run=run_captionqa,
+    official_prompts=lambda o: None if o.captionqa is None else load_captionqa_task(o.captionqa),
+    official_options=OFFICIAL_OPTIONS,
+)  # fmt: skip

@@ -23,56 +23,23 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from balcaprl.config import Override, Section, load_config
-from balcaprl.evaluate.caparena import CapArenaSettings
-from balcaprl.evaluate.captionqa import CaptionQASettings
-from balcaprl.evaluate.dcscore import DCScoreSettings
+from balcaprl.evaluate import bcapscore, caparena, captionqa, dcscore
 from balcaprl.evaluate.official import OfficialSources
+from balcaprl.evaluate.protocols import Protocol
 from balcaprl.judge.config import JudgeConfig, JudgeSection
 
-__all__ = ["PROTOCOLS", "EvaluationConfig", "flag_overrides", "load_evaluation_config"]
-
-PROTOCOLS = ("bcapscore", "dcscore", "captionqa", "caparena")
-_PATH_KEYS = ("annotations", "images", "questions", "judge")
-
-
-class _ProtocolSection(Section):
-    judge: JudgeSection | None = Field(
-        None, description="Judge config for this protocol (inline or a YAML path); null: the default judge."
-    )
+# The table of protocols, in the suite's default order: each is one object with one signature
+# (balcaprl.evaluate.protocols); the config's sections, the suite and the command line are read from it.
+PROTOCOLS: dict[str, Protocol] = {
+    p.name: p for p in (bcapscore.PROTOCOL, dcscore.PROTOCOL, captionqa.PROTOCOL, caparena.PROTOCOL)
+}
 
 
-class BCapScoreSection(_ProtocolSection):
-    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (human references).")
-    images: Path | None = Field(None, description="DeCapBench image folder.")
-
-
-class DCScoreSection(_ProtocolSection, DCScoreSettings):
-    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (oracle facts).")
-    images: Path | None = Field(None, description="DeCapBench image folder.")
-
-
-class CaptionQASection(_ProtocolSection, CaptionQASettings):
-    questions: Path | None = Field(None, description="CaptionQA questions (parquet/JSON/JSONL).")
-
-
-class CapArenaSection(_ProtocolSection, CapArenaSettings):
-    annotations: Path | None = Field(None, description="caparena_auto_600.json.")
-    images: Path | None = Field(None, description="CapArena-Auto (DOCCI) image folder.")
-
-
-class EvaluationConfig(Section):
-    """Benchmark files, judges and protocol settings for `balcaprl evaluate` (unknown keys are errors)."""
-
+class _Evaluation(Section):
     judge: JudgeSection | None = Field(None, description="Default judge config (inline or a YAML path).")
-    bcapscore: BCapScoreSection = Field(
-        default_factory=BCapScoreSection, description="b-CapScore (DeCapBench)."
-    )
-    dcscore: DCScoreSection = Field(default_factory=DCScoreSection, description="DCScore (DeCapBench).")
-    captionqa: CaptionQASection = Field(default_factory=CaptionQASection, description="CaptionQA.")
-    caparena: CapArenaSection = Field(default_factory=CapArenaSection, description="CapArena-Auto.")
     official: OfficialSources = Field(
         default_factory=OfficialSources,
         description="Where the benchmarks' official prompts are read from at run time (unset: our paraphrase).",
@@ -83,17 +50,29 @@ class EvaluationConfig(Section):
         return getattr(self, protocol).judge or self.judge
 
 
+# one section per protocol of the table, named after it
+EvaluationConfig = create_model(
+    "EvaluationConfig",
+    __base__=_Evaluation,
+    __doc__="Benchmark files, judges and protocol settings for `balcaprl evaluate` (unknown keys are errors).",
+    **{
+        name: (p.section, Field(default_factory=p.section, description=p.title))
+        for name, p in PROTOCOLS.items()
+    },
+)
+
+
 def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Paths written in an evaluation config file are relative to that file."""
     out = dict(data)
     if isinstance(out.get("judge"), str):
         out["judge"] = str(folder / Path(out["judge"]).expanduser())
-    for name in PROTOCOLS:
+    for name, protocol in PROTOCOLS.items():
         section = out.get(name)
         if isinstance(section, dict):
             out[name] = {
                 key: str(folder / Path(value).expanduser())
-                if key in _PATH_KEYS and isinstance(value, str)
+                if (key == "judge" or key in protocol.section.INPUTS) and isinstance(value, str)
                 else value
                 for key, value in section.items()
             }

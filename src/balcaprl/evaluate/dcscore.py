@@ -66,51 +66,36 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem
+from balcaprl.evaluate.formats import CaptionSet, DeCapBenchItem, read_decapbench
 from balcaprl.evaluate.official import (
     DECAPBENCH_JPEG_QUALITY,
     OFFICIAL_IMAGE_SIDE,
     DeCapBenchPrompts,
+    load_decapbench_prompts,
     paraphrase_source,
 )
-from balcaprl.evaluate.results import ProtocolResult, mean, write_items
+from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
 
-__all__ = [
-    "OFFICIAL_OPTIONS",
-    "DCScoreSettings",
-    "ExtractedFacts",
-    "FactMatches",
-    "FactVerdicts",
-    "TrialScores",
-    "caption_scores",
-    "degenerate",
-    "extract_messages",
-    "fact_list_json",
-    "match_messages",
-    "official_extract_messages",
-    "official_match_messages",
-    "official_verify_messages",
-    "parse_fenced_json",
-    "run_dcscore",
-    "score_trial",
-    "verify_messages",
-]
-
 F1_EPS = 1e-8  # the official script's F1 denominator guard
 _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample (empty, unreadable)
 RUBRICS = ("dcscore_extract", "dcscore_match", "dcscore_verify")
 
 
-class DCScoreSettings(BaseModel):
-    """How DCScore is run; the defaults are the official protocol's."""
+class DCScoreSection(ProtocolSection):
+    """DCScore's files and options; the defaults are the official protocol's."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    INPUTS = {
+        "annotations": ("DeCapBench annotations", "--decapbench"),
+        "images": ("the DeCapBench image folder", "--decapbench-images"),
+    }
+    annotations: Path | None = Field(None, description="DeCapBench annotation JSONL (oracle facts).")
+    images: Path | None = Field(None, description="DeCapBench image folder.")
     n_match: int = Field(3, ge=1, description="Matching samples per caption (official: 3).")
     n_verify: int = Field(3, ge=1, description="Verification samples per caption (official: 3).")
     extract_temperature: float | None = Field(1.0, description="Fact extraction sampling temperature.")
@@ -424,8 +409,8 @@ class _Item:
 class _Run:
     """One DCScore run: settings, prompts (ours or official) and images."""
 
-    def __init__(self, caller: JudgeCaller, settings: DCScoreSettings, prompts: DeCapBenchPrompts | None,
-                 image_root: Path):  # fmt: skip
+    def __init__(self, caller: JudgeCaller, settings: DCScoreSection, prompts: DeCapBenchPrompts | None,
+                 image_root: Path | None):  # fmt: skip
         self.caller, self.settings, self.prompts = caller, settings, prompts
         official_images = settings.image_mode == "official" or (
             settings.image_mode == "auto" and prompts is not None
@@ -648,40 +633,31 @@ def run_dcscore(
     caller: JudgeCaller,
     items: Sequence[DeCapBenchItem],
     captions: CaptionSet,
-    image_root: Path,
     out_dir: Path,
-    settings: DCScoreSettings | None = None,
+    settings: DCScoreSection | None = None,
+    *,
     on_progress: Callable[[int, int], None] | None = None,
     prompts: DeCapBenchPrompts | None = None,
+    label: str | None = None,
 ) -> ProtocolResult:
     """Score every DeCapBench image that has a caption; write ``items.jsonl`` and return the summary.
     ``prompts``: the official prompts (:func:`~balcaprl.evaluate.official.load_decapbench_prompts`);
     None runs our paraphrase."""
-    settings = settings or DCScoreSettings()
-    run = _Run(caller, settings, prompts, Path(image_root))
+    settings = settings or DCScoreSection()
+    run = _Run(caller, settings, prompts, settings.images)
     todo = [(item, captions.lookup(item.key)) for item in items]
     missing = [item.key for item, caption in todo if caption is None]
     todo = [(item, caption) for item, caption in todo if caption is not None]
 
-    async def run_all() -> list[_Item]:
-        done = 0
+    done = 0
 
-        async def one(item: DeCapBenchItem, caption: str) -> _Item:
-            nonlocal done
-            result = await run.score(item, caption)
-            done += 1
-            if on_progress is not None:
-                on_progress(done, len(todo))
-            return result
-
-        try:
-            return await asyncio.gather(*[one(item, caption) for item, caption in todo])
-        finally:
-            await caller.aclose()
-
-    scored = asyncio.run(run_all())
-    rows = []
-    for (item, caption), result in zip(todo, scored, strict=True):
+    async def one(pair: tuple[DeCapBenchItem, str]) -> dict[str, Any]:
+        nonlocal done
+        item, caption = pair
+        result = await run.score(item, caption)
+        done += 1
+        if on_progress is not None:
+            on_progress(done, len(todo))
         row: dict[str, Any] = {"key": item.key, "caption": caption, "failure": result.failure,
                                "valid": result.scores is not None}  # fmt: skip
         if result.failure is not None:
@@ -695,8 +671,12 @@ def run_dcscore(
         row["extraction_attempts"] = result.attempts
         row["facts"] = result.facts
         row["trials"] = result.trials
-        rows.append(row)
-    write_items(Path(out_dir) / "items.jsonl", rows)
+        return row
+
+    path = Path(out_dir) / "items.jsonl"
+    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    # the figures below read each row's scores, never its facts and trials (the bulk of a row)
+    rows = [{k: v for k, v in r.items() if k not in ("facts", "trials")} for r in read_items(path)]
     ok = [r for r in rows if r["valid"]]
     invalid = [r for r in rows if r.get("invalid")]
     names = ("dcscore", "precision", "recall", "f1", "precision_relevant", "recall_relevant", "f1_relevant")
@@ -712,10 +692,18 @@ def run_dcscore(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings={**settings.model_dump(), "images_sent": run.images_sent, "prompts": source.as_dict()},
+        settings={**settings.options(), "images_sent": run.images_sent, "prompts": source.as_dict()},
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="DCScore x100 = mean over valid captions of (F1 + F1 relevant) / 2; components x100; "
         "invalid: captions with no fact or no relevant fact, left out of the means as the official scorer "
         "does (degenerate_captions: zero scores them 0 instead)",
     )
+
+
+PROTOCOL = Protocol(
+    name="dcscore", benchmark="decapbench", title="DCScore (DeCapBench).", section=DCScoreSection,
+    read=lambda section: read_decapbench(section.annotations), run=run_dcscore,
+    official_prompts=lambda o: None if o.decapbench is None else load_decapbench_prompts(o.decapbench),
+    official_options=OFFICIAL_OPTIONS,
+)  # fmt: skip

@@ -37,28 +37,7 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.files import jsonl_lines, read_utf8_text
 
-__all__ = [
-    "BENCHMARKS",
-    "BenchmarkRows",
-    "CapArenaItem",
-    "CaptionQAEntry",
-    "CaptionSet",
-    "DeCapBenchItem",
-    "FormatError",
-    "Question",
-    "RefusedRow",
-    "read_caparena",
-    "read_caption_sets",
-    "read_captionqa",
-    "read_decapbench",
-    "read_json_or_jsonl",
-]
-
 BENCHMARKS = ("decapbench", "captionqa", "caparena")
-
-
-class FormatError(InputError):
-    """A benchmark or caption file that is not in the expected format; says where and what."""
 
 
 def _read_text(path: Path) -> str:
@@ -66,7 +45,7 @@ def _read_text(path: Path) -> str:
     try:
         return read_utf8_text(path)
     except InputError as error:
-        raise FormatError(str(error)) from None
+        raise InputError(str(error)) from None
 
 
 def read_json_or_jsonl(path: Path) -> Any:
@@ -75,7 +54,7 @@ def read_json_or_jsonl(path: Path) -> Any:
     text = _read_text(path)
     stripped = text.strip()
     if not stripped:
-        raise FormatError(f"{path}: the file is empty")
+        raise InputError(f"{path}: the file is empty")
     try:
         return json.loads(stripped)
     except json.JSONDecodeError:
@@ -87,7 +66,7 @@ def read_json_or_jsonl(path: Path) -> Any:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise FormatError(f"{path}:{number}: neither a JSON document nor JSONL ({error.msg})") from None
+            raise InputError(f"{path}:{number}: neither a JSON document nor JSONL ({error.msg})") from None
     return rows
 
 
@@ -119,7 +98,7 @@ def _rows(path: Path) -> tuple[list[tuple[str, Any]], list[RefusedRow]]:
     path = Path(path)
     text = _read_text(path)
     if not text.strip():
-        raise FormatError(f"{path}: the file is empty")
+        raise InputError(f"{path}: the file is empty")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -137,7 +116,7 @@ def _rows(path: Path) -> tuple[list[tuple[str, Any]], list[RefusedRow]]:
         except json.JSONDecodeError as error:
             refused.append(RefusedRow(f"{path}:{number}", f"not JSON ({error.msg})"))
     if not rows:
-        raise FormatError(f"{path}: neither a JSON document nor JSONL (no line is JSON)")
+        raise InputError(f"{path}: neither a JSON document nor JSONL (no line is JSON)")
     return rows, refused
 
 
@@ -276,7 +255,7 @@ def read_captionqa(path: Path) -> BenchmarkRows:
         try:
             table = pq.read_table(path).to_pylist()
         except Exception as error:  # pyarrow raises several types for a bad file
-            raise FormatError(f"{path}: not a readable parquet file ({error})") from None
+            raise InputError(f"{path}: not a readable parquet file ({error})") from None
         rows: list[tuple[str, Any]] = [(f"{path}: row {n}", row) for n, row in enumerate(table, 1)]
     else:
         rows, refused = _rows(path)
@@ -329,7 +308,7 @@ def read_caparena(path: Path) -> BenchmarkRows:
     ``human`` reference."""
     data = read_json_or_jsonl(path)
     if not isinstance(data, dict):
-        raise FormatError(f"{path}: expected one JSON object keyed by image file name")
+        raise InputError(f"{path}: expected one JSON object keyed by image file name")
     items, refused = [], []
     for image, entry in data.items():
         where = f"{path}: {image!r}"
@@ -378,7 +357,7 @@ def _add(sets: dict[str | None, CaptionSet], benchmark: str | None, key: str, ca
          model: str | None = None) -> None:  # fmt: skip
     target = sets.setdefault(benchmark, CaptionSet(benchmark))
     if key in target.captions and target.captions[key] != caption:
-        raise FormatError(f"{source}: two different captions for {key!r} ({benchmark or 'unnamed'})")
+        raise InputError(f"{source}: two different captions for {key!r} ({benchmark or 'unnamed'})")
     target.captions[key] = caption
     if source not in target.sources:
         target.sources.append(source)
@@ -412,13 +391,13 @@ def read_caption_sets(specs: Iterable[str | Path]) -> dict[str | None, CaptionSe
         if isinstance(data, dict):
             data = [data]
         if not isinstance(data, list):
-            raise FormatError(f"{path}: expected {{key: caption}} JSON or JSONL caption rows")
+            raise InputError(f"{path}: expected {{key: caption}} JSON or JSONL caption rows")
         for number, row in enumerate(data, 1):
             if not isinstance(row, dict) or not isinstance(row.get("caption"), str):
-                raise FormatError(f"{path}: row {number}: expected an object with a string 'caption'")
+                raise InputError(f"{path}: row {number}: expected an object with a string 'caption'")
             key = row.get("key") if isinstance(row.get("key"), str) else _image_key(row)
             if key is None:
-                raise FormatError(f"{path}: row {number}: no key (key, image_name, image_path or image)")
+                raise InputError(f"{path}: row {number}: no key (key, image_name, image_path or image)")
             benchmark_of_row = forced or row.get("benchmark")
             if benchmark_of_row is None and ("image_path" in row or "image_name" in row):
                 benchmark_of_row = "decapbench"  # DeCapBench's own caption format

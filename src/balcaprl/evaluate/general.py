@@ -32,15 +32,6 @@ from balcaprl.errors import InputError, MissingInputError, UserError
 from balcaprl.files import read_utf8_text
 from balcaprl.model_paths import check_model_path
 
-__all__ = [
-    "GENERAL_BENCHMARKS",
-    "GeneralBenchmark",
-    "find_results_file",
-    "import_lmms_eval_results",
-    "lmms_eval_command",
-    "record_general",
-]
-
 
 @dataclass(frozen=True)
 class GeneralBenchmark:

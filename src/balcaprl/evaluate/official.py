@@ -57,26 +57,6 @@ from balcaprl.config import Section
 from balcaprl.errors import ConfigError
 from balcaprl.judge.prompt import data_block
 
-__all__ = [
-    "load_captionqa_multi_image_line",
-    "DECAPBENCH_JPEG_QUALITY",
-    "OFFICIAL_IMAGE_SIDE",
-    "OFFICIAL_JUDGES",
-    "OFFICIAL_TEXT_CHANGE",
-    "CapArenaPrompts",
-    "CaptionQATask",
-    "DeCapBenchPrompts",
-    "OfficialSources",
-    "PromptSource",
-    "Template",
-    "departures",
-    "load_caparena_prompts",
-    "load_captionqa_task",
-    "load_decapbench_prompts",
-    "paper_comparability",
-    "paraphrase_source",
-]
-
 OFFICIAL_TEXT_CHANGE = (
     "each slot of the official template is filled with an escaped data block (the value between "
     "<slot> and </slot> lines, with &, < and > HTML-escaped); nothing else in the official text is changed"

@@ -32,19 +32,6 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.files import atomic_write_bytes, atomic_write_text
 
-__all__ = [
-    "COLUMNS",
-    "ReportError",
-    "ReportRow",
-    "build_report",
-    "human_alignment",
-    "load_eval_rows",
-    "published_rows",
-    "rank_average",
-    "read_human_ranking",
-    "spearman",
-]
-
 # (key, header, has a delta column)
 COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("dcscore", "DCScore", True),
@@ -57,10 +44,6 @@ SCORE_KEYS = tuple(k for k, _, delta in COLUMNS if delta)
 _PROTOCOL_OF = {"dcscore": "dcscore", "captionqa": "captionqa", "caparena": "caparena",
                 "arena_length": "caparena", "bcapscore": "bcapscore"}  # fmt: skip
 RUNS_GROUP = "Runs"
-
-
-class ReportError(InputError):
-    """Report inputs that cannot be used (no eval.json, unknown baseline, bad ranking file)."""
 
 
 @dataclass
@@ -86,7 +69,7 @@ def _eval_files(path: Path) -> list[Path]:
         return [path / "eval.json"]
     found = sorted(path.glob("*/eval.json"))
     if not found:
-        raise ReportError(
+        raise InputError(
             f"{path}: no eval.json here or one level down; evaluate the run first (`balcaprl evaluate "
             f"--captions ... --out {path}/eval`)"
         )
@@ -181,7 +164,7 @@ def published_rows(selection: str | Sequence[str] = "all") -> list[ReportRow]:
             )
         )
     if wanted and "all" not in wanted and not rows:
-        raise ReportError(f"no published row matches {wanted}; ids look like qwen2.5-vl-3b/baseline")
+        raise InputError(f"no published row matches {wanted}; ids look like qwen2.5-vl-3b/baseline")
     return rows
 
 
@@ -201,7 +184,7 @@ def _find(rows: Sequence[ReportRow], name: str) -> ReportRow:
     if len(loose) == 1:
         return loose[0]
     names = ", ".join(repr(r.name) for r in rows)
-    raise ReportError(f"--baseline {name!r} matches {len(loose)} rows; rows are: {names}")
+    raise InputError(f"--baseline {name!r} matches {len(loose)} rows; rows are: {names}")
 
 
 def _best(rows: Sequence[ReportRow]) -> dict[tuple[str, str], float]:
@@ -360,21 +343,21 @@ def read_human_ranking(path: Path) -> dict[str, float]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise ReportError(f"--human-ranking {path}: cannot read it ({error.strerror})") from None
+        raise InputError(f"--human-ranking {path}: cannot read it ({error.strerror})") from None
     if path.suffix == ".json":
         data = json.loads(text)
         if isinstance(data, list):
             return {str(m): float(len(data) - i) for i, m in enumerate(data)}
         if isinstance(data, dict):
             return {str(k): float(v) for k, v in data.items()}
-        raise ReportError(f"{path}: expected a JSON list (best first) or {{model: score}}")
+        raise InputError(f"{path}: expected a JSON list (best first) or {{model: score}}")
     if path.suffix == ".csv":
         rows = list(csv.DictReader(io.StringIO(text)))
         if rows and "score" in rows[0]:
             return {r["model"]: float(r["score"]) for r in rows}
         if rows and "rank" in rows[0]:
             return {r["model"]: -float(r["rank"]) for r in rows}
-        raise ReportError(f"{path}: a ranking CSV needs 'model' and 'score' or 'rank' columns")
+        raise InputError(f"{path}: a ranking CSV needs 'model' and 'score' or 'rank' columns")
     names = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     return {name: float(len(names) - i) for i, name in enumerate(names)}
 
@@ -469,7 +452,7 @@ def build_report(
     if published:
         rows += published_rows(published)
     if not rows:
-        raise ReportError("nothing to report: give evaluation folders and/or --published")
+        raise InputError("nothing to report: give evaluation folders and/or --published")
     base = _find(rows, baseline) if baseline else None
     table_md, table_csv, notes = _table(rows, base)
     parts = [f"# {title}\n", table_md]

@@ -29,35 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError
-from balcaprl.evaluate.caparena import CapArenaSettings
-from balcaprl.evaluate.captionqa import CaptionQASettings
-from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig, load_evaluation_config
-from balcaprl.evaluate.dcscore import DCScoreSettings
-from balcaprl.evaluate.formats import CaptionSet, FormatError, read_caption_sets
+from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig
+from balcaprl.evaluate.formats import CaptionSet, read_caption_sets
 from balcaprl.evaluate.official import departures, paper_comparability
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text
 
-__all__ = [
-    "ANSWER_RECORD",
-    "PROTOCOLS",
-    "EVAL_FILE",
-    "EvaluationConfig",
-    "EvaluationError",
-    "load_evaluation_config",
-    "evaluation_results",
-    "read_eval",
-    "run_suite",
-]
-
 EVAL_FILE = "eval.json"
-# which benchmark's captions each protocol reads
-_BENCHMARK_OF = {
-    "bcapscore": "decapbench",
-    "dcscore": "decapbench",
-    "captionqa": "captionqa",
-    "caparena": "caparena",
-}
 # the headline figures of Table 1: name -> (protocol, metric)
 HEADLINE = {
     "dcscore": ("dcscore", "dcscore"),
@@ -87,11 +65,6 @@ def evaluation_results(out_dir: Path, protocols: Sequence[str]) -> list[str]:
     return found
 
 
-class EvaluationError(InputError):
-    """An evaluation that cannot run as asked (missing files, no judge); says what to do. A config that
-    cannot be used is a :class:`balcaprl.errors.ConfigError`."""
-
-
 def read_eval(out_dir: Path) -> dict[str, Any]:
     """``OUT/eval.json`` (empty skeleton when absent)."""
     path = Path(out_dir) / EVAL_FILE
@@ -112,11 +85,11 @@ def _write_eval(out_dir: Path, record: dict[str, Any]) -> None:
 
 
 def _captions_for(sets: dict[str | None, CaptionSet], protocol: str) -> CaptionSet:
-    benchmark = _BENCHMARK_OF[protocol]
+    benchmark = PROTOCOLS[protocol].benchmark
     own, unnamed = sets.get(benchmark), sets.get(None)
     if own is None and unnamed is None:
         named = ", ".join(sorted(str(k) for k in sets)) or "none"
-        raise EvaluationError(
+        raise InputError(
             f"{protocol} needs {benchmark} captions, and the caption files hold none (they hold: {named}); "
             f"caption the benchmark with `balcaprl caption --benchmark {benchmark} ...`, pass "
             f"--captions {benchmark}=FILE, or leave {protocol} out of --suite"
@@ -130,24 +103,10 @@ def _captions_for(sets: dict[str | None, CaptionSet], protocol: str) -> CaptionS
     return own
 
 
-def _need(value: Path | None, protocol: str, what: str, flag: str) -> Path:
-    if value is None:
-        raise EvaluationError(
-            f"{protocol} needs {what}: pass {flag}, set `{protocol}: ...` in --config, or leave {protocol} "
-            "out of --suite"
-        )
-    if not Path(value).exists():
-        raise EvaluationError(f"{protocol}: {what} {value} does not exist")
-    return Path(value)
-
-
 def comparability(result: ProtocolResult) -> list[str]:
     """Why ``result`` is not comparable with the paper's Table 1 (empty when it is): its prompts, its
     options against the official protocol's (each protocol's ``OFFICIAL_OPTIONS``), its judge."""
-    from balcaprl.evaluate import caparena, captionqa, dcscore
-
-    official = {"dcscore": dcscore.OFFICIAL_OPTIONS, "captionqa": captionqa.OFFICIAL_OPTIONS,
-                "caparena": caparena.OFFICIAL_OPTIONS}.get(result.protocol, {})  # fmt: skip
+    official = PROTOCOLS[result.protocol].official_options
     return paper_comparability(
         result.protocol, result.settings.get("prompts"), departures(result.settings, official), result.judge
     )
@@ -167,117 +126,52 @@ def run_suite(
     http_client: Any = None,
 ) -> dict[str, ProtocolResult]:
     """Run ``suite`` (protocol names, in order) on the caption files; write ``out_dir``; return the
-    results. Raises :class:`EvaluationError` (bad input) or ``ConfigError`` (``JudgeConfigError``)
+    results. Raises :class:`~balcaprl.errors.InputError` (bad input) or ``ConfigError`` (``JudgeConfigError``)
     before paying for any call when the set-up is wrong."""
-    from balcaprl.evaluate.caparena import run_caparena
-    from balcaprl.evaluate.captionqa import run_captionqa
-    from balcaprl.evaluate.dcscore import run_dcscore
-    from balcaprl.evaluate.formats import read_caparena, read_captionqa, read_decapbench
-    from balcaprl.evaluate.official import load_caparena_prompts, load_captionqa_task, load_decapbench_prompts
-    from balcaprl.judge import build_judge
-    from balcaprl.judge.calls import JudgeCaller
-
     unknown = [p for p in suite if p not in PROTOCOLS]
     if unknown or not suite:
-        raise EvaluationError(f"unknown protocol(s) {unknown}; choose from {', '.join(PROTOCOLS)}")
+        raise InputError(f"unknown protocol(s) {unknown}; choose from {', '.join(PROTOCOLS)}")
     out_dir = Path(out_dir)
-    try:
-        sets = read_caption_sets(captions)
-    except FormatError as error:
-        raise EvaluationError(str(error)) from None
+    sets = read_caption_sets(captions)  # an InputError names the file and line
 
     def judge_config(protocol: str):
         cfg = config.judge_for(protocol)  # validated when the evaluation config loaded
         if cfg is None:
-            raise EvaluationError(f"{protocol} needs a judge: pass --judge FILE or set `judge:` in --config")
+            raise InputError(f"{protocol} needs a judge: pass --judge FILE or set `judge:` in --config")
         if no_cache:
             return cfg.model_copy(update={"cache_path": None})
         if cache_path is not None or cfg.cache_path is None:
             return cfg.model_copy(update={"cache_path": Path(cache_path or out_dir / "judge_cache.sqlite")})
         return cfg
 
-    # The official prompts, read and checked before any call (a ConfigError names what is missing).
-    official = config.official
-    prompts: dict[str, Any] = {}
-    if "dcscore" in suite and official.decapbench is not None:
-        prompts["dcscore"] = load_decapbench_prompts(official.decapbench)
-    if "caparena" in suite and official.caparena is not None:
-        prompts["caparena"] = load_caparena_prompts(official.caparena)
-    if "captionqa" in suite and official.captionqa is not None:
-        prompts["captionqa"] = load_captionqa_task(official.captionqa)
-
-    # Check everything first: a bad path found after an hour of paid calls is an expensive mistake.
-    plan: list[tuple[str, Any, CaptionSet, Any]] = []
-    for protocol in suite:
-        section = getattr(config, protocol)
-        chosen = _captions_for(sets, protocol)
-        cfg = judge_config(protocol)
-        try:
-            if protocol in ("bcapscore", "dcscore"):
-                data = read_decapbench(
-                    _need(section.annotations, protocol, "DeCapBench annotations", "--decapbench")
-                )
-                _need(section.images, protocol, "the DeCapBench image folder", "--decapbench-images")
-            elif protocol == "captionqa":
-                data = read_captionqa(
-                    _need(section.questions, protocol, "the CaptionQA questions", "--captionqa")
-                )
-            else:
-                data = read_caparena(
-                    _need(section.annotations, protocol, "caparena_auto_600.json", "--caparena")
-                )
-                _need(section.images, protocol, "the CapArena image folder", "--caparena-images")
-        except FormatError as error:
-            raise EvaluationError(str(error)) from None
-        plan.append((protocol, cfg, chosen, data))
-
     record = read_eval(out_dir)
     record["label"] = label or record.get("label") or out_dir.name
+    # Check everything first: a bad path found after an hour of paid calls is an expensive mistake.
+    prompts = {name: PROTOCOLS[name].official_prompts(config.official) for name in suite}
+    plan = [(name, _captions_for(sets, name), judge_config(name), PROTOCOLS[name].load(getattr(config, name)))
+            for name in suite]  # fmt: skip
     record.setdefault("results", {})
     record["captions"] = sorted({s for c in sets.values() for s in c.sources})
     record["model"] = next((c.model for c in sets.values() if c.model), record.get("model"))
     results: dict[str, ProtocolResult] = {}
-    for protocol, cfg, chosen, data in plan:
-        section = getattr(config, protocol)
-        protocol_dir = out_dir / protocol
-        protocol_dir.mkdir(parents=True, exist_ok=True)
+    for name, chosen, cfg, data in plan:
+        protocol, section = PROTOCOLS[name], getattr(config, name)
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
         if on_start is not None:
-            on_start(protocol, len(data))
-        progress = (lambda d, t, p=protocol: on_progress(p, d, t)) if on_progress is not None else None
-        if protocol == "bcapscore":
-            from balcaprl.evaluate.bcapscore import run_bcapscore
-
-            judge = build_judge(cfg, image_root=section.images, http_client=http_client)
-            result = run_bcapscore(judge, data, chosen, protocol_dir, on_progress=progress)
-        else:
-            image_root = getattr(section, "images", None)
-            caller = JudgeCaller(cfg, image_root=image_root, http_client=http_client)
-            if protocol == "dcscore":
-                settings = DCScoreSettings(**section.model_dump(include=set(DCScoreSettings.model_fields)))
-                result = run_dcscore(
-                    caller, data, chosen, image_root, protocol_dir, settings, progress, prompts.get("dcscore")
-                )
-            elif protocol == "captionqa":
-                settings = CaptionQASettings(
-                    **section.model_dump(include=set(CaptionQASettings.model_fields))
-                )
-                result = run_captionqa(
-                    caller, data, chosen, protocol_dir, settings, progress, prompts.get("captionqa")
-                )
-            else:
-                settings = CapArenaSettings(**section.model_dump(include=set(CapArenaSettings.model_fields)))
-                result = run_caparena(
-                    caller, data, chosen, image_root, protocol_dir, settings,
-                    model_name=record["label"], on_progress=progress, prompts=prompts.get("caparena"),
-                )  # fmt: skip
+            on_start(name, len(data))
+        judge = protocol.client(cfg, image_root=getattr(section, "images", None), http_client=http_client)
+        result = protocol.run(
+            judge, data, chosen, out_dir / name, section, prompts=prompts[name], label=record["label"],
+            on_progress=None if on_progress is None else lambda d, t, p=name: on_progress(p, d, t),
+        )  # fmt: skip
         result.refused = [row.as_dict() for row in getattr(data, "refused", [])]
-        results[protocol] = result
+        results[name] = result
         entry = result.as_dict()
         reasons = comparability(result)
         entry["comparable_with_paper"] = not reasons
         entry["not_comparable"] = reasons
         entry["captions"] = chosen.sources
         entry["finished"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        record["results"][protocol] = entry
+        record["results"][name] = entry
         _write_eval(out_dir, record)
     return results

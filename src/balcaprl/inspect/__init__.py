@@ -10,7 +10,7 @@ its safety rules).
 """
 
 from balcaprl.inspect.images import IMAGE_MODES, ImageMode, ImageTable
-from balcaprl.inspect.inspection import InspectError, Inspection, RunView
+from balcaprl.inspect.inspection import Inspection, RunView
 from balcaprl.inspect.page import page_data, render_page, write_page
 from balcaprl.inspect.sources import load_inspection
 
@@ -18,7 +18,6 @@ __all__ = [
     "IMAGE_MODES",
     "ImageMode",
     "ImageTable",
-    "InspectError",
     "Inspection",
     "RunView",
     "load_inspection",

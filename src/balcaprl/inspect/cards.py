@@ -40,8 +40,6 @@ from balcaprl.rewards import (
 )
 from balcaprl.rewards.verdict import CaptionAssertion
 
-__all__ = ["ASSERTION_STATUSES", "assertion_status", "metric_scores", "verdict_fields", "word_ratio"]
-
 # The three marks a caption assertion can get, in the order the page's legend lists them.
 ASSERTION_STATUSES = ("verified", "hallucinated", "meta")
 

@@ -18,8 +18,6 @@ from urllib.parse import quote
 
 from balcaprl.judge.images import ImageError, ImageLoader
 
-__all__ = ["IMAGE_MODES", "ImageMode", "ImageTable"]
-
 ImageMode = Literal["auto", "embed", "link", "none"]
 IMAGE_MODES: tuple[ImageMode, ...] = ("auto", "embed", "link", "none")
 

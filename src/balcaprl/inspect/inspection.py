@@ -12,15 +12,9 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.inspect.images import ImageTable
 
-__all__ = ["InspectError", "Inspection", "RunView", "finite_number", "read_json", "read_jsonl_rows"]
-
 SCORES_FILE, SUMMARY_FILE, VERDICTS_FILE = "scores.jsonl", "summary.json", "verdicts.jsonl"
 ROLLOUTS_FILE, METRICS_FILE, RECIPE_FILE = "rollouts.jsonl", "metrics.jsonl", "recipe.yaml"
 EVAL_FILE, DEMO_CONFIG_FILE = "eval.json", "demo_config.yaml"
-
-
-class InspectError(InputError):
-    """A path `balcaprl inspect` cannot read; the message says what it expected."""
 
 
 @dataclass
@@ -60,9 +54,9 @@ def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise InspectError(f"{path}:{number}: not JSON ({error.msg})") from None
+            raise InputError(f"{path}:{number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict):
-            raise InspectError(f"{path}:{number}: expected a JSON object")
+            raise InputError(f"{path}:{number}: expected a JSON object")
         rows.append(row)
     return rows
 
@@ -71,7 +65,7 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise InspectError(f"{path}: not JSON ({error.msg})") from None
+        raise InputError(f"{path}: not JSON ({error.msg})") from None
 
 
 def finite_number(value: Any) -> float | None:

@@ -25,8 +25,6 @@ from balcaprl.files import atomic_write_text
 from balcaprl.inspect.images import ImageMode
 from balcaprl.inspect.inspection import Inspection, RunView
 
-__all__ = ["page_data", "render_page", "script_json", "write_page"]
-
 # Figures of a run's last logged step shown under its curves: (metrics.jsonl key, label, format).
 RUN_FACTS = (
     ("rewards/precision/mean", "precision", ".3f"),

@@ -17,20 +17,18 @@ from typing import Any
 
 import yaml
 
+from balcaprl.errors import InputError
 from balcaprl.inspect.cards import metric_scores, verdict_fields, word_ratio
 from balcaprl.inspect.inspection import (
     METRICS_FILE,
     RECIPE_FILE,
     ROLLOUTS_FILE,
-    InspectError,
     Inspection,
     RunView,
     finite_number,
     read_json,
 )
 from balcaprl.rewards import RolloutRecord, score_verdict
-
-__all__ = ["add_training_run", "load_demo"]
 
 _CLOSE = 1e-9  # re-derived rewards must match the logged ones to this
 # card key -> key of a demo's held-out record (eval/NAME.json)
@@ -51,7 +49,7 @@ class _Dataset:
                 for row in read_split_rows(path, split):
                     self.rows.setdefault(str(row["id"]), row)
             except FileNotFoundError as error:
-                raise InspectError(f"the run's dataset {path}: {error}") from None
+                raise InputError(f"the run's dataset {path}: {error}") from None
         self.oracle = None
         self._scenes: dict[str, Any] = {}
         try:
@@ -99,7 +97,7 @@ def _recipe(run: Path) -> dict[str, Any]:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as error:
-        raise InspectError(f"{path}: not YAML ({error})") from None
+        raise InputError(f"{path}: not YAML ({error})") from None
 
 
 def add_training_run(
@@ -119,7 +117,7 @@ def add_training_run(
     chosen = list(steps) if steps else logged[-1:]
     missing = [s for s in chosen if s not in logged]
     if missing and logged:
-        raise InspectError(
+        raise InputError(
             f"{run / ROLLOUTS_FILE} has no rollouts of step(s) {missing}; it logged steps "
             f"{_ranges(logged)} (recipe run.log_rollouts_every)"
         )
@@ -268,7 +266,7 @@ def _add_heldout(found: Inspection, path: Path, dataset: _Dataset, label: str) -
 def load_demo(found: Inspection, root: Path, steps: Sequence[int] | None, data_dir: Path | None) -> None:
     data = data_dir or root / "data"
     if not (data / "dataset.json").is_file():
-        raise InspectError(f"{root} is a demo run without its dataset ({data}); pass --data DIR")
+        raise InputError(f"{root} is a demo run without its dataset ({data}); pass --data DIR")
     datasets = {data: _Dataset(data)}
     for run in sorted(p for p in (root / "rl").glob("*") if (p / METRICS_FILE).is_file()):
         add_training_run(found, run, steps, data, f"rollouts: {run.name}", datasets)
@@ -276,4 +274,4 @@ def load_demo(found: Inspection, root: Path, steps: Sequence[int] | None, data_d
         name = "SFT" if path.stem == "sft" else path.stem
         _add_heldout(found, path, datasets[data], f"held-out: {name}")
     if not found.cards and not found.runs:
-        raise InspectError(f"{root} holds no RL run (rl/*/metrics.jsonl) and no evaluation (eval/*.json) yet")
+        raise InputError(f"{root} holds no RL run (rl/*/metrics.jsonl) and no evaluation (eval/*.json) yet")

@@ -6,20 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from balcaprl.errors import InputError
 from balcaprl.inspect.cards import verdict_fields, word_ratio
 from balcaprl.inspect.inspection import (
     EVAL_FILE,
     SCORES_FILE,
     SUMMARY_FILE,
     VERDICTS_FILE,
-    InspectError,
     Inspection,
     finite_number,
     read_json,
     read_jsonl_rows,
 )
-
-__all__ = ["add_scores", "load_evaluation"]
 
 
 def add_scores(found: Inspection, folder: Path, image_root: Path | None, label: str) -> None:
@@ -30,7 +28,7 @@ def add_scores(found: Inspection, folder: Path, image_root: Path | None, label: 
     if verdicts_path.is_file():
         verdicts = read_jsonl_rows(verdicts_path)
         if len(verdicts) != len(scores):
-            raise InspectError(
+            raise InputError(
                 f"{verdicts_path} has {len(verdicts)} rows and {folder / SCORES_FILE} {len(scores)}; "
                 "they come from one `balcaprl score` run and must match line by line"
             )
@@ -50,7 +48,7 @@ def add_scores(found: Inspection, folder: Path, image_root: Path | None, label: 
         extra = verdicts[number] if verdicts is not None else {}
         image = str(row.get("image", ""))
         if verdicts is not None and extra.get("image") != image:
-            raise InspectError(
+            raise InputError(
                 f"{verdicts_path}:{number + 1}: image {extra.get('image')!r} where {SCORES_FILE} has {image!r}"
             )
         caption = extra.get("caption", texts.get("captions", {}).get(image, ""))
@@ -82,7 +80,7 @@ def load_evaluation(found: Inspection, folder: Path, image_root: Path | None) ->
     record = read_json(folder / EVAL_FILE)
     bcap = folder / "bcapscore"
     if not (bcap / SCORES_FILE).is_file():
-        raise InspectError(
+        raise InputError(
             f"{folder} holds no b-CapScore results ({bcap / SCORES_FILE}); the page shows b-CapScore "
             "verdicts (run `balcaprl evaluate --suite bcapscore ...`)"
         )

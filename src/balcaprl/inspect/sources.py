@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from balcaprl.errors import InputError
 from balcaprl.inspect.inspection import (
     DEMO_CONFIG_FILE,
     EVAL_FILE,
@@ -24,14 +25,10 @@ from balcaprl.inspect.inspection import (
     SCORES_FILE,
     SUMMARY_FILE,
     VERDICTS_FILE,
-    InspectError,
     Inspection,
-    RunView,
 )
 from balcaprl.inspect.runs import add_training_run, load_demo
 from balcaprl.inspect.scores import add_scores, load_evaluation
-
-__all__ = ["InspectError", "Inspection", "RunView", "load_inspection"]
 
 
 def _kind(path: Path) -> tuple[str, Path]:
@@ -40,9 +37,9 @@ def _kind(path: Path) -> tuple[str, Path]:
                  ROLLOUTS_FILE: "training", METRICS_FILE: "training"}  # fmt: skip
         if path.name in kinds:
             return kinds[path.name], path.parent
-        raise InspectError(f"{path}: expected a folder, or one of {', '.join(sorted(kinds))}")
+        raise InputError(f"{path}: expected a folder, or one of {', '.join(sorted(kinds))}")
     if not path.is_dir():
-        raise InspectError(f"{path} does not exist")
+        raise InputError(f"{path} does not exist")
     if (path / DEMO_CONFIG_FILE).is_file():
         return "demo", path
     if (path / EVAL_FILE).is_file():
@@ -51,7 +48,7 @@ def _kind(path: Path) -> tuple[str, Path]:
         return "scores", path
     if (path / ROLLOUTS_FILE).is_file() or (path / METRICS_FILE).is_file():
         return "training", path
-    raise InspectError(
+    raise InputError(
         f"{path} is none of: a scores folder ({SCORES_FILE}), an evaluation folder ({EVAL_FILE}), a "
         f"training run ({ROLLOUTS_FILE}, {METRICS_FILE}) or a demo run ({DEMO_CONFIG_FILE}, rl/, eval/)"
     )

@@ -15,8 +15,6 @@ from typing import Any
 
 from balcaprl.judge.config import PriceTable
 
-__all__ = ["JudgeStats", "percentile"]
-
 
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation; None for no values."""

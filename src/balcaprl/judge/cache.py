@@ -39,8 +39,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from balcaprl.errors import OutputError
 
-__all__ = ["JudgeCache", "cache_key", "endpoint_identity"]
-
 log = logging.getLogger(__name__)
 
 _SCHEMA = """

@@ -66,16 +66,6 @@ from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
 from balcaprl.judge.throughput import AdaptiveLimit, auto_concurrency
 from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
 
-__all__ = [
-    "AttemptFailed",
-    "CallAnswer",
-    "CallResult",
-    "Endpoint",
-    "JudgeCaller",
-    "prompt_identity",
-    "redact",
-]
-
 log = logging.getLogger("balcaprl.judge")
 
 _DETAIL_CHARS = 300

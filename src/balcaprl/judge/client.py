@@ -58,8 +58,6 @@ from balcaprl.judge.schemas import (
 )
 from balcaprl.rewards import Verdict
 
-__all__ = ["BatchResult", "OpenAICompatibleJudge", "build_judge"]
-
 log = logging.getLogger("balcaprl.judge")
 
 _REFERENCE_MEMO_SIZE = 65536  # reference decompositions kept in memory (cached-reference mode)

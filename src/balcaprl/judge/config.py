@@ -20,16 +20,6 @@ from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
 from balcaprl.judge.rubrics import ReferenceMode
 
-__all__ = [
-    "MAX_CONCURRENCY",
-    "JudgeConfig",
-    "JudgeConfigError",
-    "JudgeSection",
-    "PriceTable",
-    "RubricOptions",
-    "load_judge_config",
-]
-
 # Each call in flight holds one connection (a file descriptor) and up to one answer's bytes
 # (calls.answer_byte_limit: 320 KiB at max_tokens 4096, so 1.3 GiB here at most). 4096 is 16x the
 # default and twice a paper-sized step (2,048 calls) all in flight; beyond it a typo such as

@@ -31,8 +31,6 @@ from PIL import Image, ImageOps
 from balcaprl.errors import InputError
 from balcaprl.images import DECODE_SLOTS, ImageReadError, check_pixels, open_image, path_in_root, pillow
 
-__all__ = ["ImageError", "ImageLoader", "PreparedImage", "decode_data_url", "sha256_hex"]
-
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
 _DECODING = threading.BoundedSemaphore(DECODE_SLOTS)  # shared by every loader of the process
 

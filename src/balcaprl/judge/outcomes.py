@@ -22,8 +22,6 @@ from balcaprl.rewards import (
     score_rollout,
 )
 
-__all__ = ["EMPTY_CAPTION_EXPLANATION", "empty_caption_judgement", "judgement_from_verdict", "rewards_tensor"]
-
 EMPTY_CAPTION_EXPLANATION = "empty caption: scored 0 on every reward without a judge call"
 
 

@@ -16,17 +16,6 @@ from typing import Literal, Protocol, runtime_checkable
 from balcaprl.judge.rubrics import VerdictRubric
 from balcaprl.rewards import Verdict
 
-__all__ = [
-    "FailureReason",
-    "Judge",
-    "JudgeFailure",
-    "JudgeOutcome",
-    "JudgeRequest",
-    "Judgement",
-    "Rubric",
-    "SupportsFixedReference",
-]
-
 Rubric = VerdictRubric  # "training", "evaluation" or "training_without_pointability"
 FailureReason = Literal[
     "timeout",

@@ -43,28 +43,6 @@ from balcaprl.judge.rubrics import VERDICT_RUBRICS
 from balcaprl.rewards import ReferenceAssertion, Verdict
 from balcaprl.rewards.verdict import LinguisticScore
 
-__all__ = [
-    "MAX_ASSERTIONS",
-    "MAX_ASSERTION_CHARS",
-    "MAX_EXPLANATION_CHARS",
-    "JUDGE_CALL_KINDS",
-    "CallKind",
-    "CoverageMark",
-    "CoverageMarks",
-    "ReferenceAssertions",
-    "ReferenceText",
-    "assemble_verdict",
-    "check_coverage",
-    "coverage_schema",
-    "judge_call_kind",
-    "json_response_format",
-    "missing_ids",
-    "schema_digest",
-    "schema_name",
-    "to_verdict",
-    "verdict_schema",
-]
-
 CallKind = Literal["verdict", "reference_assertions", "coverage", "coverage_missing"]
 
 # How big a verdict may be. A caption is cut at caption_char_cap (4,000 characters) and a detailed

@@ -16,8 +16,6 @@ from typing import Any
 
 from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest
 
-__all__ = ["SyncJudge"]
-
 
 class SyncJudge:
     """``SyncJudge(judge).judge_batch(requests)`` blocks and returns the outcomes.

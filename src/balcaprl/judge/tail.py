@@ -28,8 +28,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["Hedging", "assemble_stream", "first_answer"]
-
 T = TypeVar("T")
 
 

@@ -15,8 +15,6 @@ import asyncio
 import math
 from collections import deque
 
-__all__ = ["AdaptiveLimit", "auto_concurrency"]
-
 FIRST_LATENCY_S = 30.0  # before any call has been seen: a slow hosted judge call (p99 of the model)
 
 

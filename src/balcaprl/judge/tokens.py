@@ -29,16 +29,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = [
-    "IMAGE_COSTS",
-    "CompletionBudget",
-    "ImageCost",
-    "approx_image_tokens",
-    "approx_prompt_tokens",
-    "approx_tokens",
-    "image_cost_rule",
-]
-
 
 def approx_tokens(text: str) -> int:
     """~4 characters a token."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["b_capscore"]
-
 
 def b_capscore(precision: float, recall: float, linguistic: float) -> float:
     """3 / (1/p + 1/r + 1/l), in [0, 1]; 0 when any component is 0 (the harmonic mean's limit).

@@ -21,14 +21,6 @@ from balcaprl.config import Section, validate_config
 from balcaprl.errors import ConfigError
 from balcaprl.rewards.length import TAU_HIGH, TAU_LOW
 
-__all__ = [
-    "BCAPSCORE_REWARDS",
-    "LengthControlConfig",
-    "LengthMode",
-    "RewardConfig",
-    "RewardWeights",
-]
-
 # The length-control modes, declared here only (recipes, the verl reward kwargs and the scorers use it).
 LengthMode = Literal["mask", "linear", "none"]
 

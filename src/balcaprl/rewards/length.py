@@ -6,8 +6,6 @@ Both take one rollout's token lengths, counted with the *policy's* tokenizer.
 
 from __future__ import annotations
 
-__all__ = ["TAU_HIGH", "TAU_LOW", "length_ratio", "linear_length_penalty", "mask_linguistic_by_length"]
-
 # The paper's length band [tau_l, tau_u] (Sec. 2.3): the defaults of every config that holds one.
 TAU_LOW = 0.5
 TAU_HIGH = 2.0

@@ -24,8 +24,6 @@ from balcaprl.rewards.length import length_ratio, linear_length_penalty, mask_li
 from balcaprl.rewards.scoring import score_verdict
 from balcaprl.rewards.verdict import Verdict
 
-__all__ = ["RolloutRecord", "failed_rollout", "score_rollout"]
-
 NAN = math.nan
 # Failure details are cut to this length: a reason to read in a log, not a dump of the response.
 DETAIL_CHARS = 300

@@ -11,8 +11,6 @@ from typing import Any
 
 from balcaprl.rewards.verdict import Verdict, parse_verdict
 
-__all__ = ["REWARD_NAMES", "RewardVector", "score_verdict"]
-
 # Order of the K = 3 reward columns everywhere (reward tensors, weights, configs, metrics).
 REWARD_NAMES = ("precision", "recall", "linguistic")
 

@@ -12,14 +12,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-__all__ = [
-    "CaptionAssertion",
-    "ReferenceAssertion",
-    "Verdict",
-    "VerdictError",
-    "parse_verdict",
-]
-
 AssertionText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 # Linguistic scores are integers on the paper's 1..10 scale; 8.5 or "8" is a schema violation.
 LinguisticScore = Annotated[int, Field(ge=1, le=10, strict=True)]

@@ -34,8 +34,6 @@ from balcaprl.synthetic.render import DEFAULT_IMAGE_SIZE, png_bytes, render_scen
 from balcaprl.synthetic.scenes import SceneSpec, generate_scenes
 from balcaprl.synthetic.tokenizer import TOKENIZER_NAME, build_tokenizer
 
-__all__ = ["DATASET_NAME", "SOURCE", "build_dataset", "build_results", "build_settings", "built_settings"]
-
 DATASET_NAME = "balcaprl-synthetic-shapes"
 SOURCE = "synthetic"
 GENERATOR_VERSION = 2  # 2: richer references, reference_original (the degraded original)

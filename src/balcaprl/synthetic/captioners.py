@@ -31,16 +31,6 @@ from balcaprl.synthetic.flaws import FLAW_KINDS, flawed_caption, hallucinated_ob
 from balcaprl.synthetic.lexicon import INFERENCE_SENTENCES, META_SENTENCES
 from balcaprl.synthetic.scenes import Scene, SceneObject
 
-__all__ = [
-    "BASE_MODES",
-    "BASE_MODE_WEIGHTS",
-    "BaseMode",
-    "base_caption",
-    "original_caption",
-    "salience_order",
-    "sft_target",
-]
-
 BaseMode = Literal["detailed", "terse", "enumerating"]
 BASE_MODES: tuple[BaseMode, ...] = get_args(BaseMode)
 # How often the base captioner is in each mode: mostly detailed, with a terse and a verbose habit a

@@ -14,17 +14,6 @@ from collections import Counter
 from balcaprl.synthetic.lexicon import PLURALS, number_word
 from balcaprl.synthetic.scenes import Scene, SceneObject
 
-__all__ = [
-    "describe_object",
-    "indefinite",
-    "noun_phrase",
-    "overview_sentence",
-    "position_phrase",
-    "reference_caption",
-    "relation_sentences",
-    "sentence_case",
-]
-
 _POSITION_PHRASES = {
     (0, 0): ("in the top left corner", "in the upper left corner", "at the top left"),
     (0, 1): ("at the top", "near the top edge", "at the top center"),

@@ -23,8 +23,6 @@ from balcaprl.rewards import BCAPSCORE_REWARDS, RolloutRecord, b_capscore, score
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import caption_token_counts, generate_captions
 
-__all__ = ["CaptionScores", "evaluate_policy", "score_captions"]
-
 
 @dataclass
 class CaptionScores:

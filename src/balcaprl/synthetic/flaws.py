@@ -38,8 +38,6 @@ from balcaprl.synthetic.captions import (
 from balcaprl.synthetic.lexicon import CELL_NAMES, COLORS, KINDS, META_SENTENCES, SIZES
 from balcaprl.synthetic.scenes import Scene, SceneObject
 
-__all__ = ["FLAW_KINDS", "FlawKind", "flawed_caption", "hallucinated_object"]
-
 FlawKind = Literal["too_short", "hallucination", "meta", "repetition", "list", "run_on"]
 FLAW_KINDS: tuple[FlawKind, ...] = get_args(FlawKind)
 

@@ -10,26 +10,6 @@ from __future__ import annotations
 
 import re
 
-__all__ = [
-    "CELL_NAMES",
-    "COLORS",
-    "FILLER_WORDS",
-    "INFERENCE_SENTENCES",
-    "INFERENCE_TRIGGERS",
-    "KINDS",
-    "META_SENTENCES",
-    "META_TRIGGERS",
-    "NUMBER_WORDS",
-    "PLURALS",
-    "PROMPT",
-    "SIZES",
-    "TEXTURES",
-    "TEXT_WORDS",
-    "all_words",
-    "number_word",
-    "words_of",
-]
-
 # --- what a scene is made of -------------------------------------------------------------------------
 KINDS = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross", "ring")
 PLURALS = {kind: kind + ("es" if kind.endswith("s") else "s") for kind in KINDS}

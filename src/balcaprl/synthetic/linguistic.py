@@ -25,8 +25,6 @@ from dataclasses import dataclass
 
 from balcaprl.synthetic.parser import ParsedCaption
 
-__all__ = ["LinguisticScores", "linguistic_scores", "word_budget"]
-
 LONG_SENTENCE = 25  # tokens; the reference generator's sentences stay under ~18
 # Words a caption of n shapes may take before it reads as overloaded: an overview and ~20 words per
 # shape (its sentence plus a share of the relations and counts); references stay well inside it.

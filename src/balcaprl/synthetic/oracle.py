@@ -49,8 +49,6 @@ from balcaprl.synthetic.parser import Assertion, parse_caption
 from balcaprl.synthetic.render import DEFAULT_IMAGE_SIZE, pixel_key, png_bytes, render_scene, thumbnail
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = ["SCENES_FILE", "OracleJudge", "SceneRecord", "oracle_verdict", "scene_record"]
-
 SCENES_FILE = "scenes.jsonl"
 # A lossy copy is the copy of a scene when no RGB value of its 16x16 box thumbnail differs from the
 # scene's own rendering by more than NEAR_EXACT_TOLERANCE (0..255). Measured on 3,000 scenes: JPEG at

@@ -26,8 +26,6 @@ from typing import Literal
 from balcaprl.synthetic import lexicon as lx
 from balcaprl.synthetic.scenes import Scene, SceneObject
 
-__all__ = ["Assertion", "AssertionKind", "ParsedCaption", "parse_caption"]
-
 AssertionKind = Literal[
     "object", "size", "position", "text", "relation", "count", "background", "meta", "inference", "unclear"
 ]

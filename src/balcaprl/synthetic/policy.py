@@ -29,17 +29,6 @@ from balcaprl.errors import MissingInputError
 from balcaprl.synthetic.lexicon import PROMPT
 from balcaprl.synthetic.tokenizer import EOS_TOKEN, IMAGE_TOKEN, PAD_TOKEN, build_tokenizer
 
-__all__ = [
-    "CHAT_TEMPLATE",
-    "PolicySpec",
-    "build_policy",
-    "caption_token_counts",
-    "create_policy",
-    "generate_captions",
-    "load_policy",
-    "prompt_messages",
-]
-
 # ChatML, as Qwen models use; an image part becomes exactly one "<image>" (the processor expands it).
 CHAT_TEMPLATE = (
     "{% for message in messages %}"

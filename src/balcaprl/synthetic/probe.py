@@ -40,16 +40,6 @@ from balcaprl.synthetic.lexicon import words_of
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = [
-    "Group",
-    "WorldProbe",
-    "load_groups",
-    "policy_groups",
-    "probe_groups",
-    "save_groups",
-    "stand_in_groups",
-]
-
 
 @dataclass(frozen=True)
 class Group:

@@ -18,16 +18,6 @@ from PIL import Image, ImageDraw, ImageFont
 
 from balcaprl.synthetic.scenes import Scene, SceneObject
 
-__all__ = [
-    "DEFAULT_IMAGE_SIZE",
-    "RGB",
-    "THUMB_SIDE",
-    "pixel_key",
-    "png_bytes",
-    "render_scene",
-    "thumbnail",
-]
-
 DEFAULT_IMAGE_SIZE = 224
 THUMB_SIDE = 8
 _SUPERSAMPLE = 2

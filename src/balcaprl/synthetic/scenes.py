@@ -15,8 +15,6 @@ from typing import Any
 from balcaprl.errors import ConfigError
 from balcaprl.synthetic.lexicon import CELL_NAMES, COLORS, KINDS, SIZES, TEXT_WORDS, TEXTURES
 
-__all__ = ["Scene", "SceneObject", "SceneSpec", "generate_scene", "generate_scenes"]
-
 
 @dataclass(frozen=True)
 class SceneObject:

@@ -32,8 +32,6 @@ from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import PolicySpec, build_policy, load_policy, prompt_messages, save_policy
 from balcaprl.synthetic.scenes import Scene
 
-__all__ = ["RESULT_FILE", "SFTConfig", "SFTResult", "policy_results", "run_sft"]
-
 RESULT_FILE = "sft_result.json"
 
 

@@ -15,15 +15,6 @@ from transformers import PreTrainedTokenizerFast
 
 from balcaprl.synthetic.lexicon import all_words
 
-__all__ = [
-    "EOS_TOKEN",
-    "IMAGE_TOKEN",
-    "PAD_TOKEN",
-    "SPECIAL_TOKENS",
-    "TOKENIZER_NAME",
-    "build_tokenizer",
-]
-
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Browser", "BrowserError", "find_chromium"]
-
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 

@@ -29,8 +29,6 @@ from balcaprl.judge.protocol import JudgeFailure, JudgeRequest
 from balcaprl.testing.judge_server import JudgeServer
 from balcaprl.testing.scripted_judge import ScriptedJudge
 
-__all__ = ["compare_reference_modes", "synthetic_groups"]
-
 _COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
 _OBJECTS = ["door", "cat", "car", "tree", "lamp", "bench", "dog", "bicycle", "window", "sign", "boat", "kite"]
 _PLACES = [

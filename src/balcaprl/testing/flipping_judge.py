@@ -25,8 +25,6 @@ from balcaprl.judge.protocol import Judge, Judgement, JudgeOutcome, JudgeRequest
 from balcaprl.rewards import Verdict
 from balcaprl.rewards.verdict import CaptionAssertion, ReferenceAssertion
 
-__all__ = ["FlippingJudge"]
-
 
 class FlippingJudge:
     """``judge``'s verdicts with each flag flipped with probability ``rate`` (seeded by ``seed``)."""

@@ -15,8 +15,6 @@ from functools import cache
 
 from fastapi.responses import Response, StreamingResponse
 
-__all__ = ["HOSTILE_FAULTS", "SENT", "hostile_response"]
-
 HOSTILE_FAULTS = ("huge_explanation", "gzip_bomb", "endless_body")
 
 SENT: Counter = Counter()  # bytes handed to the HTTP server per hostile fault (this process)

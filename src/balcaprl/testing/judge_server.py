@@ -63,19 +63,6 @@ from balcaprl.judge.tokens import approx_prompt_tokens, approx_tokens
 from balcaprl.testing.hostile_answers import HOSTILE_FAULTS, hostile_response
 from balcaprl.testing.rubrics import packaged_rubric_name
 
-__all__ = [
-    "FAULTS",
-    "FaultScript",
-    "GenericCall",
-    "AttemptTiming",
-    "GenericHandler",
-    "JudgeServer",
-    "LatencyModel",
-    "ServerCounters",
-    "create_app",
-    "serve_forever",
-]
-
 FAULTS = (
     "ok",
     "rate_limit",  # 429 with retry-after (seconds)

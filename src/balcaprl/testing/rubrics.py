@@ -12,8 +12,6 @@ from functools import cache
 
 from balcaprl.judge.rubrics import REFERENCE_MODES, RUBRIC_NAMES, load_rubric
 
-__all__ = ["packaged_rubric_name"]
-
 
 @cache
 def _names_by_text() -> dict[str, str]:

@@ -31,8 +31,6 @@ from balcaprl.judge.outcomes import judgement_from_verdict
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.rewards import CaptionAssertion, ReferenceAssertion, Verdict
 
-__all__ = ["COMMENTARY_WORDS", "STOP_WORDS", "ScriptedJudge", "clauses", "content_words"]
-
 STOP_WORDS = frozenset(
     [
         "a",

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["PROMPTS", "Fixture", "make_sharegpt4v_fixture"]
-
 # Human turns as they appear in ShareGPT4V (the tag sits before or after the instruction).
 PROMPTS = [
     "<image>\nWhat do you see happening in this image?",

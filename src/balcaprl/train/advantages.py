@@ -28,14 +28,6 @@ import torch
 
 from balcaprl.advantages import c_gdpo_advantages, grpo_advantages
 
-__all__ = [
-    "ESTIMATORS",
-    "AdvantageStep",
-    "Estimator",
-    "group_index_from_ids",
-    "subtract_length_penalty",
-]
-
 # The estimators a recipe can choose (``advantage.estimator``): the paper's, and its Table 3 ablation.
 Estimator = Literal["c_gdpo", "grpo"]
 ESTIMATORS: tuple[str, ...] = get_args(Estimator)

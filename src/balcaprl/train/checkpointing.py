@@ -48,25 +48,6 @@ from balcaprl.files import atomic_write_text
 from balcaprl.recipe import Recipe
 from balcaprl.train.metrics import read_jsonl
 
-__all__ = [
-    "RECIPE_FILE",
-    "STAGING_DIR",
-    "AtomicCheckpoints",
-    "StopAfterStep",
-    "incomplete_reason",
-    "publish",
-    "save_final_model",
-    "check_resumable",
-    "checkpoint_step",
-    "latest_checkpoint",
-    "recipe_changes",
-    "replace_run",
-    "resolve_resume",
-    "run_results",
-    "truncate_logs",
-    "write_recipe_snapshot",
-]
-
 RECIPE_FILE = "recipe.yaml"
 LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")
 # Recipe keys a resumed run may change: how a run is observed, when it stops, and the judge endpoint.

@@ -29,8 +29,6 @@ from balcaprl.recipe import DataConfig, ImageConfig
 if TYPE_CHECKING:
     from balcaprl.train.modeling import ImageGrid
 
-__all__ = ["count_tokens", "open_image", "prepare_train_dataset", "reference_tokens_source"]
-
 logger = logging.getLogger(__name__)
 
 

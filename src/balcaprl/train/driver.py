@@ -14,8 +14,6 @@ from pathlib import Path
 
 from balcaprl.errors import ConfigError
 
-__all__ = ["MINIMUM_DRIVER", "check_driver", "installed_driver", "minimum_driver"]
-
 MINIMUM_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}  # CUDA major -> Linux driver
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 

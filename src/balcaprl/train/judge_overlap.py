@@ -37,19 +37,6 @@ from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest
 from balcaprl.train.judging import caption_text, judge_usage
 
-__all__ = [
-    "EarlyJudge",
-    "JudgeOverlapMixin",
-    "OverlapMode",
-    "StepTimes",
-    "judge_stage_metrics",
-    "request_key",
-    "requests_for",
-    "stamped",
-    "watching_finishes",
-    "watching_prompt_responses",
-]
-
 OverlapMode = Literal["per_rollout", "batch", "off"]
 
 logger = logging.getLogger(__name__)

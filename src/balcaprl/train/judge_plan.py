@@ -29,8 +29,6 @@ from balcaprl.judge.throughput import auto_concurrency
 from balcaprl.judge.tokens import approx_tokens, image_cost_rule
 from balcaprl.recipe import Recipe
 
-__all__ = ["ANSWER_TOKENS", "CALL_LATENCY_S", "REFERENCE_TOKENS", "JudgePlan", "plan_judge"]
-
 ANSWER_TOKENS = 800  # a verdict: ~20 caption and ~15 reference assertions, ~20 tokens each, and the scores
 REFERENCE_TOKENS = 300  # a re-captioned reference (the paper's references are long, detailed captions)
 CALL_LATENCY_S = 6.0  # median call of a hosted judge with an image and a long caption (docs/judge.md)

@@ -30,16 +30,6 @@ from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome
 from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout, score_rollout
 
-__all__ = [
-    "JUDGE_EXCEPTION",
-    "JUDGE_REJECTED",
-    "RolloutToJudge",
-    "caption_text",
-    "count_caption_tokens",
-    "judge_rollouts",
-    "judge_usage",
-]
-
 logger = logging.getLogger(__name__)
 
 # Failure reason recorded when the judge raised instead of returning a JudgeFailure.

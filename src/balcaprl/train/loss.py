@@ -45,15 +45,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "LOSS_TYPES",
-    "POLICY_METRICS",
-    "RatioStatistics",
-    "ratio_statistics",
-    "reference_policy_loss",
-    "trl_loss_settings",
-]
-
 # Recipe name -> TRL 1.16 loss_type.
 LOSS_TYPES = {
     "token_sum_sequence_mean": "luspo",  # the paper; see the module docstring

@@ -52,20 +52,6 @@ from balcaprl.config import parse_yaml
 from balcaprl.errors import ConfigError, InputError
 from balcaprl.recipe import Recipe
 
-__all__ = [
-    "KNOWN_MODELS",
-    "Launcher",
-    "MemoryPlan",
-    "ModelShape",
-    "Stack",
-    "activation_bytes_per_token",
-    "checkpoint_disk",
-    "launcher_from_accelerate",
-    "launcher_from_verl_layout",
-    "model_shape",
-    "plan_memory",
-]
-
 GiB = 2**30
 BF16 = 2
 FP32 = 4

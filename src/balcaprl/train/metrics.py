@@ -46,15 +46,6 @@ from balcaprl.files import jsonl_lines, naming
 from balcaprl.judge.protocol import FailureReason
 from balcaprl.rewards import REWARD_NAMES, LengthMode, RolloutRecord
 
-__all__ = [
-    "MetricsJsonlCallback",
-    "RichProgressCallback",
-    "RolloutLog",
-    "append_jsonl",
-    "batch_metrics",
-    "read_jsonl",
-]
-
 KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
 
 

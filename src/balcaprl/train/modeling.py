@@ -35,19 +35,6 @@ from typing import Any
 
 from balcaprl.recipe import ImageConfig, ModelConfig
 
-__all__ = [
-    "ImageGrid",
-    "image_grid",
-    "image_limits",
-    "image_only_processor_class",
-    "keep_activations",
-    "keep_activations_on_enable",
-    "language_model_layers",
-    "load_processor",
-    "model_init_kwargs",
-    "peft_config",
-]
-
 logger = logging.getLogger(__name__)
 
 

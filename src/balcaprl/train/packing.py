@@ -25,8 +25,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["PackedLogProbs", "pack_rows", "rope_model"]
-
 
 def rope_model(model: Any) -> Any | None:
     """The Qwen2/2.5-VL inner model (the one with ``compute_3d_position_ids``) inside ``model`` (FSDP, peft

@@ -29,8 +29,6 @@ from balcaprl.train.judging import (
     judge_usage,
 )
 
-__all__ = ["ScoredBatch", "SharedVerdictScorer"]
-
 
 @dataclass
 class ScoredBatch:

@@ -26,8 +26,6 @@ from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
 from balcaprl.train.judging import JUDGE_REJECTED
 from balcaprl.train.metrics import batch_metrics
 
-__all__ = ["BatchStep", "StepResult", "reward_table"]
-
 logger = logging.getLogger(__name__)
 
 

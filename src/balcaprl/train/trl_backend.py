@@ -81,18 +81,6 @@ from balcaprl.train.rewards import SharedVerdictScorer
 from balcaprl.train.step import BatchStep, StepResult
 from balcaprl.train.vision_attention import use_varlen_vision_attention
 
-__all__ = [
-    "BalancedGRPOTrainer",
-    "EpochSeededRepeatSampler",
-    "TrainResult",
-    "batch_layout",
-    "build_trainer",
-    "grpo_config",
-    "image_token_runs",
-    "train",
-    "vllm_engine_kwargs",
-]
-
 logger = logging.getLogger(__name__)
 
 # Batch metrics TRL logs itself, under the same names, from the reward functions' values.

@@ -28,8 +28,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VARLEN_SDPA", "register", "use_varlen_vision_attention", "varlen_sdpa_attention"]
-
 logger = logging.getLogger(__name__)
 
 VARLEN_SDPA = "flash_route_varlen_sdpa"  # "flash" selects the cu_seqlens path; the work is torch SDPA

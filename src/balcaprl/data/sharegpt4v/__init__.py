@@ -12,7 +12,7 @@ Output: the dataset format (:mod:`balcaprl.data.format`). ``prompt`` is the huma
 
 The modules, one idea each:
 
-- ``stream``      reading the published JSON as a stream (:class:`JsonArrayStream`, :class:`JsonFileError`)
+- ``stream``      reading the published JSON as a stream (:class:`JsonArrayStream`)
 - ``entries``     checking one entry's fields and path (:func:`parse_entry`)
 - ``checkpoint``  the resume file of image checks (``OUT/.prepare/image-checks.jsonl``)
 - ``prepare``     the pipeline: read, check images, de-duplicate, place, split, write (:func:`prepare_sharegpt4v`)
@@ -29,11 +29,10 @@ from balcaprl.data.sharegpt4v.prepare import (
     prepare_results,
     prepare_sharegpt4v,
 )
-from balcaprl.data.sharegpt4v.stream import JsonArrayStream, JsonFileError
+from balcaprl.data.sharegpt4v.stream import JsonArrayStream
 
 __all__ = [
     "JsonArrayStream",
-    "JsonFileError",
     "ParsedEntry",
     "PrepareOptions",
     "PrepareReport",

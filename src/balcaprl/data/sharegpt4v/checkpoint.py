@@ -16,8 +16,6 @@ from typing import Any
 
 from balcaprl.data.validation import ImageFacts, stat_key
 
-__all__ = ["CheckCheckpoint"]
-
 
 class CheckCheckpoint:
     """Append-only JSONL of :class:`ImageFacts`, keyed by image path, for resuming a preparation.

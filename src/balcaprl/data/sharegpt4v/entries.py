@@ -19,8 +19,6 @@ from typing import Any
 
 from balcaprl.data.validation import Rejection, lexical_path_problem, normalise_path
 
-__all__ = ["ParsedEntry", "parse_entry"]
-
 _IMAGE_TAG = re.compile(r"\s*<image>\s*")
 _HUMAN = {"human", "user"}
 _GPT = {"gpt", "assistant"}

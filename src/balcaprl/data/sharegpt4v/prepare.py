@@ -45,8 +45,6 @@ from balcaprl.files import atomic_write_text
 from balcaprl.outputs import ensure_writable_dir
 from balcaprl.progress import Progress
 
-__all__ = ["PrepareOptions", "PrepareReport", "default_workers", "prepare_results", "prepare_sharegpt4v"]
-
 CHECKPOINT_DIR = ".prepare"
 CHECKPOINT_FILE = "image-checks.jsonl"
 REJECTIONS_FILE = "rejections.jsonl"
@@ -127,7 +125,7 @@ def prepare_sharegpt4v(
     """Prepare ShareGPT4V (or any file in its layout) as a dataset folder; see the module docstring.
 
     Bad entries never stop the run: each is recorded with its reason. Only a broken JSON file
-    (:class:`~balcaprl.data.sharegpt4v.stream.JsonFileError`, before any image is checked, so the
+    (an :class:`~balcaprl.errors.InputError`, before any image is checked, so the
     resume file of an earlier run is kept as it was), a missing image root
     (:class:`~balcaprl.errors.MissingInputError`) or an unusable ``out_dir``
     (:class:`~balcaprl.errors.InputError`, :class:`~balcaprl.errors.OutputError`) raises.

@@ -17,14 +17,8 @@ from typing import Any
 
 from balcaprl.errors import InputError
 
-__all__ = ["JsonArrayStream", "JsonFileError"]
-
 _BOM = b"\xef\xbb\xbf"
 _WHITESPACE = b" \t\n\r"
-
-
-class JsonFileError(InputError):
-    """The JSON file itself is broken (not a list, cut short, a syntax error): download it again."""
 
 
 class _Source:
@@ -83,7 +77,7 @@ class JsonArrayStream:
     Unicode) becomes ``?``. After a complete iteration, ``sha256`` is the
     file's digest and ``size`` its byte count. ``on_bytes(n)`` is called as bytes are read (progress).
 
-    A broken file raises :class:`JsonFileError` naming the file, how many entries were complete
+    A broken file raises :class:`~balcaprl.errors.InputError` naming the file, how many entries were complete
     (and already handed out) before the problem, and the bytes the parser was reading when it found
     it.
     """
@@ -103,12 +97,12 @@ class JsonArrayStream:
         with self.path.open("rb") as handle:
             source = _Source(handle, self._on_bytes)
 
-            def fail(message: str, where: str | None = None) -> JsonFileError:
+            def fail(message: str, where: str | None = None) -> InputError:
                 if where is None:  # the parser reports no offset: the bytes it was reading
                     end = source.bytes_read
                     where = f"in bytes {max(0, end - max(source.last_read, 1))}-{end} of {self.size}"
                 entries = "entry" if seen == 1 else "entries"
-                return JsonFileError(
+                return InputError(
                     f"{self.path}: {message} (after {seen} complete {entries}, {where}); the file is not "
                     "a complete ShareGPT4V JSON list, download it again"
                 )

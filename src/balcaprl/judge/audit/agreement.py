@@ -9,16 +9,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = [
-    "cohen_kappa",
-    "kendall_tau_b",
-    "mean_abs_diff",
-    "pairwise_order_agreement",
-    "pearson",
-    "ranks",
-    "spearman",
-]
-
 
 def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float | None:
     """Cohen's kappa of two binary ratings: (p_o - p_e) / (1 - p_e), p_o the observed agreement and

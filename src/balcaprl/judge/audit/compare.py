@@ -25,8 +25,6 @@ from balcaprl.judge.audit.pairing import pair_assertions
 from balcaprl.judge.protocol import Judgement, JudgeOutcome
 from balcaprl.rewards import BCAPSCORE_REWARDS, REWARD_NAMES, Verdict, b_capscore, score_rollout
 
-__all__ = ["FLAGS", "SCORES", "compare_outcomes", "item_scores"]
-
 FLAGS = ("pointable", "visible", "covered")
 SCORES = (*REWARD_NAMES, "b_capscore")
 

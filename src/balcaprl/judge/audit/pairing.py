@@ -23,8 +23,6 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Pairing", "normalise", "pair_assertions", "similarity"]
-
 _NON_WORD = re.compile(r"[^0-9a-z]+")
 THRESHOLD = 0.5
 

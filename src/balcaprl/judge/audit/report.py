@@ -11,8 +11,6 @@ from balcaprl.files import atomic_write_text
 from balcaprl.judge.audit.compare import FLAGS, SCORES
 from balcaprl.outputs import present
 
-__all__ = ["audit_results", "audit_tables", "write_audit"]
-
 AUDIT_FILE, ITEMS_FILE = "audit.json", "items.jsonl"
 
 

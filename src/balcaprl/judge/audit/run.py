@@ -32,8 +32,6 @@ from balcaprl.errors import InputError
 from balcaprl.judge.audit.compare import compare_outcomes, item_scores
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
 
-__all__ = ["AuditItem", "JudgeFactory", "judge_names", "read_audit_items", "run_audit"]
-
 JudgeFactory = Callable[[], Judge]
 PER = 1000  # accounting is reported per this many rollouts
 
@@ -60,7 +58,7 @@ def read_audit_items(
     the dataset folder (either split) by row id, by image path relative to the dataset, or by the
     image's absolute path; then a seeded sample of ``sample`` of them, in file order."""
     from balcaprl.data.format import read_split_rows
-    from balcaprl.judge.score import read_caption_file
+    from balcaprl.evaluate.score import read_caption_file
 
     root = Path(dataset)
     try:

@@ -47,20 +47,6 @@ from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
 from balcaprl.train.judge_overlap import judge_stage_metrics
 from balcaprl.train.step import BatchStep, reward_table
 
-__all__ = [
-    "ESTIMATORS",
-    "ProvidedAdvantages",
-    "algorithm_setting",
-    "balcaprl_c_gdpo_advantage",
-    "balcaprl_grpo_advantage",
-    "batch_step_for",
-    "provide_advantages",
-    "register_estimators",
-    "reward_config",
-    "rollout_records",
-    "verl_batch_step",
-]
-
 # verl estimator name -> the recipe's advantage.estimator
 ESTIMATORS = {f"balcaprl_{name}": name for name in ESTIMATOR_NAMES}
 

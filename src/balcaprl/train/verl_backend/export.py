@@ -45,16 +45,6 @@ from balcaprl.errors import InputError, MissingInputError
 from balcaprl.files import atomic_write_text, temporary_sibling
 from balcaprl.outputs import claim_output_dir, present, remove
 
-__all__ = [
-    "EXPORT_FILE",
-    "SPLIT_FILES",
-    "ExportResult",
-    "export_results",
-    "export_verl",
-    "read_export",
-    "verl_row",
-]
-
 EXPORT_FILE = "export.json"
 SPLIT_FILES = {"train": "train.parquet", "eval": "eval.parquet"}
 IMAGE_PLACEHOLDER = "<image>"

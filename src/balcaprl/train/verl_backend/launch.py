@@ -22,8 +22,6 @@ from balcaprl.recipe import Recipe
 from balcaprl.train.verl_backend.export import SPLIT_FILES, read_export
 from balcaprl.train.verl_backend.render import VerlLaunch
 
-__all__ = ["preflight", "run_verl", "write_run_files"]
-
 
 def preflight(recipe: Recipe, launch: VerlLaunch, *, require_gpu: bool = True) -> list[str]:
     """Problems that would make the job fail later (empty list: go)."""

@@ -25,8 +25,6 @@ import logging
 import balcaprl.train.verl_backend.policy_loss  # noqa: F401  (registers loss mode balcaprl_dual_clip)
 from balcaprl.train.verl_backend.estimator import register_estimators
 
-__all__ = ["MODULE", "registered"]
-
 MODULE = __name__
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_po
 from balcaprl.train.loss import ratio_statistics
 from balcaprl.train.verl_backend.render import POLICY_LOSS as LOSS_MODE
 
-__all__ = ["LOSS_MODE", "VERL_POLICY_METRICS", "dual_clip_loss_with_ratio_metrics"]
-
 # verl's metric -> the name both backends log it under (balcaprl.train.loss.POLICY_METRICS).
 VERL_POLICY_METRICS = {
     "actor/ratio_mean": "policy/ratio_mean",

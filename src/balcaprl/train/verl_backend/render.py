@@ -67,17 +67,6 @@ from balcaprl.errors import ConfigError
 from balcaprl.recipe import Recipe
 from balcaprl.rewards import REWARD_NAMES
 
-__all__ = [
-    "PLUGIN_MODULE",
-    "REWARD_FUNCTION",
-    "ClusterShape",
-    "VerlLaunch",
-    "format_value",
-    "parse_overrides_text",
-    "render_verl",
-    "verl_step_counts",
-]
-
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
 POLICY_LOSS = "balcaprl_dual_clip"  # registered by policy_loss.py (imported by the plugin)
 REWARD_FUNCTION = "pkg://balcaprl.train.verl_backend.reward"

@@ -67,8 +67,6 @@ from balcaprl.train.judging import (
     judge_rollouts,
 )
 
-__all__ = ["RewardSettings", "compute_score", "judge_for"]
-
 logger = logging.getLogger(__name__)
 
 # Keys verl's reward managers add to the call by themselves; accepted and ignored.

@@ -37,13 +37,6 @@ from balcaprl.train.verl_backend.estimator import (
 )
 from balcaprl.train.verl_backend.policy_loss import VERL_POLICY_METRICS
 
-__all__ = [
-    "TRAINER_MODE",
-    "BalancedAdvantageStep",
-    "BalancedPPOTrainerSync",
-    "policy_metrics",
-]
-
 TRAINER_MODE = "balcaprl_sync"
 
 register_estimators()  # the trainer mode is useless without them

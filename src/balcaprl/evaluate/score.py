@@ -8,8 +8,9 @@ relative to the image folder and may not leave it.
 
 Outputs: ``scores.jsonl`` (one line per caption, in input order), ``summary.json`` (means with
 95% bootstrap intervals, failure and empty-caption counts, judge accounting) and ``verdicts.jsonl``
-(each caption's reference and verdict, for ``balcaprl inspect``), written atomically at the end
-(temp file, then rename).
+(each caption's reference and verdict, for ``balcaprl inspect``). The rows stream to
+``.score/*.part`` as spans of captions finish, in input order, and take their final names at the end
+(a rename), so memory holds the verdicts of a few spans, never the run's.
 
 Nothing paid for is lost: the output folder is checked for writability before the first call,
 and every caption the judge scored is appended at once to ``OUT/.score/record.jsonl``, keyed by
@@ -25,48 +26,36 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError, OutputError
+from balcaprl.evaluate.results import RowsFile, in_spans
+from balcaprl.evaluate.summary import summarise_scores
 from balcaprl.files import JsonlLog, atomic_write_text, invalid_unicode, jsonl_lines, read_utf8_text
+from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
-from balcaprl.judge.images import ImageError
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
-from balcaprl.judge.summary import summarise_scores
 from balcaprl.outputs import ensure_writable_dir
-from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout
-
-__all__ = [
-    "RECORD_FILE",
-    "SCORES_FILE",
-    "SUMMARY_FILE",
-    "VERDICTS_FILE",
-    "CaptionFileError",
-    "ScoreRun",
-    "read_caption_file",
-    "score_captions",
-    "score_results",
-]
+from balcaprl.rewards import BCAPSCORE_REWARDS, failed_rollout, score_rollout
 
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
 VERDICTS_FILE = "verdicts.jsonl"
-RECORD_FILE = ".score/record.jsonl"
+PART_DIR = ".score"  # the run's own files: its record, and the rows written so far
+RECORD_FILE = f"{PART_DIR}/record.jsonl"
 
 
 def score_results(folder: Path) -> list[str]:
     """What in ``folder`` is the results of a ``score`` run (finished or not)."""
     names = (SCORES_FILE, SUMMARY_FILE, VERDICTS_FILE, RECORD_FILE)
     return [name for name in names if (Path(folder) / name).exists()]
-
-
-class CaptionFileError(InputError):
-    """A caption or reference file that cannot be read as JSONL or as a JSON object."""
 
 
 def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[tuple[str, str]]:
@@ -81,7 +70,7 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
         if isinstance(whole, dict) and not ({"image"} & set(whole)):
             bad = [k for k, v in whole.items() if not isinstance(v, str)]
             if bad:
-                raise CaptionFileError(f"{path}: values must be strings; not for {bad[:3]}")
+                raise InputError(f"{path}: values must be strings; not for {bad[:3]}")
             return list(whole.items())
     rows: list[tuple[str, str]] = []
     for number, line in enumerate(jsonl_lines(raw), 1):
@@ -90,37 +79,31 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
         try:
             item = json.loads(line)
         except json.JSONDecodeError as error:
-            raise CaptionFileError(f"{path}:{number}: not JSON ({error.msg})") from None
+            raise InputError(f"{path}:{number}: not JSON ({error.msg})") from None
         if not isinstance(item, dict) or not isinstance(item.get("image"), str):
-            raise CaptionFileError(f"{path}:{number}: expected an object with a string 'image'")
+            raise InputError(f"{path}:{number}: expected an object with a string 'image'")
         text = next((item[k] for k in keys if k in item), None)
         if not isinstance(text, str):
-            raise CaptionFileError(
-                f"{path}:{number}: expected a string field {' or '.join(repr(k) for k in keys)}"
-            )
+            raise InputError(f"{path}:{number}: expected a string field {' or '.join(repr(k) for k in keys)}")
         rows.append((item["image"], text))
     return rows
 
 
 def _row(image: str, outcome: JudgeOutcome) -> dict[str, Any]:
+    """A caption's line of ``scores.jsonl``: its rollout record under the metric's rule (never a
+    training recipe's), in the file's columns (null scores, the reason and its detail for a failure)."""
     if isinstance(outcome, JudgeFailure):
+        record = failed_rollout(outcome.reason, outcome.detail, BCAPSCORE_REWARDS)
         return {"image": image, "precision": None, "recall": None, "linguistic": None, "b_capscore": None,
-                "failure": outcome.reason, "detail": outcome.detail}  # fmt: skip
-    r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)  # the metric's rule, never a training recipe's
-    return {
-        "image": image,
-        "precision": r.precision,
-        "recall": r.recall,
-        "linguistic": r.linguistic,
-        "b_capscore": float(b_capscore(r.precision, r.recall, r.linguistic)),
-        "failure": None,
-        "truncated_input": outcome.truncated_input,
-    }
+                "failure": record.failure, "detail": record.failure_detail}  # fmt: skip
+    record = score_rollout(outcome.verdict, BCAPSCORE_REWARDS, truncated_input=outcome.truncated_input)
+    return {"image": image, "precision": record.precision, "recall": record.recall,
+            "linguistic": record.linguistic, "b_capscore": record.b_capscore, "failure": None,
+            "truncated_input": record.truncated_input}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ScoreRun:
-    rows: list[dict[str, Any]]
     summary: dict[str, Any]
     scores_path: Path
     summary_path: Path
@@ -129,10 +112,11 @@ class ScoreRun:
 
 def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: str) -> str:
     """Everything that decides one row's verdict: the image file as it is now, the texts, the judge."""
+    root = judge.images.root  # the file as the judge will find it (one that escapes the root fails)
     try:
-        stat = judge.images.resolve(image).stat()
+        stat = os.stat(image if root is None else os.path.join(root, image))
         file = [stat.st_size, stat.st_mtime_ns]
-    except (ImageError, OSError):
+    except OSError:
         file = None  # such a row fails as bad_input and is never recorded
     cfg = judge.config
     identity = {
@@ -176,6 +160,10 @@ def score_captions(
     Rows already in ``out``'s record are not judged again (module docstring). ``on_start(total,
     resumed)`` is called before the first call; ``on_outcome(i, outcome)`` as each caption is judged.
     Raises :class:`~balcaprl.errors.OutputError` before any call when ``out`` cannot be written.
+
+    Rows stream to disk: the captions are judged in spans of twice the judge's concurrency, at most two
+    at a time (:func:`~balcaprl.evaluate.results.in_spans`), and a span's rows and verdicts are written,
+    in input order, as soon as it and the spans before it are done.
     """
     caption_rows, unusable = _usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
     reference_rows, bad_references = _usable_unicode(
@@ -188,78 +176,110 @@ def score_captions(
     by_image: dict[str, str] = {}
     for image, text in reference_rows:
         if image in by_image and by_image[image] != text:
-            raise CaptionFileError(f"{references}: image {image!r} has two different references")
+            raise InputError(f"{references}: image {image!r} has two different references")
         by_image[image] = text
+    del reference_rows
     out = ensure_writable_dir(out, "--out")
     scores_path, summary_path = out / SCORES_FILE, out / SUMMARY_FILE
     for target in (scores_path, summary_path):
         if target.is_dir():
             raise OutputError(f"--out {out}: {target.name} is a folder; remove it or choose another --out")
     keys = [_row_key(judge, image, caption, by_image.get(image, "")) for image, caption in caption_rows]
-    rows: list[dict[str, Any] | None] = [None] * len(caption_rows)
-    with JsonlLog(out / RECORD_FILE) as record:
-        known = {r["key"]: r for r in record.read() if isinstance(r.get("row"), dict) and "key" in r}
-        verdicts: list[dict[str, Any] | None] = [None] * len(caption_rows)
-        for i, key in enumerate(keys):
-            if key in known:
-                rows[i], verdicts[i] = known[key]["row"], known[key].get("verdict")
+    span = 2 * max(1, judge.config.concurrency)
+    with (
+        JsonlLog(out / RECORD_FILE, sync_every=1 << 62) as record,  # fsynced once a second (below)
+        RowsFile(scores_path, out / PART_DIR) as scores,
+        RowsFile(out / VERDICTS_FILE, out / PART_DIR) as verdict_lines,
+    ):
+        wanted = set(keys)
+        known = {
+            r["key"]: at
+            for at, r in record.scan()
+            if r.get("key") in wanted and isinstance(r.get("row"), dict)
+        }
+        del wanted
         refused = {i: JudgeFailure("bad_input", reason) for i, reason in unusable.items()}
-        for i, failure in refused.items():
-            rows[i] = _row(caption_rows[i][0], failure)
-        todo = [i for i, row in enumerate(rows) if row is None]
-        resumed = len(rows) - len(todo) - len(refused)
-        record.append({"run": "started", "captions": len(rows), "resumed": resumed})  # proves it is writable
+        resumed = sum(key in known for i, key in enumerate(keys) if i not in refused)
+        record.append({"run": "started", "captions": len(keys), "resumed": resumed})  # proves it is writable
         if on_start is not None:
-            on_start(len(rows), resumed)
+            on_start(len(keys), resumed)
         for i, failure in refused.items():
             if on_outcome is not None:
                 on_outcome(i, failure)
+        synced = time.monotonic()
 
-        def finished(j: int, outcome: JudgeOutcome) -> None:
-            i = todo[j]
-            image = caption_rows[i][0]
-            if isinstance(outcome, JudgeFailure) and image not in by_image:
-                outcome = JudgeFailure("bad_input", f"no reference for image {image!r} in {references.name}")
-            rows[i] = row = _row(image, outcome)
-            if row["failure"] is None:  # failures are retried by the next run, so never recorded
-                verdicts[i] = outcome.verdict.model_dump(mode="json")
-                record.append({"key": keys[i], "row": row, "verdict": verdicts[i]})
-            if on_outcome is not None:
-                on_outcome(i, outcome)
+        async def judge_span(part: range) -> dict[int, tuple[dict[str, Any], Any]]:
+            """Rows and verdicts of the span's captions that the record does not hold."""
+            done: dict[int, tuple[dict[str, Any], Any]] = {}
+            todo = [i for i in part if keys[i] not in known and i not in refused]
 
-        requests = [
-            JudgeRequest(image=caption_rows[i][0], caption=caption_rows[i][1],
-                         reference=by_image.get(caption_rows[i][0], ""), rubric="evaluation")
-            for i in todo
-        ]  # fmt: skip
-        result = asyncio.run(_judge_all(judge, requests, finished))
-    final = [row for row in rows if row is not None]
+            def finished(j: int, outcome: JudgeOutcome) -> None:
+                i = todo[j]
+                image = caption_rows[i][0]
+                if isinstance(outcome, JudgeFailure) and image not in by_image:
+                    outcome = JudgeFailure(
+                        "bad_input", f"no reference for image {image!r} in {references.name}"
+                    )
+                row = _row(image, outcome)
+                verdict = None
+                if row["failure"] is None:  # failures are retried by the next run, so never recorded
+                    verdict = outcome.verdict.model_dump(mode="json")
+                    record.append({"key": keys[i], "row": row, "verdict": verdict})
+                done[i] = (row, verdict)
+                if on_outcome is not None:
+                    on_outcome(i, outcome)
+
+            requests = [
+                JudgeRequest(image=caption_rows[i][0], caption=caption_rows[i][1],
+                             reference=by_image.get(caption_rows[i][0], ""), rubric="evaluation")
+                for i in todo
+            ]  # fmt: skip
+            if requests:
+                stats.merge((await judge.judge_batch_with_stats(requests, on_outcome=finished)).stats)
+            return done
+
+        def write(part: range, done: dict[int, tuple[dict[str, Any], Any]]) -> None:
+            nonlocal synced
+            for i in part:
+                if i in done:
+                    row, verdict = done[i]
+                elif i in refused:  # never sent to the judge
+                    row, verdict = _row(caption_rows[i][0], refused[i]), None
+                else:
+                    recorded = record.at(known[keys[i]])
+                    row, verdict = recorded["row"], recorded.get("verdict")
+                image, caption = caption_rows[i]
+                scores.write(row)
+                # each row's caption, reference and verdict (null where the judge failed), in the same
+                # order, so `balcaprl inspect` can show the assertions behind the scores
+                verdict_lines.write({"image": image, "caption": caption, "reference": by_image.get(image),
+                                     "verdict": verdict})  # fmt: skip
+            if time.monotonic() - synced > 1.0:  # a power cut loses at most a second of paid answers
+                record.sync()
+                synced = time.monotonic()
+
+        async def judge_all() -> None:
+            try:
+                await in_spans(len(keys), span, judge_span, write)
+            finally:
+                await judge.aclose()
+
+        stats = JudgeStats()
+        asyncio.run(judge_all())
+        scores.commit()
+        verdict_lines.commit()
     empty = sum(not clean_caption(caption, judge.config.caption_char_cap).text for _, caption in caption_rows)
-    summary = summarise_scores(final, resamples=resamples, seed=seed, n_empty=empty)
+    with scores_path.open("rb") as written:  # the summary reads the rows back: they are never all held
+        summary = summarise_scores((json.loads(line) for line in written), resamples, seed, n_empty=empty)
     summary["judge"] = {
         "model": judge.config.model,
         "rubric_version": judge.rubric_version("evaluation"),
         "reference_mode": judge.config.reference_mode,
     }
     summary["accounting"] = {
-        **result.stats.as_dict(judge.config.price_per_million_tokens),
+        **stats.as_dict(judge.config.price_per_million_tokens),
         "resumed_from_record": resumed,
     }
     summary["image_root"] = None if judge.images.root is None else str(judge.images.root)
-    atomic_write_text(scores_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in final))
     atomic_write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    # verdicts.jsonl: each row's caption, reference and verdict (null where the judge failed), in the
-    # same order, so `balcaprl inspect` can show the assertions behind the scores.
-    lines = [
-        {"image": image, "caption": caption, "reference": by_image.get(image), "verdict": verdicts[i]}
-        for i, (image, caption) in enumerate(caption_rows)
-    ]
-    atomic_write_text(out / VERDICTS_FILE, "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in lines))
-    return ScoreRun(final, summary, scores_path, summary_path, resumed=resumed)
-
-
-async def _judge_all(judge: OpenAICompatibleJudge, requests: list[JudgeRequest], on_outcome):
-    try:
-        return await judge.judge_batch_with_stats(requests, on_outcome=on_outcome)
-    finally:
-        await judge.aclose()
+    return ScoreRun(summary, scores_path, summary_path, resumed=resumed)
