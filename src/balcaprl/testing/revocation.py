@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from balcaprl.testing.judge_server import FaultScript
 
-__all__ = ["RevokedKey"]
-
 
 class RevokedKey(FaultScript):
     """``RevokedKey(after=N)``: the first N requests are answered, the rest get 401. ``after=None``:
