@@ -200,6 +200,7 @@ def score(
             typer.echo(f"first failure: {first}")
     if run.resumed:
         typer.echo(f"resumed: {run.resumed} captions scored by an earlier run, not judged again")
+    typer.echo(_cache_line(summary["accounting"], judge_client.cache))
     final = target.final
     typer.echo(f"wrote {final / run.scores_path.name}\nwrote {final / run.summary_path.name}")
     reason = shortfall(summary["n_scored"], summary["n_captions"], min_scored, unit="captions", verb="scored")
@@ -231,6 +232,16 @@ def _first_failure(scores: Path) -> str | None:
                 detail = f" ({row['detail']})" if row.get("detail") else ""
                 return f"{row['image']}: {row['failure']}{detail}"
     return None
+
+
+def _cache_line(accounting: dict, cache) -> str:
+    """Where the answers came from: a verdict from the cache was paid for by an earlier run."""
+    where = (
+        "the judge cache is off"
+        if cache is None
+        else f"{accounting['cache_hits']} from the judge cache {cache.path}"
+    )
+    return f"answers: {accounting['judged']} judged by {accounting['calls']} calls, {where}"
 
 
 def _retry_advice(failures: dict[str, int]) -> str:
@@ -364,6 +375,10 @@ def evaluate(
         prompts = (result.settings.get("prompts") or {}).get("kind")
         if prompts:
             line += f", {prompts} prompts"
+        if "cache_hits" in result.stats:  # a cached answer was paid for by an earlier run
+            line += (
+                f", {result.stats['calls']} judge calls, {result.stats['cache_hits']} answers from the cache"
+            )
         typer.echo(line + ")")
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")

@@ -16,8 +16,8 @@ Outputs: ``scores.jsonl`` (one line per caption, in input order), ``summary.json
 
 Nothing paid for is lost: the output folder is checked for writability before the first call,
 and every caption the judge scored is appended at once to ``OUT/.score/record.jsonl``, keyed by
-everything that decides its verdict (image file, caption, reference, judge model and settings,
-rubric version). A re-run into the same folder takes those rows from the record and judges only
+everything that decides its verdict (image file, caption, reference, the judge's endpoint, model and
+settings, rubric version). A re-run into the same folder takes those rows from the record and judges only
 the rest, with or without the judge cache (``--no-cache``); failures are not recorded, so a re-run
 retries them. The record is kept after a run, so the final files of a resumed run are byte for byte
 those of an uninterrupted one (``summary.json``'s ``accounting`` describes the run that wrote it).
@@ -40,6 +40,7 @@ from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import summarise_scores
 from balcaprl.files import JsonlLog, atomic_write_text, invalid_unicode, jsonl_lines, read_utf8_text
 from balcaprl.judge.accounting import JudgeStats
+from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
@@ -122,7 +123,8 @@ def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: 
     cfg = judge.config
     identity = {
         "image": image, "file": file, "caption": caption, "reference": reference,
-        "model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
+        "endpoint": endpoint_identity(cfg.base_url), "model": cfg.model,
+        "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "rubric_options": cfg.rubric.model_dump(),
         "reference_mode": cfg.reference_mode, "max_image_side": cfg.max_image_side,
         "caption_char_cap": cfg.caption_char_cap, "rubric_version": judge.rubric_version("evaluation"),
     }  # fmt: skip
