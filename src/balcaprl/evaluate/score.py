@@ -4,7 +4,9 @@ Inputs: an image folder, a caption file and a reference file, each either JSONL
 (``{"image": ..., "caption": ...}`` per line; references may say ``"reference"`` instead of
 ``"caption"``) or one JSON object ``{image: caption}`` (the CapArena/CaptionQA convention), in
 UTF-8 (other bytes are an error naming the byte offset, never replaced). Image names are paths
-relative to the image folder and may not leave it.
+relative to the image folder and may not leave it; an absolute path, or one relative to the working
+folder, that names a file in the image folder is taken relative to it (:func:`image_key`: how
+``balcaprl caption`` writes them, so its output is scored as it is).
 
 Outputs: ``scores.jsonl`` (one line per caption, in input order), ``summary.json`` (means with
 95% bootstrap intervals, failure and empty-caption counts, judge accounting) and ``verdicts.jsonl``
@@ -130,6 +132,20 @@ def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: 
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def image_key(image: str, root: Path | None) -> str:
+    """``image`` as a path relative to the image root, so that a caption and its reference meet under
+    one key however each file names the image: as given when the root holds it; an absolute path, or
+    one relative to the working folder (as ``balcaprl caption`` writes them), that lies under the
+    root, relative to the root; anything else as given (it fails as ``bad_input``, named)."""
+    path = Path(image)
+    if root is None or (not path.is_absolute() and (root / path).is_file()):
+        return image
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except (ValueError, OSError):  # outside the root, or not a path at all
+        return image
+
+
 def _usable_unicode(rows: list[tuple[str, str]], what: str) -> tuple[list[tuple[str, str]], dict[int, str]]:
     """``rows`` with every text writable (a lone surrogate shown as its escape), and why each row
     that held one is refused (``bad_input``): it is never sent to the judge."""
@@ -169,6 +185,9 @@ def score_captions(
     reference_rows, bad_references = _usable_unicode(
         read_caption_file(references, keys=("reference", "caption")), "reference"
     )
+    root = judge.images.root  # captions and references meet under the image's path in it
+    caption_rows = [(image_key(image, root), caption) for image, caption in caption_rows]
+    reference_rows = [(image_key(image, root), reference) for image, reference in reference_rows]
     for j, reason in bad_references.items():  # a reference that cannot be sent fails its captions' rows
         unusable.update(
             {i: reason for i, (image, _) in enumerate(caption_rows) if image == reference_rows[j][0]}
