@@ -5,6 +5,11 @@ The DeCapBench and CapArena files end their module level with ``raise SystemExit
 with ``ast`` and must never run them. The lmms-eval task file is loaded and run (as the real one is),
 so it holds working placeholder functions whose behaviour differs from ours on purpose (a different
 prompt layout, letters read as ``(B)``), to show that theirs are the ones used.
+
+Each fake also builds its requests the way the official code builds them (the same message shapes,
+fields and values: DeCapBench through the openai client's ``chat.completions.create``, CapArena and
+lmms-eval through ``requests.post(json=...)``), so a test can run that code (:func:`run_fake`) and
+compare what it would send with what balcaprl sends.
 """
 
 from __future__ import annotations
@@ -13,54 +18,101 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 FAKE_SYSTEM = "PLACEHOLDER system message"
 
-FAKE_DECAPBENCH = '''import openai  # balcaprl never runs this file
+FAKE_DECAPBENCH = '''import base64  # balcaprl never runs this file (the request tests do)
+import io
+import json
+
+from PIL import Image
+
+
+def text_message_creator(prompt, sys_prompt="PLACEHOLDER system message"):
+    return [{"role": "system", "content": sys_prompt}, {"role": "user", "content": prompt}]
 
 
 def run_gpt_text(client, prompt, temperature=1.0, sys_prompt="PLACEHOLDER system message", n=1):
-    raise RuntimeError("never called")
+    msgs = text_message_creator(prompt, sys_prompt=sys_prompt)
+    return client.chat.completions.create(
+        model="gpt-4o-2024-05-13", messages=msgs, max_tokens=2000, temperature=temperature, n=n
+    )
+
+
+def pil2base64(pil_img):
+    buf = io.BytesIO()
+    pil_img.save(buf, format="jpeg")
+    return base64.b64encode(buf.getvalue()).decode("utf-8")
+
+
+def multimodal_message_creator(prompt, image_path, sys_prompt="PLACEHOLDER system message", detail="high"):
+    image = Image.open(image_path).convert("RGB")
+    part = {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{pil2base64(image)}", "detail": detail}}
+    user = {"role": "user", "content": [part, {"type": "text", "text": prompt}]}
+    return [{"role": "system", "content": sys_prompt}, user]
 
 
 def run_gpt_multimodal(client, prompt, image_path, temperature=1.0, sys_prompt="PLACEHOLDER system message",
                        n=1, detail="high"):
-    raise RuntimeError("never called")
+    msgs = multimodal_message_creator(prompt, image_path, sys_prompt=sys_prompt, detail=detail)
+    return client.chat.completions.create(
+        model="gpt-4o-2024-05-13", messages=msgs, max_tokens=2000, temperature=temperature, n=n
+    )
+
+
+def format_json_input(input_list):
+    res = "```json[\\n"
+    for d in input_list:
+        res += "  {},\\n".format(json.dumps(d, ensure_ascii=False))
+    res += "]\\n```"
+    return res
 
 
 extract_prompt = """PLACEHOLDER-EXTRACT: list the facts as {{"fact": ..., "relevance": 1}}.
-### Caption
+%% PLACEHOLDER caption:
 {caption}
-### Atomic Facts
+%% PLACEHOLDER list:
 """
 
 verify_prompt = """PLACEHOLDER-VERIFY: mark each fact's verification 1 or 0.
->>> Reference Caption:
+%% PLACEHOLDER reference:
 {reference_caption}
->>> Atomic Facts:
+%% PLACEHOLDER facts:
 {atomic_facts}
 """
 
 match_prompt = """PLACEHOLDER-MATCH: give each fact its matched_oracle_id or None.
->>> Set of Atomic Facts:
+%% PLACEHOLDER ours:
 {predicted_atomic_facts}
->>> Oracle Set of Atomic Facts:
+%% PLACEHOLDER theirs:
 {oracle_atomic_facts}
->>> Matching Result:
+%% PLACEHOLDER result:
 """
 
 raise SystemExit("this placeholder module must never be run")
 '''
 
-FAKE_CAPARENA = '''import requests  # balcaprl never runs this file
+FAKE_CAPARENA = '''import base64  # balcaprl never runs this file (the request tests do)
+import json
+import os
+
+import requests
 
 system_prompt_without_ref = """PLACEHOLDER-ARENA without a reference"""
 
 system_prompt_with_ref = """PLACEHOLDER-ARENA: answer with two lines, Reason: ... and Judgment: ..."""
 
 
+def call_llm(model_name, payload):
+    response = requests.post("https://judge.invalid/v1/chat/completions", json={**payload, "temperature": 0.1})
+    return response.json()["choices"][0]["message"]["content"]
+
+
 def mllm_judge_pairs(caption_eval_cand_dir, imgs_dir, with_ref=True, cal_agree=True, eval_model_name=None):
-    for item in []:
+    for item in json.load(open(caption_eval_cand_dir)):
+        with open(os.path.join(imgs_dir, item["img"]), "rb") as f:
+            image = base64.b64encode(f.read()).decode("utf-8")
         caption_1 = item["caption1"]
         caption_2 = item["caption2"]
         caption_ref = item["ref"]
@@ -68,6 +120,13 @@ def mllm_judge_pairs(caption_eval_cand_dir, imgs_dir, with_ref=True, cal_agree=T
             compare_prompt = f"PLACEHOLDER first:\\n{caption_1}\\nsecond:\\n{caption_2}\\nreference:\\n{caption_ref}\\nPLACEHOLDER {{braces}} stay."
         else:
             compare_prompt = f"PLACEHOLDER first:\\n{caption_1}\\nsecond:\\n{caption_2}"
+        system = system_prompt_with_ref if with_ref else system_prompt_without_ref
+        messages = [{"role": "system", "content": [{"type": "text", "text": system}]}]
+        image_part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}", "detail": "high"}}
+        messages.append({"role": "user", "content": [image_part, {"type": "text", "text": compare_prompt}]})
+        payload = {"model": "gpt-4o-2024-08-06", "messages": messages, "max_tokens": 1500, "top_p": 0.9,
+                   "temperature": 0.5}
+        item["judge"] = call_llm("gpt-4o-2024-08-06", payload)
 
 
 raise SystemExit("this placeholder module must never be run")
@@ -97,6 +156,18 @@ def extract_letter(answer_text, num_options):
     if match and LETTER_ALPH.index(match.group(1)) < num_options:
         return match.group(1)
     return None
+
+
+JUDGE_MODEL = "PLACEHOLDER/judge"
+
+
+def call_llm_judge(prompt):
+    import requests  # here, so that loading the task needs no requests (the real file imports it at the top)
+
+    messages = [{"role": "system", "content": QA_SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
+    resp = requests.post("http://judge.invalid/v1/chat/completions",
+                         json={"model": JUDGE_MODEL, "messages": messages, "temperature": 0.0, "max_tokens": 4})
+    return resp.json()["choices"][0]["message"]["content"]
 """
 
 
@@ -152,3 +223,40 @@ def fake_captionqa_repo(root: Path, text: str = FAKE_CQA_CAPTION) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "caption.py").write_text(text)
     return root
+
+
+# ----------------------------------------------------------------------------------------- running the fakes
+
+
+class OfficialRecorder:
+    """Stands in for what the official code sends through: the openai client (``chat.completions.
+    create(**kwargs)``: the kwargs are the request's JSON body) and ``requests`` (``post(url,
+    json=body)``). Records each body and answers with ``answer``."""
+
+    def __init__(self, answer: str = "A"):
+        self.bodies: list[dict] = []
+        self.answer = answer
+        self.chat = self.completions = self  # client.chat.completions.create
+
+    def _reply(self):
+        message = SimpleNamespace(content=self.answer)
+        data = {"choices": [{"message": {"content": self.answer}}]}
+        return SimpleNamespace(choices=[SimpleNamespace(message=message)], json=lambda: data)
+
+    def create(self, **kwargs):
+        self.bodies.append(kwargs)
+        return self._reply()
+
+    def post(self, url, json=None, **kwargs):
+        self.bodies.append(json)
+        return self._reply()
+
+
+def run_fake(text: str) -> dict:
+    """Run a fake official file (not its final ``raise SystemExit``); its module namespace. Put an
+    :class:`OfficialRecorder` in ``sys.modules["requests"]`` first (monkeypatch) for the files that
+    import ``requests``."""
+    source = text.replace('raise SystemExit("this placeholder module must never be run")', "")
+    namespace: dict = {"__name__": "official_fake"}
+    exec(compile(source, "official_fake.py", "exec"), namespace)
+    return namespace

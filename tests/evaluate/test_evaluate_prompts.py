@@ -3,6 +3,10 @@ state what each benchmark's step needs."""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from pathlib import Path
+
 import pytest
 
 from balcaprl.judge.rubrics import load_rubric
@@ -16,34 +20,38 @@ PROTOCOL_RUBRICS = (
     "caparena_compare",
 )
 
-# Sentences of the benchmarks' official prompts (DeCapBench's evaluation script, CaptionQA's qa.py,
-# CapArena's vlm_as_a_judge.py): none of them, nor any run of 8 of their words, may appear in ours.
-OFFICIAL_SENTENCES = [
-    "You are a lingustic expert in extracting atomic facts in the image caption.",
-    "refer to the smallest standalone pieces of information that collectively represent the entire meaning of the sentence without losing any detail",
-    "The atomic fact should only contain ONE primary element.",
-    "You are an extraordinary visual-lingustic expert in verifying the correctness of a set of atomic facts given the image and the corresponding reference caption.",
-    "You are now a visual-lingustic expert in matching two set of atomic facts generated from two captions.",
-    "Try find the most similar mapping if exists (not need exact matching).",
-    "You are given a caption describing an image, and a question about the image. Answer with a SINGLE LETTER (A, B, C, ...), no explanation.",
-    "You are a highly capable multimodal AI assistant tasked with evaluating image captions.",
-    "Salient information in the image should be reflected in the caption.",
-    "Captions that include descriptions of objects or elements that are clearly absent from the image should be significantly penalized.",
-    "The content in the reference caption can be considered correct; however, it is not perfect, and descriptions not included in the reference caption can still be reasonable.",
-    "describing an otter as a small animal is precise, but it is less informative than specifying an otter",
-]
+RUN = 7  # words: no run this long may be shared with the official prompts
+# The answer forms CapArena's scorer reads ("Judgment: Caption 1 is better", ...) must be shared: a run
+# of only these words is the answer format, not prose.
+ANSWER_FORM_WORDS = {"judgment", "caption", "1", "2", "is", "better", "tie"}
 
 
-def squash(text: str) -> str:
-    return " ".join(text.lower().replace('"', " ").replace(",", " ").replace(".", " ").split())
+def words(text: str) -> list[str]:
+    """Lower-cased words, every run of other characters a single separator (as the stored hashes)."""
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+
+
+def official_run_hashes() -> set[str]:
+    """sha256 (first 12 hex digits) of every RUN-word run of the official prompts (only the hashes are
+    kept: official_prompt_7word_runs.txt says of which files)."""
+    lines = (Path(__file__).parent / "official_prompt_7word_runs.txt").read_text().splitlines()
+    return {line for line in lines if line and not line.startswith("#")}
 
 
 def test_prompts_are_ours():
-    ours = squash(" ".join(load_rubric(name).text for name in PROTOCOL_RUBRICS))
-    for sentence in OFFICIAL_SENTENCES:
-        words = squash(sentence).split()
-        for i in range(len(words) - 7):
-            assert " ".join(words[i : i + 8]) not in ours, " ".join(words[i : i + 8])
+    official = official_run_hashes()
+    assert len(official) > 3000  # the whole of the official prompts, not a sample
+    ours = words(" ".join(load_rubric(name).text for name in PROTOCOL_RUBRICS))
+    runs = [ours[i : i + RUN] for i in range(len(ours) - RUN + 1)]
+    shared = [
+        " ".join(run)
+        for run in runs
+        if hashlib.sha256(" ".join(run).encode()).hexdigest()[:12] in official
+        and not set(run) <= ANSWER_FORM_WORDS
+    ]
+    assert not shared
+    # the check sees a shared run: the answer form is one (and allowed)
+    assert hashlib.sha256(b"caption 1 is better caption 2 is").hexdigest()[:12] in official
 
 
 @pytest.mark.parametrize(

@@ -38,11 +38,14 @@ def test_decapbench_prompts_are_read_without_running_the_file(tmp_path):
     assert prompts.extract.slots == ("caption",)
     assert prompts.match.slots == ("predicted_atomic_facts", "oracle_atomic_facts")
     assert prompts.verify.slots == ("reference_caption", "atomic_facts")
-    # the template keeps the official text; only the slot's value becomes an escaped data block
-    filled = prompts.extract.fill(caption="A dog <b>& a cat</b>.")
-    assert filled == (
-        'PLACEHOLDER-EXTRACT: list the facts as {"fact": ..., "relevance": 1}.\n### Caption\n'
-        "<caption>\nA dog &lt;b&gt;&amp; a cat&lt;/b&gt;.\n</caption>\n### Atomic Facts\n"
+    # the template keeps the official text and takes the value as it is, as the script's .format does
+    head = 'PLACEHOLDER-EXTRACT: list the facts as {"fact": ..., "relevance": 1}.\n%% PLACEHOLDER caption:\n'
+    assert prompts.extract.fill(caption=" A dog <b>& a cat</b>.\n") == (
+        head + " A dog <b>& a cat</b>.\n\n%% PLACEHOLDER list:\n"
+    )
+    # with the guard, the value becomes an escaped data block
+    assert prompts.extract.fill(caption="A dog <b>& a cat</b>.", guard=True) == (
+        head + "<caption>\nA dog &lt;b&gt;&amp; a cat&lt;/b&gt;.\n</caption>\n%% PLACEHOLDER list:\n"
     )
     with pytest.raises(ValueError, match="needs exactly"):
         prompts.match.fill(predicted_atomic_facts="x")
@@ -51,7 +54,8 @@ def test_decapbench_prompts_are_read_without_running_the_file(tmp_path):
     assert source["kind"] == "official" and source["file"] == str(file)
     assert source["sha256"] == hashlib.sha256(FAKE_DECAPBENCH.encode()).hexdigest()
     assert "published" not in source  # not a published version we know
-    assert source["change"] == OFFICIAL_TEXT_CHANGE
+    assert "change" not in source  # the official text as it is
+    assert prompts.source.ran(guard=True).as_dict()["change"] == OFFICIAL_TEXT_CHANGE
     assert set(source["names"]) >= {"extract_prompt", "match_prompt", "verify_prompt"}
     if commit is not None:
         assert source["commit"] == commit and source["modified"] is False
@@ -108,6 +112,9 @@ def test_caparena_prompts_from_the_f_string(tmp_path):
     assert prompts.system.startswith("PLACEHOLDER-ARENA: answer with two lines")
     assert prompts.compare.slots == ("caption_1", "caption_2", "caption_ref")
     assert prompts.compare.fill(caption_1="one", caption_2="two", caption_ref="ref") == (
+        "PLACEHOLDER first:\none\nsecond:\ntwo\nreference:\nref\nPLACEHOLDER {braces} stay."
+    )
+    assert prompts.compare.fill(caption_1="one", caption_2="two", caption_ref="ref", guard=True) == (
         "PLACEHOLDER first:\n<caption_1>\none\n</caption_1>\nsecond:\n<caption_2>\ntwo\n</caption_2>\n"
         "reference:\n<caption_ref>\nref\n</caption_ref>\nPLACEHOLDER {braces} stay."
     )

@@ -7,7 +7,6 @@ CapArena's free-text judgments, and the official image handling."""
 from __future__ import annotations
 
 import ast
-import html
 import io
 import json
 import random
@@ -22,7 +21,7 @@ from PIL import Image
 from balcaprl.errors import ConfigError, InputError
 from balcaprl.evaluate.caparena import CapArenaSection, read_official_judgment, run_caparena
 from balcaprl.evaluate.captioning import caption_items, collect_items
-from balcaprl.evaluate.captionqa import CaptionQASection, prepare_questions, run_captionqa
+from balcaprl.evaluate.captionqa import CaptionQASection, prepare_questions, run_captionqa, score_answer
 from balcaprl.evaluate.dcscore import (
     DCScoreSection,
     fact_list_json,
@@ -87,10 +86,14 @@ def test_decapbench_is_read_as_published_and_bad_rows_are_refused_one_by_one(tmp
 # ----------------------------------------------------------------------------------------- DCScore, official
 
 
-def _fenced(text: str, tag: str) -> list[dict]:
-    """A JSON fact list from a request: the block's content, unescaped, read as the official layout."""
-    body = html.unescape(re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.S).group(1))
-    return ast.literal_eval(body.removeprefix("```json").removesuffix("```"))
+def _between(text: str, before: str, after: str) -> str:
+    """What the (placeholder) official template put between two of its lines: a slot's value as it is."""
+    return re.search(re.escape(before) + "\n(.*?)\n" + re.escape(after), text, re.S).group(1)
+
+
+def _fenced(text: str, before: str, after: str) -> list[dict]:
+    """A JSON fact list from a request, read as the official layout."""
+    return ast.literal_eval(_between(text, before, after).removeprefix("```json").removesuffix("```"))
 
 
 class OfficialDCScoreJudge:
@@ -108,7 +111,7 @@ class OfficialDCScoreJudge:
         assert call.system == FAKE_SYSTEM and call.schema_name is None  # free text, as the script asks
         if call.text.startswith("PLACEHOLDER-EXTRACT"):
             self.calls["extract"] += 1
-            caption = html.unescape(re.search(r"<caption>\n(.*?)\n</caption>", call.text, re.S).group(1))
+            caption = _between(call.text, "%% PLACEHOLDER caption:", "%% PLACEHOLDER list:")
             if caption in self.garbled:
                 self.garbled.discard(caption)
                 return "Sorry, here are the facts: fact one, fact two."
@@ -116,15 +119,15 @@ class OfficialDCScoreJudge:
             return f"```json\n{items!r}\n```"  # a Python literal, as the official parser reads it first
         if call.text.startswith("PLACEHOLDER-MATCH"):
             self.calls["match"] += 1
-            predicted = _fenced(call.text, "predicted_atomic_facts")
-            oracle = _fenced(call.text, "oracle_atomic_facts")
+            predicted = _fenced(call.text, "%% PLACEHOLDER ours:", "%% PLACEHOLDER theirs:")
+            oracle = _fenced(call.text, "%% PLACEHOLDER theirs:", "%% PLACEHOLDER result:")
             assert oracle == [{"id": i, "fact": f} for i, f in enumerate(ORACLE)]  # 0-based, unstripped
             assert all("relevance" not in p for p in predicted)  # sent without relevance, as the script does
             answer = [{**p, "matched_oracle_id": self.matches.get(p["fact"])} for p in predicted]
             return "Matching:\n```json\n" + json.dumps(answer) + "\n```"  # null: the JSON fallback
         if call.text.startswith("PLACEHOLDER-VERIFY"):
             self.calls["verify"] += 1
-            facts = _fenced(call.text, "atomic_facts")
+            facts = _fenced(call.text + "<end>", "%% PLACEHOLDER facts:", "<end>")
             return (
                 "```json\n"
                 + json.dumps([{**f, "verification": self.verified[f["fact"]]} for f in facts])
@@ -204,7 +207,7 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     assert image.format == "JPEG" and image.size == (1500, 40)
     assert verify.messages[1]["content"][0]["image_url"]["detail"] == "high"
     assert verify.temperature == 0.3 and verify.max_tokens == 2000
-    assert "<reference_caption>\nA red door.\nIt is on the left. \n</reference_caption>" in verify.text
+    assert "%% PLACEHOLDER reference:\nA red door.\nIt is on the left. \n%% PLACEHOLDER facts:" in verify.text
     assert not next(c for c in handler.seen if c.text.startswith("PLACEHOLDER-MATCH")).images  # text only
 
     # A re-run is free (every sample, the unusable one included, is cached) and scores the same.
@@ -372,10 +375,8 @@ def test_captionqa_with_lmms_eval_task(tmp_path, eval_server):
         JudgeCaller(judge_config(server.base_url)), entries, captions, tmp_path / "out", prompts=task
     )
     assert result.score == 100.0 and result.settings["prompts"]["kind"] == "official"
-    text = seen[0].text  # their layout, our escaped block, their cannot-answer option
-    assert text.startswith(
-        "PLACEHOLDER-QA caption:\n<caption>\nA round &lt;b&gt;thing&lt;/b&gt;.\n</caption>\n"
-    )
+    text = seen[0].text  # their layout, the caption as it is, their cannot-answer option
+    assert text.startswith("PLACEHOLDER-QA caption:\nA round <b>thing</b>.\nPLACEHOLDER question")
     assert "PLACEHOLDER none of these" in text and seen[0].max_tokens == 4
 
 
@@ -478,8 +479,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     def handler(call):
         seen.append(call)
         assert call.system.startswith("PLACEHOLDER-ARENA") and call.schema_name is None
-        first = html.unescape(re.search(r"<caption_1>\n(.*?)\n</caption_1>", call.text, re.S).group(1))
-        second = html.unescape(re.search(r"<caption_2>\n(.*?)\n</caption_2>", call.text, re.S).group(1))
+        first = _between(call.text, "PLACEHOLDER first:", "second:")
+        second = _between(call.text, "second:", "reference:")
         mine = next(k for k, v in ours.items() if v in (first, second))
         turns[mine] += 1
         if mine == "test_00000.jpg":  # a win for ours
@@ -538,3 +539,108 @@ def test_caparena_refused_entries(tmp_path):
 def _json(path, value):
     path.write_text(json.dumps(value))
     return path
+
+
+# ----------------------------------------------------------------------------------------- keyed by text
+
+CANNOT = "Cannot answer from the caption"
+
+
+def test_cannot_answer_is_read_by_its_text_as_qa_py_does():
+    # A 3-choice question (not yes/no) whose own third choice is the cannot-answer text: the option is
+    # added again, so two of the four options have that text.
+    entry = read_captionqa_rows([{"id": "a", "questions": [
+        {"question": "Which colour?", "choices": ["Red", "Green", CANNOT], "answer": "Red"}]}])  # fmt: skip
+    (q,) = prepare_questions(entry)
+    assert q.options == ("Red", "Green", CANNOT, CANNOT)
+    letter = {original: "ABCD"[shown] for shown, original in enumerate(q.permutation)}
+    # qa.py: either cannot-answer text scores 1/3 + 0.05 (3 original choices); lmms-eval: only the added one
+    assert score_answer(q, letter[2]) == (pytest.approx(1 / 3 + 0.05), "cannot_answer")
+    assert score_answer(q, letter[3]) == (pytest.approx(1 / 3 + 0.05), "cannot_answer")
+    assert score_answer(q, letter[2], by_text=False) == (0.0, "wrong")
+    assert score_answer(q, letter[3], by_text=False) == (pytest.approx(1 / 3 + 0.05), "cannot_answer")
+    assert score_answer(q, letter[0]) == score_answer(q, letter[0], by_text=False) == (1.0, "correct")
+
+
+def test_captionqa_cannot_answer_by_text_over_http(tmp_path, eval_server):
+    # A yes/no question gets no added option, but one of its own choices is the cannot-answer text.
+    rows = [{"id": "a", "questions": [
+        {"question": "Is it red?", "choices": ["Yes", "No", CANNOT], "answer": "Yes", "category": ["c"]}]}]  # fmt: skip
+    captions = read_caption_sets([_json(tmp_path / "c.json", {"a": "A thing."})])[None]
+
+    def handler(call):  # always the cannot-answer choice
+        return next(line[0] for line in call.text.split("\n") if line.endswith(". " + CANNOT))
+
+    server = eval_server(handler)
+
+    def score(**options):
+        caller = JudgeCaller(judge_config(server.base_url))
+        out = tmp_path / "-".join(f"{k}{v}" for k, v in options.items())
+        return run_captionqa(caller, read_captionqa(_qa_file(tmp_path, rows)), captions, out,
+                             CaptionQASection(**options)).score  # fmt: skip
+
+    assert score() == pytest.approx(38.33)  # qa.py: round(1/3 + 0.05, 4) = 0.3833
+    assert score(cannot_answer="position") == 0.0  # lmms-eval: no option was added, so a wrong answer
+
+
+def test_a_one_choice_question_counts_with_qa_py_not_with_lmms_eval():
+    # qa.py adds the cannot-answer option before it asks for two options; lmms-eval asks first.
+    entries = read_captionqa_rows([{"id": "a", "questions": [
+        {"question": "Which animal?", "choices": ["Cat"], "answer": "Cat"},
+        {"question": "Is it a cat?", "choices": ["Yes"], "answer": "Yes"}]}])  # fmt: skip
+    (q,) = prepare_questions(entries, count_added=True)
+    assert q.options == ("Cat", CANNOT) and q.index == 0
+    assert prepare_questions(entries) == []
+
+
+def read_captionqa_rows(rows):
+    from balcaprl.evaluate.formats import CaptionQAEntry, Question
+
+    return [
+        CaptionQAEntry(r["id"], tuple(Question(q["question"], tuple(q["choices"]), q["answer"], "")
+                                      for q in r["questions"]))
+        for r in rows
+    ]  # fmt: skip
+
+
+# Our prompts, facts keyed by text as the official scorer keys them. Oracle: o0, o1. Extracted:
+#   1 "A dog" (relevant) -> o0;   2 "A dog" (not relevant) -> none;   3 "A ball" (relevant) -> o1;
+# all verified. By text (official): "A dog" takes the later match (none) and is relevant (one copy is):
+#   matches [none, none, o1]: earned 1 + 1 + 1, denominator 2 + 2 unmatched -> R = 3/4, P = 1;
+#   relevant: all three facts -> the same. F1 = 2 x 0.75 / 1.75 = 6/7 = 0.857; DCScore 6/7.
+# By position (before): matches [o0, none, o1]: R = 3/3 = 1, relevant {1, 3}: R = 2/2 -> DCScore 1.0.
+def test_dcscore_with_our_prompts_keys_facts_by_text(tmp_path, eval_server):
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "img.png").write_bytes(png((1, 2, 3)))
+    annotations = tmp_path / "oracle.jsonl"
+    annotations.write_text(
+        json.dumps({"image_name": "img.png", "oracle_caption": "r", "oracle_facts": ["o0", "o1"]})
+    )
+    facts = [("A dog", "dog", True), ("A dog", "dog", False), ("A ball", "ball", True)]
+
+    def handler(call):
+        if call.kind == "dcscore_extract":
+            return {"facts": [{"fact": f, "identifier": i, "relevance": r} for f, i, r in facts]}
+        if call.kind == "dcscore_match":
+            return {
+                "matches": [
+                    {"id": 1, "oracle_id": 1},
+                    {"id": 2, "oracle_id": None},
+                    {"id": 3, "oracle_id": 2},
+                ]
+            }
+        return {"verdicts": [{"id": i, "correct": True} for i in (1, 2, 3)]}
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", {"img.png": "A dog and a ball."})])[None]
+    result = run_dcscore(JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions,
+                         tmp_path / "out", DCScoreSection(images=images, n_match=1, n_verify=1))  # fmt: skip
+    f1 = 2 * 0.75 / (1.75 + 1e-8)
+    assert result.metrics["recall"] == pytest.approx(75.0) and result.metrics[
+        "recall_relevant"
+    ] == pytest.approx(75.0)
+    assert result.score == pytest.approx(100 * f1)  # 85.71 (by position it was 100.0)
+    # the same answers through the official arithmetic by position would differ:
+    by_position = score_trial([True, False, True], [0, None, 1], [True, True, True], 2)
+    assert (by_position.recall, by_position.recall_relevant) == (1.0, 1.0)

@@ -21,15 +21,16 @@ baseline and reads small on subsets.
 **Prompts.** By default our own wording (rubric ``caparena_compare``, a strict JSON answer). With
 ``official.caparena`` set, the official system message and pairwise template read from the user's
 checkout (:func:`~balcaprl.evaluate.official.load_caparena_prompts`), sent as the official script
-sends them (system message; the image, then the filled template), answered in free text and read as
+sends them (the system message as a list of one text part; the image, then the filled template with
+the three captions as they are; ``max_tokens``), answered in free text and read as
 the script reads it: a ``Reason: ... Judgment:`` part and the rest of the ``Judgment:`` line are both
 needed, else the battle is sampled again (up to ``max_attempts``, official 5); a judgment other than
 the six forms the official scorer accepts ("Caption 1 is better", "Caption 2 is better", "Tie", each
 with or without a final period) counts neither way (``unrecognised``, as the scorer skips it). The
 image is sent at its own size and bytes with ``detail: "high"`` (``image_mode: official``; ``auto``
 follows the prompts; the official script labels every image ``image/png``, we give its real type).
-In both, every caption is an escaped data block, so one caption cannot close its block and speak
-about the other.
+With our prompts, every caption is cleaned and an escaped data block, so one caption cannot close its
+block and speak about the other; with the official ones, only when the ``guard`` option is on.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ from balcaprl.evaluate.official import (
     OFFICIAL_IMAGE_SIDE,
     CapArenaPrompts,
     load_caparena_prompts,
+    official_text,
     paraphrase_source,
 )
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
@@ -66,7 +68,7 @@ _REASON = re.compile(r"Reason:\s*(.+?)\s*Judgment:", re.DOTALL)
 _JUDGMENT = re.compile(r"Judgment:\s*(.+)")
 
 
-class CapArenaSection(ProtocolSection):
+class CapArenaSection(OfficialPromptSection):
     """CapArena-Auto's files and options; the defaults are the official protocol's."""
 
     INPUTS = {
@@ -94,7 +96,7 @@ class CapArenaSection(ProtocolSection):
 # The official protocol's options (the position seed is not one: the official draw is unseeded).
 OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
     "temperature": (0.1,), "top_p": (0.9,), "max_tokens": (1500,), "max_attempts": (5,),
-    "images_sent": ("official",),
+    "images_sent": ("official",), "guard": (False,),
 }  # fmt: skip
 
 
@@ -171,22 +173,25 @@ def read_official_judgment(answer: str) -> str | None:
 
 def compare_messages(
     image_url: str, first: str, second: str, human: str, prompts: CapArenaPrompts | None = None,
-    detail: str | None = None,
+    detail: str | None = None, guard: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """The pairwise request: the image, then both captions and the human reference, each an escaped
-    data block; our wording, or the official one (``prompts``)."""
+    """The pairwise request: the image, then both captions and the human reference; our wording (each
+    caption cleaned, an escaped data block), or the official one (``prompts``: the captions as they
+    are, or as ours with ``guard``)."""
     image_url_part: dict[str, Any] = {"url": image_url}
     if detail is not None:
         image_url_part["detail"] = detail
     if prompts is None:
-        system = load_rubric("caparena_compare").text
+        system: str | list[dict[str, str]] = load_rubric("caparena_compare").text
+        first, second, human = (clean_text(t).strip() for t in (first, second, human))
         text = "\n\n".join(
             [data_block("caption_1", first), data_block("caption_2", second), data_block("reference_caption", human),
              "Which caption is better? Answer in the required format; mark a tie only if it is truly hard to decide."]
         )  # fmt: skip
     else:
-        system = prompts.system
-        text = prompts.compare.fill(caption_1=first, caption_2=second, caption_ref=human)
+        system = [{"type": "text", "text": prompts.system}]  # the official request's shape
+        first, second, human = (official_text(t, guard) for t in (first, second, human))
+        text = prompts.compare.fill(caption_1=first, caption_2=second, caption_ref=human, guard=guard)
     return [
         {"role": "system", "content": system},
         {
@@ -237,7 +242,7 @@ def run_caparena(
         for attempt in range(settings.max_attempts):  # the official script's 5 tries, each a new sample
             result = await caller.call_text(
                 messages, kind="caparena_compare", trial=attempt or None, temperature=settings.temperature,
-                max_tokens=settings.max_tokens, extra_body=extra, truncated_ok=True,
+                max_tokens=settings.max_tokens, extra_body=extra, truncated_ok=True, token_field="max_tokens",
             )  # fmt: skip
             if result.failure is not None and result.failure.reason != "invalid_json":
                 return None, result.failure
@@ -259,9 +264,8 @@ def run_caparena(
             image = await asyncio.to_thread(images.load, item.image)
         except ImageError as error:
             return first, None, JudgeFailure("bad_input", str(error))
-        ours, theirs = clean_text(caption).strip(), clean_text(item.baseline_caption).strip()
-        pair = (ours, theirs) if first else (theirs, ours)
-        messages = compare_messages(image.data_url, *pair, clean_text(item.human).strip(), prompts, detail)
+        pair = (caption, item.baseline_caption) if first else (item.baseline_caption, caption)
+        messages = compare_messages(image.data_url, *pair, item.human, prompts, detail, settings.guard)
         judgment, failure = await judge(messages)
         return first, judgment, failure
 
@@ -317,7 +321,7 @@ def run_caparena(
             **settings.options(),
             "images_sent": "official" if official_images else "judge",
             "prompts": (
-                prompts.source
+                prompts.source.ran(settings.guard)
                 if prompts is not None
                 else paraphrase_source("caparena", ("caparena_compare",))
             ).as_dict(),

@@ -3,7 +3,8 @@ multiple-choice questions about each image from the caption alone.
 
 As the official ``qa.py`` (and lmms-eval's ``captionqa`` task) does it:
 
-- a question is used when it has at least two choices and its ``answer`` is the text of one of them;
+- a question is used when it has at least two options (qa.py counts the cannot-answer option below)
+  and its ``answer`` is the text of one of its choices;
 - every question that is not a yes/no question gets one more option, "Cannot answer from the
   caption". Yes/no means: some choice contains "yes" and some choice contains "no" (substrings,
   lower-cased, as the official code tests them), or the question starts with an auxiliary verb
@@ -15,8 +16,10 @@ As the official ``qa.py`` (and lmms-eval's ``captionqa`` task) does it:
   letter; the letter is read as the official ``extract_letter`` reads it (after ``</think>``, after
   ``Answer: ``, after a first newline; the first standalone capital letter within range, else a
   standalone number 1..n);
-- correct = 1, wrong = 0, the cannot-answer option = 1 / (number of original choices) + 0.05, an
-  answer with no readable letter = 0 (``unparsed``), an empty answer = 0 (``empty``): both counted.
+- correct = 1, wrong = 0, an option whose text is "Cannot answer from the caption" = 1 / (number of
+  original choices) + 0.05 (qa.py compares the chosen option's text, so a question whose own choices
+  include that text scores it so too), an answer with no readable letter = 0 (``unparsed``), an
+  empty answer = 0 (``empty``): both counted.
 
 The benchmark's score is 100 x the mean per-question score; accuracy, the cannot-answer rate and
 per-category scores come with it.
@@ -24,21 +27,27 @@ per-category scores come with it.
 **Where the authors' ``qa.py`` and lmms-eval's task differ, the default is ``qa.py``** — the script
 the benchmark's authors publish and score their leaderboard with; lmms-eval's task is a port of it.
 Both variants are options: ``shuffle_over`` (``captioned``, qa.py: the RNG advances only over
-questions of images that have a caption, in the question file's order; ``all``, lmms-eval: over every
-usable question of the file, whatever has a caption — lmms-eval always uses the whole ``all`` split,
-so give that file) and ``rounding`` (``question``, qa.py: each question's score rounded to 4
-decimals, then the mean; ``mean``, lmms-eval: unrounded, the mean rounded to 4 decimals). With a
-complete caption file of the ``all`` split the two differ only by rounding. Not taken from lmms-eval:
+questions of images that have a caption, in the question file's order, and a question needs two
+options counting the cannot-answer one; ``all``, lmms-eval: over every usable question of the file,
+whatever has a caption, each with two choices of its own — lmms-eval always uses the whole ``all``
+split, so give that file), ``cannot_answer`` (``text``, qa.py: the chosen option's text is the
+cannot-answer text; ``position``, lmms-eval: the chosen option is the one added last) and
+``rounding`` (``question``, qa.py: each question's score rounded to 4 decimals, then the mean;
+``mean``, lmms-eval: unrounded, the mean rounded to 4 decimals). With a complete caption file of the
+``all`` split, no one-choice question and no cannot-answer text among a question's own choices, the
+two differ only by rounding. Not taken from lmms-eval:
 it reads the judge's answer unstripped (``"A\n"`` is unreadable there; qa.py and we strip it) and
 scores an HTTP error as an empty answer (here a failed call is a failure: reported, left out of the
 means and asked again by a re-run; answers are cached). Our stricter choice for empty answers,
 ``empty_answer: failure``, leaves them out instead of scoring 0.
 
 **Prompts.** By default our own system message (rubric ``captionqa_answer``, labelled paraphrase)
-and the official user-message layout. With ``official.captionqa`` set, the system message, the
-prompt builder, the letter reader and the cannot-answer option come from lmms-eval's task
-(:func:`~balcaprl.evaluate.official.load_captionqa_task`). In both, the caption is an escaped data
-block (the one change to the official layout).
+and the official user-message layout, the caption an escaped data block. With ``official.captionqa``
+set, the system message, the prompt builder, the letter reader and the cannot-answer option come from
+lmms-eval's task (:func:`~balcaprl.evaluate.official.load_captionqa_task`), and the request is the
+task's: the caption as it is, ``temperature`` 0, ``max_tokens`` 4 (qa.py's own vLLM
+path sends the same system and user messages). The ``guard`` option escapes and cleans the caption
+instead.
 
 Entries with several images (several views of one scene) are captioned from all of them, as
 lmms-eval's task does; the authors' ``caption.py`` also puts one line saying how many before the
@@ -59,8 +68,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
-from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, paraphrase_source
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, official_text, paraphrase_source
+from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
@@ -77,7 +86,7 @@ _YES_NO_STARTS = (
 )  # fmt: skip
 
 
-class CaptionQASection(ProtocolSection):
+class CaptionQASection(OfficialPromptSection):
     """CaptionQA's question file and options; the defaults are the official protocol's (seed 0,
     temperature 0)."""
 
@@ -101,7 +110,13 @@ class CaptionQASection(ProtocolSection):
     shuffle_over: Literal["captioned", "all"] = Field(
         "captioned",
         description="The questions the option shuffle's RNG advances over: 'captioned' (qa.py: those of "
-        "images with a caption) or 'all' (lmms-eval: every usable question of the file).",
+        "images with a caption; two options needed, the cannot-answer one counted) or 'all' (lmms-eval: "
+        "every usable question of the file; two choices of its own needed).",
+    )
+    cannot_answer: Literal["text", "position"] = Field(
+        "text",
+        description="Which chosen option scores 1/n + 0.05: 'text' (qa.py: any whose text is the cannot-answer "
+        "text) or 'position' (lmms-eval: the option added last).",
     )
 
 
@@ -109,6 +124,7 @@ class CaptionQASection(ProtocolSection):
 OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
     "seed": (0,), "temperature": (0.0,), "max_tokens": (4,), "empty_answer": ("zero",),
     "rounding": ("question", "mean"), "shuffle_over": ("captioned", "all"),
+    "cannot_answer": ("text", "position"), "guard": (False,),
 }  # fmt: skip
 
 
@@ -131,6 +147,7 @@ class PreparedQuestion:
     options: tuple[str, ...]  # choices + cannot-answer (when added), in the original order
     permutation: tuple[int, ...]  # shown option i is options[permutation[i]]
     category: str
+    cannot_answer: str = CANNOT_ANSWER  # the cannot-answer option's text
 
     @property
     def shown(self) -> list[str]:
@@ -157,12 +174,15 @@ def prepare_questions(
     only: Callable[[str], bool] | None = None,
     cannot_answer: str = CANNOT_ANSWER,
     add_cannot_answer: Callable[[str, list[str]], list[str]] | None = None,
+    count_added: bool = False,
 ) -> list[PreparedQuestion]:
     """Every usable question in file order, with its shuffled options (one RNG for the whole file).
 
     ``only``: the entries whose questions take part (the others draw nothing from the RNG: qa.py's
     rule for images without a caption). ``cannot_answer`` / ``add_cannot_answer(question, choices)``:
     the extra option's text and the function that adds it (lmms-eval's task's, with official prompts).
+    ``count_added``: the added option counts toward the two options a question needs (qa.py adds it
+    first, then counts; lmms-eval counts the question's own choices).
     """
     rng = random.Random(seed)
     prepared = []
@@ -170,17 +190,17 @@ def prepare_questions(
         if only is not None and not only(entry.id):
             continue
         for index, q in enumerate(entry.questions):
-            if len(q.choices) < 2:
-                continue
-            answer = _answer_index(q)
-            if answer is None:
-                continue
             if add_cannot_answer is not None:
                 options = tuple(str(o) for o in add_cannot_answer(q.question, list(q.choices)))
             elif is_yes_no_question(q.question, q.choices):
                 options = q.choices
             else:
                 options = (*q.choices, cannot_answer)
+            if len(options if count_added else q.choices) < 2:
+                continue
+            answer = _answer_index(q)
+            if answer is None:
+                continue
             permutation = list(range(len(options)))
             rng.shuffle(permutation)
             prepared.append(
@@ -193,6 +213,7 @@ def prepare_questions(
                     tuple(options),
                     tuple(permutation),
                     q.category,
+                    cannot_answer,
                 )
             )
     return prepared
@@ -225,13 +246,19 @@ def extract_letter(answer: str | None, n_options: int) -> str | None:
     return None
 
 
-def score_answer(question: PreparedQuestion, letter: str | None) -> tuple[float, str]:
-    """``(score, outcome)``: outcome is correct, wrong, cannot_answer or unparsed."""
+def score_answer(question: PreparedQuestion, letter: str | None, by_text: bool = True) -> tuple[float, str]:
+    """``(score, outcome)``: outcome is correct, wrong, cannot_answer or unparsed. ``by_text``: the
+    cannot-answer option is any option with its text, checked before the right answer (qa.py); else
+    the option added last (lmms-eval)."""
     shown = LETTERS.find(letter) if isinstance(letter, str) and len(letter) == 1 else -1
     if not 0 <= shown < len(question.permutation):
         return 0.0, "unparsed"
     original = question.permutation[shown]
-    if question.has_cannot_answer and original == len(question.options) - 1:
+    if (
+        question.options[original] == question.cannot_answer
+        if by_text
+        else question.has_cannot_answer and original == len(question.options) - 1
+    ):
         return 1.0 / len(question.choices) + CANNOT_ANSWER_BONUS, "cannot_answer"
     if original == question.answer_index:
         return 1.0, "correct"
@@ -239,16 +266,18 @@ def score_answer(question: PreparedQuestion, letter: str | None) -> tuple[float,
 
 
 def answer_messages(
-    caption: str, question: PreparedQuestion, task: CaptionQATask | None = None
+    caption: str, question: PreparedQuestion, task: CaptionQATask | None = None, guard: bool = False
 ) -> list[dict[str, Any]]:
-    """The judge's request: our system message and layout, or lmms-eval's (``task``); the caption is
-    an escaped data block either way."""
+    """The judge's request: our system message and layout (the caption cleaned, as an escaped data
+    block), or lmms-eval's (``task``: the caption as it is; with ``guard``, as ours)."""
     if task is None:
         return [
             {"role": "system", "content": load_rubric("captionqa_answer").text},
-            {"role": "user", "content": question_prompt(caption, question)},
+            {"role": "user", "content": question_prompt(clean_text(caption).strip(), question)},
         ]
-    prompt = task.build_prompt(data_block("caption", caption), question.question, question.shown)
+    shown = official_text(caption, guard)
+    shown = data_block("caption", shown) if guard else shown
+    prompt = task.build_prompt(shown, question.question, question.shown)
     return [{"role": "system", "content": task.system}, {"role": "user", "content": prompt}]
 
 
@@ -274,12 +303,13 @@ def run_captionqa(
     settings, task = settings or CaptionQASection(), prompts
     caption_of = {e.id: captions.lookup(e.id) for e in entries}
     only = (lambda i: caption_of[i] is not None) if settings.shuffle_over == "captioned" else None
-    questions = prepare_questions(
-        entries, settings.seed, only=only,
-        cannot_answer=CANNOT_ANSWER if task is None else task.cannot_answer,
-        add_cannot_answer=None if task is None else task.add_cannot_answer,
-    )  # fmt: skip
-    n_usable = len(questions) if only is None else len(prepare_questions(entries, settings.seed))
+    rules = {
+        "cannot_answer": CANNOT_ANSWER if task is None else task.cannot_answer,
+        "add_cannot_answer": None if task is None else task.add_cannot_answer,
+        "count_added": settings.shuffle_over == "captioned",
+    }
+    questions = prepare_questions(entries, settings.seed, only=only, **rules)
+    n_usable = len(questions) if only is None else len(prepare_questions(entries, settings.seed, **rules))
     missing = sorted(i for i, c in caption_of.items() if c is None)
     todo = [q for q in questions if caption_of[q.entry_id] is not None]
     read_letter = extract_letter if task is None else task.extract_letter
@@ -288,10 +318,10 @@ def run_captionqa(
 
     async def one(q: PreparedQuestion) -> dict[str, Any]:
         nonlocal done
-        caption = clean_text(caption_of[q.entry_id] or "").strip()
         result = await caller.call_text(
-            answer_messages(caption, q, task), kind="captionqa_answer", temperature=settings.temperature,
-            max_tokens=settings.max_tokens, truncated_ok=True,
+            answer_messages(caption_of[q.entry_id] or "", q, task, settings.guard), kind="captionqa_answer",
+            temperature=settings.temperature, max_tokens=settings.max_tokens, truncated_ok=True,
+            token_field="max_tokens",  # as both official scorers send it
         )  # fmt: skip
         done += 1
         if on_progress is not None:
@@ -305,7 +335,7 @@ def run_captionqa(
             return {**row, "failure": failure.reason, "detail": failure.detail, "score": None}
         response = "" if failure is not None else result.value
         letter = read_letter(response, len(q.options))
-        score, outcome = score_answer(q, letter)
+        score, outcome = score_answer(q, letter, by_text=settings.cannot_answer == "text")
         if not response:
             outcome = "empty"
         if settings.rounding == "question":
@@ -354,7 +384,11 @@ def run_captionqa(
             for name, rs in sorted(by_category.items())
         },
     }
-    source = task.source if task is not None else paraphrase_source("captionqa", ("captionqa_answer",))
+    source = (
+        task.source.ran(settings.guard)
+        if task is not None
+        else paraphrase_source("captionqa", ("captionqa_answer",))
+    )
     return ProtocolResult(
         protocol="captionqa",
         score=metrics["score"],

@@ -18,7 +18,8 @@ verifier's list of facts:
   joins the denominator: recall = earned / (oracle facts + verified unmatched facts);
 - F1 = 2PR / (P + R + 1e-8); the same three on the relevant facts only (all oracle facts count as
   relevant). As in the official code, the 1/k shares of the relevant-fact recall use k counted over
-  all facts.
+  all facts, and facts are keyed by their text with either prompts: two facts with the same text
+  share one match (the later one) and are relevant if either is.
 
 A caption's precision, recall and F1s are the means over its trials; its DCScore is
 (F1_all + F1_relevant) / 2, and the benchmark's DCScore is 100 x the mean over valid captions.
@@ -47,8 +48,9 @@ failure (never scored, asked again by a re-run: each sample is cached) rather th
 run; samples are separate requests (the script asks for ``n=3`` in one), and an unusable sample is
 drawn again on its own rather than with the whole caption; a matching or verification answer must
 list exactly the extracted facts (the script only requires the two answers to list the same facts),
-so that every trial's arithmetic is defined; captions are cleaned (control characters removed) and
-stripped. The judge model is whatever the judge config names (the benchmark used
+so that every trial's arithmetic is defined. Otherwise each request is the script's, text for text
+(the caption and the reference as they are, ``max_tokens``, ``n``: 1); the ``guard`` option
+(:mod:`~balcaprl.evaluate.official`) escapes and cleans the texts instead. The judge model is whatever the judge config names (the benchmark used
 gpt-4o-2024-05-13).
 """
 
@@ -72,9 +74,10 @@ from balcaprl.evaluate.official import (
     OFFICIAL_IMAGE_SIDE,
     DeCapBenchPrompts,
     load_decapbench_prompts,
+    official_text,
     paraphrase_source,
 )
-from balcaprl.evaluate.protocols import Protocol, ProtocolSection
+from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import CallResult, JudgeCaller
 from balcaprl.judge.images import ImageError, ImageLoader
@@ -87,7 +90,7 @@ _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample
 RUBRICS = ("dcscore_extract", "dcscore_match", "dcscore_verify")
 
 
-class DCScoreSection(ProtocolSection):
+class DCScoreSection(OfficialPromptSection):
     """DCScore's files and options; the defaults are the official protocol's."""
 
     INPUTS = {
@@ -121,7 +124,7 @@ class DCScoreSection(ProtocolSection):
 OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
     "n_match": (3,), "n_verify": (3,), "extract_temperature": (1.0,), "match_temperature": (1.0,),
     "verify_temperature": (0.3,), "max_tokens": (2000,), "degenerate_captions": ("invalid",),
-    "max_attempts": (5,), "images_sent": ("official",),
+    "max_attempts": (5,), "images_sent": ("official",), "guard": (False,),
 }  # fmt: skip
 
 
@@ -310,32 +313,35 @@ def parse_fenced_json(answer: str) -> Any:
     raise ValueError("no JSON list in the answer (expected a ```json fenced list)")
 
 
-def official_extract_messages(prompts: DeCapBenchPrompts, caption: str) -> list[dict[str, Any]]:
+def official_extract_messages(
+    prompts: DeCapBenchPrompts, caption: str, guard: bool = False
+) -> list[dict[str, Any]]:
     """The official extraction request: the system message, then the filled template."""
     return [
         {"role": "system", "content": prompts.system},
-        {"role": "user", "content": prompts.extract.fill(caption=caption)},
+        {"role": "user", "content": prompts.extract.fill(caption=caption, guard=guard)},
     ]
 
 
 def official_match_messages(
-    prompts: DeCapBenchPrompts, facts: Sequence[dict[str, Any]], oracle: Sequence[str]
+    prompts: DeCapBenchPrompts, facts: Sequence[dict[str, Any]], oracle: Sequence[str], guard: bool = False
 ) -> list[dict[str, Any]]:
     """The official matching request: predicted facts (their objects, without relevance) and the oracle
     facts keyed by their 0-based ``id``, each list laid out as the official script lays it out."""
     text = prompts.match.fill(
         predicted_atomic_facts=fact_list_json(facts),
         oracle_atomic_facts=fact_list_json([{"id": i, "fact": f} for i, f in enumerate(oracle)]),
+        guard=guard,
     )
     return [{"role": "system", "content": prompts.system}, {"role": "user", "content": text}]
 
 
 def official_verify_messages(
     prompts: DeCapBenchPrompts, image_data_url: str, reference: str, facts: Sequence[dict[str, Any]],
-    detail: str | None = "high",
+    detail: str | None = "high", guard: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The official verification request: the image, then the filled template."""
-    text = prompts.verify.fill(reference_caption=reference, atomic_facts=fact_list_json(facts))
+    text = prompts.verify.fill(reference_caption=reference, atomic_facts=fact_list_json(facts), guard=guard)
     return [
         {"role": "system", "content": prompts.system},
         {"role": "user", "content": [_image_part(image_data_url, detail), {"type": "text", "text": text}]},
@@ -358,8 +364,8 @@ def _objects(value: Any, keys: Sequence[str], what: str) -> list[dict[str, Any]]
 
 
 def _echoed(text: str, known: set[str]) -> str:
-    """A fact text as the judge echoed it; the facts reached it HTML-escaped inside a data block, so
-    an escaped echo of a known fact is that fact."""
+    """A fact text as the judge echoed it; with the guard on, the facts reached it HTML-escaped inside
+    a data block, so an escaped echo of a known fact is that fact."""
     return text if text in known else html.unescape(text)
 
 
@@ -382,10 +388,21 @@ def _oracle_id(value: Any) -> Hashable | None:
 # ----------------------------------------------------------------------------------------- protocol
 
 
+def _as_sent(temperature: float | None) -> float | int | None:
+    """A temperature as the official script writes it: ``temperature=1`` goes as the JSON integer 1."""
+    return int(temperature) if temperature is not None and float(temperature).is_integer() else temperature
+
+
+# Each official request as the script sends it (besides its texts): `max_tokens`, and `n` (1 here:
+# each sample is its own request, where the script asks for n=3 in one).
+_OFFICIAL_REQUEST = {"token_field": "max_tokens", "extra_body": {"n": 1}}
+
+
 @dataclass
 class _Facts:
-    """The extracted facts of one caption: their relevance, what later prompts show, and their keys
-    (positions with our prompts; texts with the official ones)."""
+    """The extracted facts of one caption: their relevance, what later prompts show, and their keys:
+    their texts, as the official scorer keys matches and relevance (two facts with one text share
+    one match and one relevance, whichever prompts ran)."""
 
     relevance: list[bool]
     shown: list[Any]  # Fact (ours) or the fact objects without 'relevance' (official)
@@ -430,8 +447,8 @@ class _Run:
         last: JudgeFailure | None = None
         for trial in trials:
             result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
-                messages, kind=kind, trial=trial, temperature=temperature, max_tokens=self.settings.max_tokens,
-                truncated_ok=True,
+                messages, kind=kind, trial=trial, temperature=_as_sent(temperature),
+                max_tokens=self.settings.max_tokens, truncated_ok=True, **_OFFICIAL_REQUEST,
             )  # fmt: skip
             if result.failure is not None and result.failure.reason not in _UNUSABLE:
                 return None, result.failure
@@ -463,10 +480,10 @@ class _Run:
                 return None, result.failure
             facts = list(result.value.facts)
             return _Facts(
-                [f.relevance for f in facts], facts, [f.model_dump() for f in facts], list(range(len(facts))),
-                {i for i, f in enumerate(facts) if f.relevance},
+                [f.relevance for f in facts], facts, [f.model_dump() for f in facts], [f.fact for f in facts],
+                {f.fact for f in facts if f.relevance},
             ), None  # fmt: skip
-        messages = official_extract_messages(self.prompts, text)
+        messages = official_extract_messages(self.prompts, text, self.settings.guard)
         found, failure = await self._text(
             messages, "dcscore_extract", [attempt], self.settings.extract_temperature,
             lambda answer: _objects(parse_fenced_json(answer), ("fact", "relevance"), "extraction"),
@@ -505,7 +522,10 @@ class _Run:
             )  # fmt: skip
             if r.failure is not None:
                 return None, r.failure
-            return [m.oracle_id for m in sorted(r.value.matches, key=lambda m: m.id)], None
+            # keyed by fact text, as the official scorer keys them: of two facts with one text, the later
+            # match counts for both
+            ordered = sorted(r.value.matches, key=lambda m: m.id)
+            return {facts.keys[m.id - 1]: m.oracle_id for m in ordered}, None
 
         async def verify(t: int) -> tuple[Any, JudgeFailure | None]:
             r: CallResult = await self.caller.call_json(
@@ -515,7 +535,9 @@ class _Run:
             )  # fmt: skip
             if r.failure is not None:
                 return None, r.failure
-            return [(v.id - 1, v.correct) for v in sorted(r.value.verdicts, key=lambda v: v.id)], None
+            return [
+                (facts.keys[v.id - 1], v.correct) for v in sorted(r.value.verdicts, key=lambda v: v.id)
+            ], None
 
         return [match(t) for t in range(self.settings.n_match)] + [
             verify(t) for t in range(self.settings.n_verify)
@@ -524,10 +546,10 @@ class _Run:
     def _official_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str) -> list[Any]:
         prompts = self.prompts
         assert prompts is not None
-        known = set(facts.keys)
-        match_messages_ = official_match_messages(prompts, facts.shown, item.oracle_facts)
+        known, guard = set(facts.keys), self.settings.guard
+        match_messages_ = official_match_messages(prompts, facts.shown, item.oracle_facts, guard)
         verify_messages_ = official_verify_messages(
-            prompts, image_url, item.oracle_caption, facts.shown, self.detail
+            prompts, image_url, official_text(item.oracle_caption, guard), facts.shown, self.detail, guard
         )
 
         def read_matches(answer: str) -> dict[Hashable, Hashable | None]:
@@ -558,7 +580,8 @@ class _Run:
     async def score(self, item: DeCapBenchItem, caption: str) -> _Item:
         out = _Item(item.key)
         settings = self.settings
-        text = clean_text(caption).strip()
+        # ours: cleaned and stripped; official: as the script sends it (cleaned only with the guard)
+        text = clean_text(caption).strip() if self.prompts is None else official_text(caption, settings.guard)
         n_oracle = len(item.oracle_facts)
 
         def fail(failure: JudgeFailure, step: str) -> _Item:
@@ -573,7 +596,7 @@ class _Run:
                 out.invalid = reason
             return out
 
-        if not text:  # an empty caption states nothing: no fact
+        if not text.strip():  # an empty caption states nothing: no fact
             return undefined("empty caption")
         # Up to max_attempts extraction samples, as the official script tries a caption up to 5 times:
         # an unusable official answer, or (with the official rule) facts the formulas are undefined
@@ -610,15 +633,12 @@ class _Run:
                 return fail(failure, step)
         mappings = [value for value, _ in results[: settings.n_match]]
         verifications = [value for value, _ in results[settings.n_match :]]
-        position = {key: i for i, key in enumerate(facts.keys)}
         trials, out.trials = [], []
         for i, verdicts in enumerate(verifications):
             for j, mapping in enumerate(mappings):
                 # the trial runs over the verifier's list of facts, as the official code does
                 keys = [key for key, _ in verdicts]
-                matches = [
-                    mapping[key] if isinstance(mapping, dict) else mapping[position[key]] for key in keys
-                ]
+                matches = [mapping[key] for key in keys]
                 relevance = [key in facts.relevant_keys for key in keys]
                 verified = [ok for _, ok in verdicts]
                 trial = score_trial(relevance, matches, verified, n_oracle)
@@ -683,7 +703,11 @@ def run_dcscore(
     metrics: dict[str, Any] = {name: (100 * mean([r[name] for r in ok]) if ok else None) for name in names}
     metrics["n_invalid"] = len(invalid)
     metrics["invalid"] = {r["key"]: r["invalid"] for r in invalid}
-    source = prompts.source if prompts is not None else paraphrase_source("decapbench", RUBRICS)
+    source = (
+        prompts.source.ran(settings.guard)
+        if prompts is not None
+        else paraphrase_source("decapbench", RUBRICS)
+    )
     return ProtocolResult(
         protocol="dcscore",
         score=metrics["dcscore"],

@@ -31,10 +31,13 @@ recorded (:class:`PromptSource`): the file, the git commit when the checkout is 
 whether the file differs from it), the sha256 of the file and, when it is a published version we know,
 which one.
 
-The one change made to the official texts: every slot is filled with an escaped data block
-(:func:`balcaprl.judge.prompt.data_block`: the value between ``<slot>`` and ``</slot>`` lines, with
-``&``, ``<`` and ``>`` HTML-escaped), so no caption can end its slot and speak to the judge. For
-ordinary text the judge reads the same words, between two tag lines.
+The requests go as the official code sends them: the official texts with each slot filled with
+the value as it is (captions, references, facts neither cleaned nor stripped), the message shapes
+and the token field (``max_tokens``) of the official request. The one option, ``guard`` (off by
+default, recorded in the summary's settings when on, and then not comparable), fills every slot with
+an escaped data block (:func:`balcaprl.judge.prompt.data_block`: the value between ``<slot>`` and
+``</slot>`` lines, with ``&``, ``<`` and ``>`` HTML-escaped) and cleans each text first
+(:func:`official_text`), so no caption can end its slot and speak to the judge.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import string
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +58,12 @@ from pydantic import Field, field_validator
 
 from balcaprl.config import Section
 from balcaprl.errors import ConfigError
-from balcaprl.judge.prompt import data_block
+from balcaprl.judge.prompt import clean_text, data_block
 
 OFFICIAL_TEXT_CHANGE = (
-    "each slot of the official template is filled with an escaped data block (the value between "
-    "<slot> and </slot> lines, with &, < and > HTML-escaped); nothing else in the official text is changed"
+    "guard: each slot of the official template is filled with an escaped data block (the value between "
+    "<slot> and </slot> lines, with &, < and > HTML-escaped) and each text is cleaned (control characters "
+    "removed) and stripped; nothing else in the official text is changed"
 )
 
 # sha256 of the published files (so a summary can say which published version ran).
@@ -137,13 +141,23 @@ class PromptSource:
     published: str | None = None  # the published version with this sha256, when we know it
     version: str | None = None  # the installed package's version (lmms-eval)
     names: tuple[str, ...] = ()  # what was read from the file
-    change: str | None = None  # the one change to the official text
+    change: str | None = None  # the change to the official text (only with the guard on)
     rubrics: dict[str, str] = field(default_factory=dict)  # paraphrase: rubric -> version
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["names"] = list(self.names)
         return {k: v for k, v in data.items() if v not in (None, {}, [])}
+
+    def ran(self, guard: bool) -> PromptSource:
+        """This source as it ran: with the guard on, the change it made to the official text."""
+        return replace(self, change=OFFICIAL_TEXT_CHANGE) if guard and self.kind == "official" else self
+
+
+def official_text(text: str, guard: bool) -> str:
+    """A text (caption, reference) for an official request: as it is, as the official code sends it;
+    with the guard on, cleaned and stripped."""
+    return clean_text(text).strip() if guard else text
 
 
 def paraphrase_source(benchmark: str, rubrics: Sequence[str]) -> PromptSource:
@@ -184,7 +198,6 @@ def _source(benchmark: str, file: Path, names: Sequence[str], version: str | Non
     return PromptSource(
         "official", benchmark, file=str(file), commit=commit, modified=modified, sha256=digest,
         published=_PUBLISHED.get(benchmark, {}).get(digest), version=version, names=tuple(names),
-        change=OFFICIAL_TEXT_CHANGE,
     )  # fmt: skip
 
 
@@ -197,18 +210,20 @@ def _slots(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Template:
-    """An official ``str.format`` template whose slots are known; :meth:`fill` escapes every value."""
+    """An official ``str.format`` template whose slots are known."""
 
     name: str
     text: str
     slots: tuple[str, ...]
 
-    def fill(self, **values: str) -> str:
-        """The template with each slot's value as an escaped data block tagged with the slot's name
-        (the one change to the official text, :data:`OFFICIAL_TEXT_CHANGE`)."""
+    def fill(self, *, guard: bool = False, **values: str) -> str:
+        """The template with each slot's value as it is, as the official code fills it; with ``guard``,
+        as an escaped data block tagged with the slot's name (:data:`OFFICIAL_TEXT_CHANGE`)."""
         if set(values) != set(self.slots):
             raise ValueError(f"{self.name} needs exactly {sorted(self.slots)}, got {sorted(values)}")
-        return self.text.format(**{slot: data_block(slot, value) for slot, value in values.items()})
+        if guard:
+            values = {slot: data_block(slot, value) for slot, value in values.items()}
+        return self.text.format(**values)
 
 
 def _checked_template(name: str, text: str, slots: Sequence[str], where: Path) -> Template:

@@ -48,6 +48,16 @@ class ProtocolSection(Section):
         return self.model_dump(exclude={"judge", *self.INPUTS})
 
 
+class OfficialPromptSection(ProtocolSection):
+    """The section of a protocol that can run with its benchmark's official prompts."""
+
+    guard: bool = Field(
+        False,
+        description="With the official prompts: fill each slot with an escaped data block and clean and strip "
+        "each text (not comparable: the official code sends the texts as they are). Our prompts always do.",
+    )
+
+
 @dataclass(frozen=True)
 class Protocol:
     name: str

@@ -72,7 +72,9 @@ class RowsFile:
         self.path = Path(path)
         self._part = (part_dir or self.path.parent) / f"{self.path.name}.part"
         self._part.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = self._part.open("w", encoding="utf-8")
+        # backslashreplace: a lone surrogate (no valid Unicode, e.g. in a caption) is written as its JSON
+        # escape, which reads back as the same text
+        self._handle = self._part.open("w", encoding="utf-8", errors="backslashreplace")
 
     def write(self, row: dict[str, Any]) -> None:
         self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -81,10 +81,18 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def json_bytes(value: Any, **options: Any) -> bytes:
+    """``value`` as UTF-8 JSON; one holding a text that is no valid Unicode (a lone surrogate, which
+    UTF-8 cannot encode) goes with every non-ASCII character escaped, as ``json.dumps`` writes by default."""
+    try:
+        return json.dumps(value, ensure_ascii=False, **options).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, **options).encode("ascii")
+
+
 def messages_sha256(messages: list[dict[str, Any]]) -> str:
     """sha256 of the canonical JSON of a conversation (images included, as their data URLs)."""
-    canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(json_bytes(messages, sort_keys=True, separators=(",", ":"))).hexdigest()
 
 
 def prompt_identity(
@@ -251,6 +259,7 @@ class JudgeCaller:
         identity: dict[str, Any] | None = None,
         check: Callable[[Any], None] | None = None,
         extra_body: dict[str, Any] | None = None,
+        token_field: str = "max_completion_tokens",
     ) -> CallResult:
         """A structured answer validated against ``schema`` (strict json_schema ``response_format``
         named ``balcaprl_<kind>``). ``check(value)`` may raise ``ValueError`` for answers that
@@ -259,6 +268,7 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, schema=schema, check=check, temperature=temperature,
             max_tokens=max_tokens, trial=trial, identity=identity, extra_body=extra_body,
+            token_field=token_field,
         )  # fmt: skip
         return self._counted(result)
 
@@ -274,6 +284,7 @@ class JudgeCaller:
         accept: Callable[[str], None] | None = None,
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
+        token_field: str = "max_completion_tokens",
     ) -> CallResult:
         """A free-text answer (stripped; no ``response_format`` is sent). ``accept(text)`` may raise
         ``ValueError`` to have an unusable answer re-asked once (a ``schema_violation`` if it fails
@@ -284,6 +295,7 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, check=accept, temperature=temperature, max_tokens=max_tokens,
             trial=trial, identity=identity, extra_body=extra_body, truncated_ok=truncated_ok,
+            token_field=token_field,
         )  # fmt: skip
         return self._counted(result)
 
@@ -309,13 +321,17 @@ class JudgeCaller:
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
         stats: JudgeStats | None = None,
+        token_field: str = "max_completion_tokens",
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
         :attr:`stats`); the request itself is not counted (see :meth:`call_json`).
 
         ``messages`` may be a function that builds them, together with an ``identity``: it is called
-        only when a call is made (a cache hit or a shared call never needs the messages)."""
+        only when a call is made (a cache hit or a shared call never needs the messages).
+
+        ``token_field``: the name the answer's token budget goes under; ``max_tokens`` where a
+        benchmark's official request sends that older name (a server may read only one of them)."""
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
@@ -338,7 +354,7 @@ class JudgeCaller:
                 except (KeyError, TypeError, ValueError, ValidationError):
                     log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
             conversation = messages() if callable(messages) else messages
-            body = {"model": cfg.model, "messages": conversation, "max_completion_tokens": max_tokens}
+            body = {"model": cfg.model, "messages": conversation, token_field: max_tokens}
             if schema is not None:
                 body["response_format"] = json_response_format(schema, kind)
             if temperature is not None:
@@ -533,10 +549,10 @@ class Endpoint:
         classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
         runtime = self.runtime()
         cfg = self.config
-        max_tokens = body["max_completion_tokens"]
+        max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
         if cfg.stream:  # the first byte is then the first token (tail.py)
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")  # once, for every attempt
+        payload = json_bytes(body)  # once, for every attempt
         # What a call really uses: its prompt at the model's image rate and a realistic answer
         # (reserving the whole max_tokens paced the client at a fraction of its budget).
         tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)

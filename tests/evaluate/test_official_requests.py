@@ -1,0 +1,320 @@
+"""With the official prompts, each protocol's requests are the official code's requests: each is sent
+to a capture server (a real HTTP server on 127.0.0.1) and its body compared with the body the fake
+official checkout builds when its own request code runs (official_fakes.run_fake): the same JSON value,
+compared as canonical bytes (sorted keys, no spaces), so every text, message shape, field name and
+number (1 is not 1.0) must be equal. Key order and spacing are not compared: they are the HTTP
+library's (the official scripts use the openai client and ``requests``, which lay them out differently).
+
+The texts carry what the guard would change (surrounding spaces, a control character, ``<`` and
+``&``), so a cleaned, stripped or escaped text fails the comparison."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from evaluate_testkit import judge_config, png
+from official_fakes import (
+    FAKE_CAPARENA,
+    FAKE_DECAPBENCH,
+    FAKE_LMMS_UTILS,
+    OfficialRecorder,
+    fake_caparena,
+    fake_decapbench,
+    fake_lmms_eval,
+    run_fake,
+)
+
+from balcaprl.evaluate.caparena import CapArenaSection, positions, run_caparena
+from balcaprl.evaluate.captionqa import CaptionQASection, run_captionqa
+from balcaprl.evaluate.dcscore import DCScoreSection, run_dcscore
+from balcaprl.evaluate.formats import read_caparena, read_caption_sets, read_captionqa, read_decapbench
+from balcaprl.evaluate.official import (
+    OFFICIAL_TEXT_CHANGE,
+    departures,
+    load_caparena_prompts,
+    load_captionqa_task,
+    load_decapbench_prompts,
+)
+from balcaprl.judge import JudgeCaller
+
+# What a guard would change: surrounding spaces and newlines, a control character, markup, an ampersand.
+CAPTION = "  A red <b>door</b> & an\x07 old cat.\n"
+REFERENCE = " A red door & a cat.\n"
+
+
+def canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class CaptureServer:
+    """A chat-completions endpoint that keeps every request body's bytes; ``answer(body)`` gives the
+    reply's text."""
+
+    def __init__(self, answer: Callable[[dict[str, Any]], str]):
+        self.raw: list[bytes] = []
+        capture = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                capture.raw.append(raw)
+                reply = {
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": answer(json.loads(raw))}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                }  # fmt: skip
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.raw]
+
+
+@pytest.fixture
+def capture() -> Iterator[Callable[..., CaptureServer]]:
+    started: list[CaptureServer] = []
+
+    def start(answer: Callable[[dict[str, Any]], str]) -> CaptureServer:
+        server = CaptureServer(answer)
+        server.thread.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.server.shutdown()
+        server.server.server_close()
+
+
+def _user_text(body: dict[str, Any]) -> str:
+    content = body["messages"][1]["content"]
+    return content if isinstance(content, str) else content[-1]["text"]
+
+
+def _one(bodies: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    """The body of a step (its samples' bodies are all the same: they differ only in the cache)."""
+    found = [b for b in bodies if _user_text(b).startswith(prefix)]
+    assert found and all(canonical(b) == canonical(found[0]) for b in found), prefix
+    return found[0]
+
+
+# ----------------------------------------------------------------------------------------- DCScore
+
+ORACLE = ["There is a red door. ", " A cat."]
+FACTS = [{"fact": "A red <b>door</b> & more", "identifier": "door", "relevance": 1},
+         {"fact": "The cat is old", "relevance": 0}]  # fmt: skip
+
+
+def _dcscore_answer(body: dict[str, Any]) -> str:
+    text = _user_text(body)
+    if text.startswith("PLACEHOLDER-EXTRACT"):
+        return f"```json\n{FACTS!r}\n```"
+    facts = [f["fact"] for f in FACTS]
+    if text.startswith("PLACEHOLDER-MATCH"):
+        return "```json\n" + json.dumps([{"fact": f, "matched_oracle_id": 0} for f in facts]) + "\n```"
+    return "```json\n" + json.dumps([{"fact": f, "verification": 1} for f in facts]) + "\n```"
+
+
+def _dcscore_setup(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "img.png").write_bytes(png((200, 30, 40), size=40))  # the official code re-encodes it as JPEG
+    annotations = tmp_path / "oracle.jsonl"
+    row = {"image_name": "img.png", "oracle_caption": REFERENCE, "oracle_facts": ORACLE}
+    annotations.write_text(json.dumps(row) + "\n")
+    captions_file = tmp_path / "captions.jsonl"
+    rows = [{"image_path": "img.png", "caption": CAPTION}, {"image_path": "unused.png", "caption": "x"}]
+    captions_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    captions = read_caption_sets([captions_file])["decapbench"]
+    return read_decapbench(annotations), captions, images
+
+
+def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
+    items, captions, images = _dcscore_setup(tmp_path)
+    assert captions.lookup("img.png") == CAPTION  # read as written
+    server = capture(_dcscore_answer)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    config = judge_config(server.base_url, model="gpt-4o-2024-05-13")
+    result = run_dcscore(JudgeCaller(config), items, captions, tmp_path / "out", DCScoreSection(images=images),
+                         prompts=prompts)  # fmt: skip
+    assert result.n_scored == 1 and not result.failures
+    assert "change" not in result.settings["prompts"] and result.settings["guard"] is False
+
+    # what the official script sends, step by step as its main() calls it (n=1: each of our samples
+    # is its own request, where the script asks for n=3 in one -- the one field that differs)
+    official = run_fake(FAKE_DECAPBENCH)
+    sent = OfficialRecorder()
+    listed = official["format_json_input"]
+    shown = [{k: v for k, v in f.items() if k != "relevance"} for f in FACTS]
+    official["run_gpt_text"](
+        sent, prompt=official["extract_prompt"].format(caption=CAPTION), temperature=1, n=1
+    )
+    matching = official["match_prompt"].format(
+        predicted_atomic_facts=listed(shown),
+        oracle_atomic_facts=listed([{"id": i, "fact": f} for i, f in enumerate(ORACLE)]),
+    )
+    official["run_gpt_text"](sent, prompt=matching, temperature=1, n=1)
+    verifying = official["verify_prompt"].format(reference_caption=REFERENCE, atomic_facts=listed(shown))
+    official["run_gpt_multimodal"](sent, prompt=verifying, image_path=str(images / "img.png"), temperature=0.3,
+                                   detail="high", n=1)  # fmt: skip
+
+    ours = server.bodies()
+    for step, theirs in zip(("PLACEHOLDER-EXTRACT", "PLACEHOLDER-MATCH", "PLACEHOLDER-VERIFY"), sent.bodies,
+                            strict=True):  # fmt: skip
+        assert canonical(_one(ours, step)) == canonical(theirs), step
+    assert all("max_tokens" in b and "max_completion_tokens" not in b for b in ours)
+
+
+def test_the_guard_is_an_option_recorded_and_not_comparable(tmp_path, capture):
+    items, captions, images = _dcscore_setup(tmp_path)
+    server = capture(_dcscore_answer)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    settings = DCScoreSection(images=images, guard=True)
+    result = run_dcscore(JudgeCaller(judge_config(server.base_url)), items, captions, tmp_path / "out", settings,
+                         prompts=prompts)  # fmt: skip
+    extract = _user_text(_one(server.bodies(), "PLACEHOLDER-EXTRACT"))
+    # cleaned, stripped and escaped in a data block
+    assert (
+        "%% PLACEHOLDER caption:\n<caption>\nA red &lt;b&gt;door&lt;/b&gt; &amp; an old cat.\n</caption>\n"
+        in extract
+    )
+    assert result.settings["guard"] is True and result.settings["prompts"]["change"] == OFFICIAL_TEXT_CHANGE
+    assert departures(result.settings, {"guard": (False,)}) == ["guard=True (official: False)"]
+
+
+# ----------------------------------------------------------------------------------------- CapArena
+
+
+def test_caparena_requests_are_the_official_scripts(tmp_path, capture):
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "img.png").write_bytes(png((10, 120, 30)))  # the official script labels every image PNG
+    baseline, human = " The baseline's <i>caption</i>\x01 \n", "  A human & reference.\n"
+    annotations = tmp_path / "caparena_auto_600.json"
+    annotations.write_text(json.dumps(
+        {"img.png": {"ref_model": "GPT-4o-0806", "captions": {"GPT-4o-0806": baseline, "human": human}}}
+    ))  # fmt: skip
+    captions_file = tmp_path / "ours.json"
+    captions_file.write_text(json.dumps({"img.png": CAPTION}))
+    captions = read_caption_sets([captions_file])[None]
+    server = capture(lambda body: "Reason: close.\nJudgment: Tie")
+    prompts = load_caparena_prompts(fake_caparena(tmp_path / "CapArena"))
+    config = judge_config(server.base_url, model="gpt-4o-2024-08-06")
+    result = run_caparena(JudgeCaller(config), read_caparena(annotations), captions, tmp_path / "out",
+                          CapArenaSection(images=images), prompts=prompts)  # fmt: skip
+    assert result.metrics["per_baseline"]["GPT-4o-0806"]["ties"] == 1
+
+    # the official script's pair file, with the positions of our draw (theirs is unseeded)
+    first, second = (CAPTION, baseline) if positions("img.png") else (baseline, CAPTION)
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps([{"img": "img.png", "caption1": first, "caption2": second, "ref": human}]))
+    sent = OfficialRecorder("Reason: close.\nJudgment: Tie")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "requests", sent)
+        run_fake(FAKE_CAPARENA)["mllm_judge_pairs"](str(pairs), str(images))
+    (ours,) = server.bodies()
+    assert canonical(ours) == canonical(sent.bodies[0])
+    assert ours["messages"][0]["content"] == [{"type": "text", "text": prompts.system}]  # a list of one part
+
+
+# ----------------------------------------------------------------------------------------- CaptionQA
+
+QUESTIONS = [
+    {"id": "nat_1", "questions": [
+        {"question": " What shape <is> it?", "choices": ["Round ", "Square"], "answer": "Round", "category": ["Shape"]},
+        {"question": "Is it red?", "choices": ["Yes", "No"], "answer": "Yes", "category": ["Colour"]}]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [{}, {"cannot_answer": "position", "shuffle_over": "all", "rounding": "mean"}],
+    ids=["qa.py", "lmms-eval"],
+)
+def test_captionqa_requests_are_the_official_tasks(tmp_path, capture, rules):
+    questions = tmp_path / "captionqa.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in QUESTIONS))
+    captions_file = tmp_path / "ours.json"
+    captions_file.write_text(json.dumps({"nat_1": CAPTION}))
+    captions = read_caption_sets([captions_file])[None]
+    server = capture(lambda body: "(A)")
+    task = load_captionqa_task(str(fake_lmms_eval(tmp_path / "lmms-eval")))
+    config = judge_config(server.base_url, model="PLACEHOLDER/judge")
+    result = run_captionqa(JudgeCaller(config), read_captionqa(questions), captions, tmp_path / "out",
+                           CaptionQASection(**rules), prompts=task)  # fmt: skip
+    assert result.n_scored == 2
+    rows = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
+
+    sent = OfficialRecorder("(A)")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "requests", sent)
+        official = run_fake(FAKE_LMMS_UTILS)
+        for row in sorted(rows, key=lambda r: r["question_index"]):
+            official["call_llm_judge"](
+                official["build_caption_qa_prompt"](CAPTION, row["question"], row["options_shown"])
+            )
+    ours = sorted(server.bodies(), key=lambda b: "Is it red" in _user_text(b))
+    assert [canonical(b) for b in ours] == [canonical(b) for b in sent.bodies]
+    assert all(b["max_tokens"] == 4 and "max_completion_tokens" not in b for b in ours)
+
+
+def test_captionqa_with_our_prompts_sends_max_tokens_too(tmp_path, capture):
+    questions = tmp_path / "captionqa.jsonl"
+    questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    captions_file = tmp_path / "ours.json"
+    captions_file.write_text(json.dumps({"nat_1": CAPTION}))
+    server = capture(lambda body: "A")
+    run_captionqa(JudgeCaller(judge_config(server.base_url)), read_captionqa(questions),
+                  read_caption_sets([captions_file])[None], tmp_path / "out")  # fmt: skip
+    assert {b["max_tokens"] for b in server.bodies()} == {4}
+    assert all("max_completion_tokens" not in b for b in server.bodies())
+
+
+def test_a_text_that_is_no_valid_unicode_is_sent_escaped(tmp_path, capture):
+    # A lone surrogate (a caption file may hold "\ud83d" alone) cannot be encoded as UTF-8: the body
+    # then goes with every non-ASCII character escaped, as ``requests`` sends it (the official code).
+    questions = tmp_path / "captionqa.jsonl"
+    questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    captions_file = tmp_path / "ours.json"
+    captions_file.write_text('{"nat_1": "A cat \\ud83d and a caf\\u00e9."}')
+    captions = read_caption_sets([captions_file])[None]
+    server = capture(lambda body: "(A)")
+    task = load_captionqa_task(str(fake_lmms_eval(tmp_path / "lmms-eval")))
+    result = run_captionqa(JudgeCaller(judge_config(server.base_url)), read_captionqa(questions), captions,
+                           tmp_path / "out", prompts=task)  # fmt: skip
+    assert result.n_scored == 2 and not result.failures
+    assert all(b"A cat \\ud83d and a caf\\u00e9." in raw for raw in server.raw)
+
+
+def test_dcscore_rows_keep_a_caption_that_is_no_valid_unicode(tmp_path, capture):
+    items, _, images = _dcscore_setup(tmp_path)
+    caption = "A red door \ud83d."
+    captions_file = tmp_path / "odd.json"
+    captions_file.write_text(json.dumps({"img.png": caption}))  # written with the surrogate escaped
+    server = capture(_dcscore_answer)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    result = run_dcscore(JudgeCaller(judge_config(server.base_url)), items, read_caption_sets([captions_file])[None],
+                         tmp_path / "out", DCScoreSection(images=images), prompts=prompts)  # fmt: skip
+    assert result.n_scored == 1
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
+    assert row["caption"] == caption
