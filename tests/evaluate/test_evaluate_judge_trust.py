@@ -9,11 +9,12 @@ import json
 import shutil
 
 import pytest
-from evaluate_testkit import synthetic_benchmarks, write_judge_yaml
+from evaluate_testkit import write_judge_yaml
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.testing.judge_server import JudgeServer
+from balcaprl.testing.oracle_protocols import write_synthetic_benchmarks
 from balcaprl.testing.revocation import RevokedKey
 from balcaprl.testing.scripted_judge import ScriptedJudge
 
@@ -26,14 +27,14 @@ def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rejected")
     dataset = build_dataset(tmp / "ds", n_train=2, n_eval=4, seed=7)
     rows = read_split_rows(dataset, "eval")
-    (tmp / "captions.json").write_text(json.dumps({r["image"].split("/")[-1]: r["reference"] for r in rows}))
+    (tmp / "captions.json").write_text(json.dumps({r["image"]: r["reference"] for r in rows}))
     audit = "".join(json.dumps({"image": r["id"], "caption": r["reference"]}) + "\n" for r in rows)
     (tmp / "audit.jsonl").write_text(audit)
-    return tmp, dataset, synthetic_benchmarks(dataset, tmp)
+    return tmp, dataset, write_synthetic_benchmarks(dataset, tmp)
 
 
 def commands(tmp, dataset, bench, judge, out) -> dict[str, list]:
-    images = dataset / "images"
+    images = dataset  # the benchmark files key images by their path in the dataset folder
     benchmarks = ["--decapbench", bench["decapbench"], "--decapbench-images", images, "--captionqa",
                   bench["captionqa"], "--caparena", bench["caparena"], "--caparena-images", images]  # fmt: skip
     evaluate = ["evaluate", "--captions", tmp / "captions.json", "--judge", judge, "--out", out, *benchmarks]
