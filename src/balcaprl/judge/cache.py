@@ -18,7 +18,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS judge_cache (
 
 
 _KEY_SCHEME = 2  # bumped whenever the layout below changes
+_KEYS_PER_QUERY = 500  # under SQLite's oldest bound on parameters per statement (999)
 
 
 def cache_key(
@@ -106,10 +107,25 @@ class JudgeCache:
         """The stored object, or None when absent (or unreadable, which is logged and treated as absent)."""
         with self._lock:
             row = self._db.execute("SELECT value FROM judge_cache WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return None
+        return None if row is None else self._value(key, row[0])
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored objects of those ``keys`` that have one (as :meth:`get`), in one query per
+        ``_KEYS_PER_QUERY`` keys: a warm run reads a whole span at once instead of a row per call."""
+        unique = list(dict.fromkeys(keys))
+        rows: list[tuple[str, str]] = []
+        with self._lock:
+            for start in range(0, len(unique), _KEYS_PER_QUERY):
+                chunk = unique[start : start + _KEYS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, value FROM judge_cache WHERE key IN ({marks})"  # noqa: S608 (marks only)
+                rows.extend(self._db.execute(query, chunk).fetchall())
+        found = {key: self._value(key, text) for key, text in rows}
+        return {key: value for key, value in found.items() if value is not None}
+
+    def _value(self, key: str, text: str) -> dict[str, Any] | None:
         try:
-            value = json.loads(row[0])
+            value = json.loads(text)
         except json.JSONDecodeError:
             log.warning("judge cache %s: row %s is not valid JSON; ignoring it", self.path, key[:12])
             return None
