@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,7 +121,7 @@ def test_each_group_lists_its_commands(group):
 def test_top_level_help_groups_commands_by_activity_in_order():
     output = invoke("--help", columns=200).output
     panels = ["Demo", "Data", "Judge", "Train", "Evaluate", "Paper"]
-    positions = [output.index(f"─ {panel} ─") for panel in panels]
+    positions = [output.index(f"\n{panel}:\n") for panel in panels]
     assert positions == sorted(positions)
     panel_of = {name: get_command(app).commands[name].rich_help_panel for name in TREE}
     assert panel_of["demo"] == panel_of["synthetic"] == "Demo"
@@ -128,6 +129,42 @@ def test_top_level_help_groups_commands_by_activity_in_order():
     assert {panel_of[n] for n in ("caption", "score", "evaluate", "report", "evaluate-general")} == {
         "Evaluate"
     }
+
+
+def help_pages(command=None, prefix=()):
+    """(argument path, click command) for every page of the tree."""
+    command = command or get_command(app)
+    yield prefix, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from help_pages(sub, (*prefix, name))
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_every_help_page_shows_each_flag_whole_and_no_value_for_a_switch(columns):
+    """At 80 columns rich's table cut names to `--official-deca…` and showed `--resume <bool>`."""
+    for path, command in help_pages():
+        output = CliRunner().invoke(app, [*path, "--help"], terminal_width=columns).output  # click's width
+        assert "…" not in output, path
+        assert max(map(len, output.splitlines())) <= columns, path
+        for param in command.params:
+            if param.param_type_name != "option" or param.hidden:
+                continue
+            for name in (*param.opts, *param.secondary_opts):
+                whole = re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])(.*)", output)
+                assert whole, (path, name)
+                if param.is_flag:  # a switch: nothing after its names but the help text
+                    assert not re.match(r",? ?<", whole.group(1)), (path, name, whole.group(0))
+
+
+def test_evaluate_help_at_80_columns_as_a_user_runs_it():
+    """The issue's own check: `COLUMNS=80 balcaprl evaluate --help` in a fresh interpreter."""
+    result = run_cli("evaluate", "--help", columns=80)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--official-decapbench", "--official-caparena", "--official-captionqa", "--decapbench-images",
+                 "--caparena-images", "--min-scored"):  # fmt: skip
+        assert re.search(rf"^  {flag} ", result.stdout, re.MULTILINE), flag
+    assert re.search(r"^  --resume  +Continue", result.stdout, re.MULTILINE)  # a switch: no value shown
+    assert "<bool>" not in result.stdout and max(map(len, result.stdout.splitlines())) <= 80
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -302,6 +339,11 @@ def test_library_modules_do_not_import_typer():
 def test_version_prints_the_package_version():
     result = invoke("version")
     assert result.exit_code == 0 and result.output.strip() == balcaprl.__version__
+
+
+def test_dash_dash_version_prints_the_package_version_and_runs_nothing_else():
+    result = run_cli("--version", "data", "info")
+    assert result.returncode == 0 and result.stdout == f"{balcaprl.__version__}\n", result.stderr
 
 
 def test_python_dash_m_balcaprl_is_the_same_command_line():

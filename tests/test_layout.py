@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 
@@ -36,3 +40,22 @@ def test_only_the_commands_that_serve_a_stand_in_judge_import_the_test_doubles()
     }  # fmt: skip
     assert importing <= allowed, sorted(importing - allowed)
     assert importing, "the check found no import at all: its pattern is stale"
+
+
+def test_gitignore_keeps_the_guides_datasets_out_and_the_data_packages_in(tmp_path):
+    # docs/data.md builds data/raw and data/sharegpt4v-recap at the top of the checkout; the source
+    # packages named data must stay tracked. Checked with git's own matcher in a scratch repository.
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    (tmp_path / ".gitignore").write_text((TESTS.parent / ".gitignore").read_text(encoding="utf-8"))
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    paths = [
+        "data/raw/x.json",
+        "data/sharegpt4v-recap/train.parquet",
+        "src/balcaprl/data/format.py",
+        "tests/data/t.py",
+    ]
+    ignored = subprocess.run(
+        ["git", "-C", str(tmp_path), "check-ignore", "--no-index", *paths], capture_output=True, text=True
+    ).stdout.split()
+    assert ignored == paths[:2]

@@ -146,3 +146,42 @@ def test_rich_bar_on_a_terminal(monkeypatch):
     text = " ".join(out.getvalue().split())
     assert "a [b] line" in text and "placing images" in text and "4/4" in text
     assert "started" not in text  # not the plain lines
+
+
+def test_timing_is_elapsed_and_eta_at_this_runs_average_rate():
+    clock, out = Clock(), io.StringIO()
+    progress = plain(clock, out, total=200, unit="steps")
+    assert progress.timing() == ""  # not started
+    progress.completed = 50  # a resumed run: 50 steps were done before this one
+    with progress:
+        assert progress.timing() == "elapsed 0:00:00"  # no rate yet: no ETA
+        clock.now = 40
+        progress.completed = 70  # 20 steps in 40 s: 0.5 steps/s, 130 to go: 260 s
+        assert progress.timing() == "elapsed 0:00:40, ETA 0:04:20"
+    unknown = plain(clock, out, total=None)
+    with unknown:
+        clock.now = 100
+        unknown.advance(5)
+        assert unknown.timing() == "elapsed 0:01:00"  # no total: no ETA
+
+
+@pytest.mark.parametrize("columns", ["40", "80", "300"])
+def test_a_console_off_a_terminal_never_wraps_a_line_or_a_table(monkeypatch, columns):
+    from rich.table import Table
+
+    from balcaprl.progress import make_console
+
+    monkeypatch.setenv("COLUMNS", columns)  # rich's width for a file otherwise
+    out = io.StringIO()
+    console = make_console(out)
+    line = "step    12  P 0.512  R 0.430  L 0.801  len 48 tok (x0.97)  loss -6.3700  " + "x" * 100
+    console.print(line, highlight=False)
+    table = Table(title="variants")
+    for column in ("variant", "b-CapScore"):
+        table.add_column(column)
+    table.add_row("no-length-penalty-and-no-mask", "0.2345678901")
+    console.print(table)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == line
+    assert any("│ no-length-penalty-and-no-mask │ 0.2345678901 │" in row for row in lines)
+    assert "…" not in out.getvalue()

@@ -13,6 +13,7 @@ One reporter for every long task (preparing a dataset, re-captioning, judging, t
     progress.description = "..."  # rename the task
     progress.status = "loss 0.123"  # a short note shown after the counts
     progress.log("a line")  # printed above the bar, or as a line of its own
+    progress.timing()  # "elapsed 0:01:40, ETA 0:05:00": for a line the caller writes itself
 
 Where the output goes decides how it looks. On a terminal (``stream.isatty()``, stderr by default): a
 rich progress bar. Anywhere else (redirected to a file, CI): a line when the task starts, one every
@@ -28,6 +29,10 @@ that skips finished work quickly at first does not get an ETA that is too hopefu
 has the average. ``unit="B"`` shows amounts and rates in kB/MB/GB. ``enabled=False`` shows nothing
 (``--no-progress``). Usable as a context manager, or with :meth:`Progress.start` and
 :meth:`Progress.close` where a task starts and ends in different callbacks.
+
+:func:`make_console` is the rich console for a command's own output (tables, log lines): rich wraps
+everything at 80 columns when it does not write to a terminal, which split each training step's
+line in two in a log file and cut table cells to ``0.2…``; off a terminal it has no width limit.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
+
+UNWRAPPED_WIDTH = 10_000  # "no limit" for rich, which needs a number: lines are never this long
 
 
 class Progress:
@@ -88,6 +95,7 @@ class Progress:
         self._completed: float = 0
         self._lock = threading.Lock()
         self._started_at: float | None = None
+        self._completed_at_start: float = 0  # a resumed task's rate counts only this run's work
         self._last_line: tuple[float, float] = (0.0, 0.0)  # (time, completed) at the last plain line
         self._last_advance_at = 0.0
         self._rich: Any = None
@@ -159,12 +167,25 @@ class Progress:
             else:
                 self._write(message)
 
+    def timing(self) -> str:
+        """``elapsed H:MM:SS, ETA H:MM:SS`` at this run's average rate (the ETA once there is a rate
+        and a total), for a caller's own line (a training step's); "" before :meth:`start`."""
+        if self._started_at is None:
+            return ""
+        spent = self._clock() - self._started_at
+        parts = [f"elapsed {_duration(spent)}"]
+        rate = (self._completed - self._completed_at_start) / spent if spent > 0 else 0.0
+        if rate > 0 and self._total is not None:
+            parts.append(f"ETA {_duration(max(0.0, self._total - self._completed) / rate)}")
+        return ", ".join(parts)
+
     def start(self) -> Progress:
         """Show the task (what ``with`` does on entry); returns self."""
         if not self.enabled or self._started_at is not None:
             return self
         now = self._clock()
         self._started_at = self._last_advance_at = now
+        self._completed_at_start = self._completed
         self._last_line = (now, self._completed)
         if self._terminal:
             self._rich = self._rich_progress()
@@ -275,7 +296,6 @@ class Progress:
     # The rich bar
 
     def _rich_progress(self) -> Any:
-        from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -296,13 +316,24 @@ class Progress:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             TextColumn("{task.fields[status]}", markup=False),
-            console=Console(file=self._stream),
+            console=make_console(self._stream, terminal=True),
             transient=self.transient,
         )
 
     def _update_bar(self, **fields: Any) -> None:
         if self._rich is not None:
             self._rich.update(self._task, **fields)
+
+
+def make_console(file: TextIO | None = None, terminal: bool | None = None) -> Any:
+    """A rich console for a command's output on ``file`` (default stdout): the terminal's width on a
+    terminal; anywhere else no width limit, so a log line or a table row stays one line.
+    ``terminal`` overrides the test (default: ``file.isatty()`` and ``TERM`` is not ``dumb``)."""
+    from rich.console import Console
+
+    if terminal is None:
+        terminal = _is_terminal(file if file is not None else sys.stdout)
+    return Console(file=file, width=None if terminal else UNWRAPPED_WIDTH)
 
 
 def _is_terminal(stream: TextIO) -> bool:

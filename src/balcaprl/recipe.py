@@ -317,6 +317,12 @@ class TrainConfig(Section):
         description="Save a checkpoint and stop after this global step without changing the schedule (time-sliced "
         "jobs; resume later with --resume).",
     )
+    # TRL pass-through (issue 27): GRPOConfig settings the recipe does not name
+    trl_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="GRPOConfig fields the recipe does not name, passed to TRL as given (e.g. "
+        "{logging_first_step: true}); an unknown field, or one the recipe sets itself, is refused.",
+    )
 
     # Padding-free micro-batches (balcaprl.train.packing).
     padding_free: bool = Field(
@@ -626,6 +632,7 @@ PROVENANCE: dict[str, Provenance] = {
     "train.seed": _choice("any fixed seed (verl's examples use 42)"),
     "train.dataloader_num_workers": _choice("images are opened lazily on the main process"),
     "train.stop_after_step": _choice("none: run to the end"),
+    "train.trl_overrides": _choice("none: every GRPOConfig value comes from the recipe"),
     "train.padding_free": _choice(
         "off: equal results either way (tests), but with sdpa, the GPU recipes' attention, a packed row's "
         "block-diagonal mask is dense and costs more than the padding it saves"

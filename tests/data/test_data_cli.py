@@ -155,3 +155,20 @@ def test_prepare_refuses_then_resumes_or_replaces(fixture_template, tmp_path):
     assert not (out / "images" / "stale.jpg").exists() and not (out / "notes.txt").exists()
     assert reused in replaced.output  # the image checks came along; the results did not
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_a_trial_preparation_is_continued_by_the_full_run(fixture_template, tmp_path):
+    out = tmp_path / "ds"
+    command = ["data", "prepare", "sharegpt4v", "--json", fixture_template.json_path, "--image-root",
+               fixture_template.image_root, "--out", out, "--eval-size", "2", "--workers", "0", "--no-progress"]  # fmt: skip
+    trial = invoke(*command, "--limit", "5")
+    assert trial.exit_code == 0, trial.output
+    assert read_card(out)["source"]["entries_read"] == 5
+    full = invoke(*command)  # no --resume: the trial's folder is continued, not refused
+    assert full.exit_code == 0, full.output
+    assert f"continuing the trial run (--limit 5) in {out}" in " ".join(full.output.split())
+    card = read_card(out)
+    assert card["source"]["limit"] is None and card["source"]["entries_read"] > 5
+    assert re.search(r"reused from an earlier run [1-9]", full.output)  # the trial's image checks
+    refused = invoke(*command)  # a full run's results are protected as before
+    assert refused.exit_code == 2 and "pass --resume to continue them" in " ".join(refused.output.split())

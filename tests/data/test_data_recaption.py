@@ -1,8 +1,10 @@
 """`balcaprl data recaption` against a loopback OpenAI-compatible server with a scripted captioner."""
 
 import json
+import shlex
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
@@ -260,7 +262,9 @@ def test_cli_recaption_then_info(dataset, recaption_server, tmp_path):
     assert result.exit_code == 2 and "modell: unknown key" in result.output
 
 
-def test_cli_refuses_an_earlier_recaptioning_then_resumes_or_redoes_it(dataset, recaption_server, tmp_path):
+def test_cli_continues_a_trial_then_refuses_a_finished_recaptioning_unless_resume_or_overwrite(
+    dataset, recaption_server, tmp_path
+):
     model = ScriptedCaptioner()
     config = tmp_path / "judge.yaml"
     config.write_text(yaml.safe_dump({**judge_config(recaption_server(model)).model_dump(mode="json")}))
@@ -270,13 +274,38 @@ def test_cli_refuses_an_earlier_recaptioning_then_resumes_or_redoes_it(dataset, 
     first = runner.invoke(app, [*command, "--limit", "5"])
     assert first.exit_code == 0, first.output
     assert len(model.calls) == 5
-    refused = runner.invoke(app, command)
+    full = runner.invoke(app, command)  # after a trial: --resume implied
+    assert full.exit_code == 0, full.output
+    assert f"continuing the trial run (--limit 5) in {dataset}" in " ".join(full.output.split())
+    assert len(model.calls) == 33  # the 5 finished rows are not asked again
+    refused = runner.invoke(app, command)  # a full run's results: refused
     assert refused.exit_code == 2 and "already holds results (.recaption/progress.jsonl" in refused.output
-    assert len(model.calls) == 5
+    assert "pass --resume to continue them" in refused.output
     resumed = runner.invoke(app, [*command, "--resume"])
     assert resumed.exit_code == 0, resumed.output
-    assert len(model.calls) == 33  # the 5 finished rows are not asked again
+    assert len(model.calls) == 33  # nothing left to ask
     redone = runner.invoke(app, [*command, "--overwrite"])
     assert redone.exit_code == 0, redone.output
     assert len(model.calls) == 66  # every row asked again
+    assert read_card(dataset)["recaption"]["recaptioned"] == 33
+
+
+def test_the_guides_recaption_flow_works_as_written(dataset, recaption_server, tmp_path):
+    """docs/data.md's two `data recaption` commands (the trial, then the full run), run as written
+    but for the dataset folder and the judge config, which point at the test's."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text(encoding="utf-8")
+    commands = [
+        shlex.split(line) for line in guide.splitlines() if line.startswith("balcaprl data recaption ")
+    ]
+    assert len(commands) == 2 and "--limit" in commands[0] and "--limit" not in commands[1]
+    model = ScriptedCaptioner()
+    config = tmp_path / "judge.yaml"
+    config.write_text(yaml.safe_dump({**judge_config(recaption_server(model)).model_dump(mode="json")}))
+    mine = {"--data": str(dataset), "--judge-config": str(config)}
+    for command in commands:
+        args = [mine.get(previous, arg) for previous, arg in zip(["", *command], command, strict=False)]
+        result = CliRunner(env={"COLUMNS": "120"}).invoke(app, [*args[1:], "--no-progress"])
+        assert result.exit_code == 0, (args, result.output)
+    trial = int(commands[0][commands[0].index("--limit") + 1])
+    assert len(model.calls) == 33 > trial  # every row once: the trial's rows were not asked again
     assert read_card(dataset)["recaption"]["recaptioned"] == 33

@@ -116,7 +116,12 @@ def test_changed_settings_are_refused_not_reused(demo_run, toy_config):
 
 
 def test_variant_sweep_shares_the_start_and_writes_a_comparison(demo_run, toy_config):
+    """A shorter run (--steps) reports in steps-N/: the finished run's results at the top stay as they
+    were, and only what this run wrote is announced."""
     out, _ = demo_run
+    finished = {
+        name: (out / name).read_bytes() for name in ("summary.json", "samples.md", "training_curves.png")
+    }
     output = run_cli(
         "--config", str(toy_config), "--out", str(out), "--variants", "no-length,grpo", "--steps", "1",
         "--judge", "in-process",
@@ -126,12 +131,24 @@ def test_variant_sweep_shares_the_start_and_writes_a_comparison(demo_run, toy_co
         assert len([m for m in read_jsonl(out / "rl" / name / "metrics.jsonl") if m["kind"] == "step"]) == 1
     recipe = yaml.safe_load((out / "rl" / "grpo-1steps" / "recipe.yaml").read_text())
     assert recipe["advantage"]["estimator"] == "grpo" and recipe["train"]["max_steps"] == 1
-    rows = list(csv.DictReader((out / "comparison.csv").open()))
+    report = out / "steps-1"
+    rows = list(csv.DictReader((report / "comparison.csv").open()))
     assert [r["variant"] for r in rows] == ["SFT start", "no-length", "grpo"]
     assert rows[0]["b_capscore"] == rows[0]["b_capscore"]  # the shared starting point, written once
-    md = (out / "comparison.md").read_text()
+    md = (report / "comparison.md").read_text()
     assert "| no-length |" in md and "| grpo |" in md
-    assert "balcaprl demo — variants" in output and "comparison.md" in output
+    assert "balcaprl demo — variants" in output
+    assert {name: (out / name).read_bytes() for name in finished} == finished
+    assert sorted(p.name for p in report.iterdir()) == [
+        "comparison.csv",
+        "comparison.md",
+        "samples.md",
+        "summary.json",
+    ]
+    assert "](../data/images/" in (report / "samples.md").read_text()  # links still reach the images
+    text = " ".join(output.split())
+    assert f"report: {report} (summary.json, samples.md, comparison.md, comparison.csv)" in text
+    assert f"{out / 'training_curves.png'}" not in text  # several variants: no top-level curves announced
 
 
 def test_the_shipped_config_adds_nothing_and_its_examples_are_valid_settings():

@@ -17,6 +17,7 @@ from PIL import Image
 from balcaprl.judge import JudgeConfig
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.testing.judge_server import GenericCall
+from balcaprl.testing.oracle_protocols import CAPARENA_BASELINES
 
 
 def png(colour: tuple[int, int, int], size: int = 24) -> bytes:
@@ -132,8 +133,6 @@ def write_captionqa(root: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------- CapArena
 
-CAPARENA_BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
-
 
 def write_caparena(root: Path, n_per_baseline: int = 2) -> tuple[Path, Path, dict[str, dict[str, Any]]]:
     """``caparena_auto_600.json`` with ``n_per_baseline`` images per baseline, and the image folder."""
@@ -246,108 +245,4 @@ class ProtocolJudge:
             a, b = first in self.preferred, second in self.preferred
             judgment = "Tie" if a == b else ("Caption 1 is better" if a else "Caption 2 is better")
             return {"reason": "scripted", "judgment": judgment}
-        return JudgeFailure("bad_input", f"unexpected call kind {call.kind!r}")
-
-
-# ----------------------------------------------------------------------------------------- synthetic world
-
-
-def _sentences(text: str) -> list[str]:
-    return [s.strip().rstrip(".") for s in re.split(r"(?<=\.)\s+", text.strip()) if s.strip().rstrip(".")]
-
-
-def synthetic_benchmarks(dataset: Path, root: Path) -> dict[str, Path]:
-    """The synthetic eval split dressed as the three benchmarks, in their own formats; every key is
-    the image file name, so one ``{name: caption}`` file serves all protocols.
-
-    DeCapBench: the reference is the human caption and its sentences are the oracle facts. CaptionQA:
-    per image, "Is there a <colour> <kind>?" for one shape that is there (Yes) and one that is not
-    (No). CapArena: baselines take turns; a baseline's caption is the reference's first sentence."""
-    from balcaprl.data.format import read_split_rows
-
-    rows = read_split_rows(dataset, "eval")
-    scenes = {}
-    for line in (Path(dataset) / "scenes.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        scenes[record["id"]] = record["scene"]
-    decap, questions, arena = [], [], {}
-    for i, row in enumerate(rows):
-        name = Path(row["image"]).name
-        decap.append(
-            {
-                "image_name": name,
-                "oracle_caption": row["reference"],
-                "oracle_facts": _sentences(row["reference"]),
-            }
-        )
-        present = {f"{o['color']} {o['kind']}" for o in scenes[row["id"]]["objects"]}
-        there = sorted(present)[0]
-        absent = next(f"{c} {k}" for c in ("red", "blue", "green", "black") for k in ("circle", "ring", "star")
-                      if f"{c} {k}" not in present)  # fmt: skip
-        questions.append({"id": name, "questions": [
-            {"question": f"Is there a {there}?", "choices": ["Yes", "No"], "answer": "Yes", "category": ["Object"]},
-            {"question": f"Is there a {absent}?", "choices": ["Yes", "No"], "answer": "No", "category": ["Object"]},
-        ]})  # fmt: skip
-        baseline = CAPARENA_BASELINES[i % 3]
-        arena[name] = {"ref_model": baseline, "captions": {baseline: _sentences(row["reference"])[0] + ".",
-                                                           "human": row["reference"]}}  # fmt: skip
-    paths = {"decapbench": root / "IIW_400_data.jsonl", "captionqa": root / "captionqa.jsonl",
-             "caparena": root / "caparena_auto_600.json"}  # fmt: skip
-    paths["decapbench"].write_text("".join(json.dumps(r) + "\n" for r in decap))
-    paths["captionqa"].write_text("".join(json.dumps(r) + "\n" for r in questions))
-    paths["caparena"].write_text(json.dumps(arena))
-    return paths
-
-
-class SyntheticProtocolJudge:
-    """The protocols' judge steps in the synthetic world, decided by the oracle where it can:
-    facts are a caption's sentences; a fact matches the oracle fact with the same text; a fact is
-    verified when the oracle finds it pointable and visible; QA answers come from the caption's words;
-    the arena prefers the caption with the higher oracle b-CapScore against the human reference."""
-
-    def __init__(self, oracle):
-        self.oracle = oracle
-        self.calls: Counter = Counter()
-
-    def _bcap(self, scene, caption: str, reference: str) -> float:
-        from balcaprl.rewards import b_capscore, score_verdict
-
-        r = score_verdict(self.oracle.verdict(scene, caption, reference, "evaluation"))
-        return float(b_capscore(r.precision, r.recall, r.linguistic))
-
-    def __call__(self, call: GenericCall):
-        self.calls[call.kind] += 1
-        if call.kind == "dcscore_extract":
-            facts = _sentences(_block("caption", call.text) or "")
-            return {"facts": [{"fact": f, "identifier": "", "relevance": True} for f in facts]}
-        if call.kind == "dcscore_match":
-            predicted = _numbered(_block("predicted_facts", call.text))
-            oracle = [o.lower() for o in _numbered(_block("oracle_facts", call.text))]
-            return {"matches": [{"id": i, "oracle_id": oracle.index(f.lower()) + 1 if f.lower() in oracle else None}
-                                for i, f in enumerate(predicted, 1)]}  # fmt: skip
-        if call.kind == "dcscore_verify":
-            scene = self.oracle.lookup(call.images[0])
-            reference = _block("reference", call.text) or ""
-            out = []
-            for i, fact in enumerate(_numbered(_block("facts", call.text)), 1):
-                assertions = self.oracle.verdict(scene, fact, reference, "evaluation").caption_assertions
-                ok = bool(assertions) and all(a.pointable and a.visible for a in assertions)
-                out.append({"id": i, "correct": ok})
-            return {"verdicts": out}
-        if call.kind == "captionqa_answer":
-            caption = (_block("caption", call.text) or "").lower()
-            question = call.text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)[0]
-            thing = question.removeprefix("Is there a ").rstrip("?")
-            wanted = "Yes" if thing in caption else "No"
-            options = call.text.split("Options:\n", 1)[1].split("\n\nAnswer:", 1)[0].split("\n")
-            return next(line.split(". ", 1)[0] for line in options if line.split(". ", 1)[1] == wanted)
-        if call.kind == "caparena_compare":
-            scene = self.oracle.lookup(call.images[0])
-            human = _block("reference_caption", call.text) or ""
-            a = self._bcap(scene, _block("caption_1", call.text) or "", human)
-            b = self._bcap(scene, _block("caption_2", call.text) or "", human)
-            judgment = (
-                "Tie" if abs(a - b) < 1e-9 else ("Caption 1 is better" if a > b else "Caption 2 is better")
-            )
-            return {"reason": f"oracle b-CapScore {a:.3f} vs {b:.3f}", "judgment": judgment}
         return JudgeFailure("bad_input", f"unexpected call kind {call.kind!r}")

@@ -123,6 +123,7 @@ def test_an_interrupted_run_resumes_and_a_different_run_is_refused(tmp_path):
 
 
 def test_the_tiny_policy_through_the_cli(tmp_path):
+    from balcaprl.data.format import read_split_rows
     from balcaprl.synthetic.build import build_dataset
     from balcaprl.synthetic.policy import create_policy
 
@@ -134,7 +135,8 @@ def test_the_tiny_policy_through_the_cli(tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["backend"] == "transformers" and r["caption"] for r in rows)
-    assert rows[0]["key"].startswith("shapes-") and rows[0]["prompt"] == "Describe this image in detail."
+    assert rows[0]["key"] == read_split_rows(dataset, "eval")[0]["image"]  # the dataset's relative path
+    assert rows[0]["prompt"] == "Describe this image in detail."
     # greedy decoding is deterministic: a fresh run reproduces every caption
     again = CliRunner(env={"COLUMNS": "120"}).invoke(app, [*args[:6], str(tmp_path / "d.jsonl"), *args[7:]])
     assert again.exit_code == 0, again.output

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 
-from evaluate_testkit import SyntheticProtocolJudge, synthetic_benchmarks, write_judge_yaml
+from evaluate_testkit import write_judge_yaml
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.data.format import read_split_rows
 from balcaprl.evaluate.suite import read_eval
+from balcaprl.testing.oracle_protocols import OracleProtocols, write_synthetic_benchmarks
 
 
 def test_caption_evaluate_report(tmp_path, eval_server):
@@ -22,9 +23,9 @@ def test_caption_evaluate_report(tmp_path, eval_server):
 
     dataset = build_dataset(tmp_path / "ds", n_train=1, n_eval=4, seed=7)
     policy = create_policy(tmp_path / "policy", seed=0)
-    bench = synthetic_benchmarks(dataset, tmp_path)
+    bench = write_synthetic_benchmarks(dataset, tmp_path)
     oracle = OracleJudge.from_dataset(dataset)
-    handler = SyntheticProtocolJudge(oracle)
+    handler = OracleProtocols.from_dataset(oracle, dataset)
     server = eval_server(handler, judge=oracle)
     judge = write_judge_yaml(tmp_path / "judge.yaml", server.base_url)
 
@@ -33,19 +34,19 @@ def test_caption_evaluate_report(tmp_path, eval_server):
         assert result.exit_code == 0, result.output
         return result.output
 
-    # 1. caption: the tiny policy on the image folder (keys are the file names)
-    run("caption", "--model", policy, "--images", dataset / "images", "--out", tmp_path / "tiny" / "captions.jsonl",
+    # 1. caption: the tiny policy on the dataset's held-out split (keys: the images' paths in the dataset)
+    run("caption", "--model", policy, "--images", dataset, "--out", tmp_path / "tiny" / "captions.jsonl",
         "--max-new-tokens", 24, "--batch-size", 5, "--no-progress")  # fmt: skip
     captions = json.loads((tmp_path / "tiny" / "captions.json").read_text())
-    assert len(captions) == 5  # 1 train + 4 eval images
-    references = {r["image"].split("/")[-1]: r["reference"] for r in read_split_rows(dataset, "eval")}
+    references = {r["image"]: r["reference"] for r in read_split_rows(dataset, "eval")}
+    assert set(captions) == set(references)  # the 4 held-out images, keyed as the benchmark files key them
     (tmp_path / "refs").mkdir()
     (tmp_path / "refs" / "captions.json").write_text(json.dumps(references))
 
     # 2. evaluate both "models" with the whole suite
-    common = ["--judge", judge, "--decapbench", bench["decapbench"], "--decapbench-images", dataset / "images",
+    common = ["--judge", judge, "--decapbench", bench["decapbench"], "--decapbench-images", dataset,
               "--captionqa", bench["captionqa"], "--caparena", bench["caparena"], "--caparena-images",
-              dataset / "images", "--no-progress"]  # fmt: skip
+              dataset, "--no-progress"]  # fmt: skip
     run("evaluate", "--captions", tmp_path / "tiny" / "captions.jsonl", "--out", tmp_path / "tiny" / "eval",
         "--label", "tiny-policy", *common)  # fmt: skip
     run("evaluate", "--captions", tmp_path / "refs" / "captions.json", "--out", tmp_path / "refs" / "eval",

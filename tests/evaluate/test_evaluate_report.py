@@ -20,6 +20,7 @@ from balcaprl.evaluate.report import (
     published_rows,
     rank_average,
     read_human_ranking,
+    report_figure,
     spearman,
 )
 
@@ -165,3 +166,23 @@ def test_numbers_not_comparable_with_table_1_are_marked(tmp_path):
     assert "‡" not in paper  # the paper's own rows are the reference
     rows = list(csv.DictReader(io.StringIO(report.csv)))
     assert [r["not_comparable"] for r in rows] == ["dcscore", "dcscore", ""]
+
+
+@pytest.mark.parametrize("metrics", [1, 5])
+def test_the_figure_title_fits_the_figure_with_one_metric_or_all(tmp_path, metrics):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = [40.0, 70.0, -30.0, 120, 45.0] if metrics == 5 else [None, None, None, None, 45.0]
+    rows = load_eval_rows([write_eval(tmp_path / "only", "only", *values)])
+    figure = report_figure(rows)
+    try:
+        figure.canvas.draw()
+        assert len([ax for ax in figure.axes if ax.get_title()]) == metrics
+        title = figure._suptitle.get_window_extent()
+        frame = figure.bbox
+        assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1  # nothing cut off
+    finally:
+        plt.close(figure)

@@ -314,3 +314,20 @@ def test_a_judge_that_fails_gives_exit_status_1_and_no_shared_cache_still_resume
                  "captionqa,caparena", "--no-cache", "--no-progress", "--resume")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert server.counters.total == paid + 6  # only the 6 battles that failed before
+
+
+def test_an_evaluation_that_scored_nothing_does_not_block_the_next_run(tmp_path, world):
+    server, _, captions, config, _ = world
+    out = tmp_path / "eval"
+    wrong = tmp_path / "wrong-keys.json"  # keys that name no image of the benchmark: nothing scored
+    wrong.write_text(json.dumps({"iiw_901.jpg": "A red door.", "iiw_902.jpg": "A car."}))
+    args = ["evaluate", "--config", config, "--out", out, "--suite", "bcapscore", "--no-progress"]
+    first = cli(*args, "--captions", wrong)
+    assert first.exit_code == 1 and read_eval(out)["results"]["bcapscore"]["n_scored"] == 0
+    assert "2 without a caption (first: 'iiw_001.jpg')" in first.output  # the key the captions lacked
+    again = cli(*args, "--captions", captions)  # the fixed captions, no flag: continued, not refused
+    assert again.exit_code == 0, again.output
+    assert f"continuing the evaluation in {out}, which scored nothing" in " ".join(again.output.split())
+    assert read_eval(out)["headline"]["bcapscore"] == pytest.approx(100 * (B1 + B2) / 2)
+    refused = cli(*args, "--captions", captions)  # now it holds scores: protected as before
+    assert refused.exit_code == 2 and "pass --resume" in " ".join(refused.output.split())

@@ -69,6 +69,7 @@ def test_unreadable_row_is_a_miss(tmp_path):
 
 
 BASE = {
+    "endpoint": "http://127.0.0.1:8000/v1",
     "model": "m",
     "temperature": 0.0,
     "max_tokens": 100,
@@ -97,6 +98,7 @@ def test_cache_key_is_canonical_and_sensitive():
     # every part of the identity does
     changed = [
         cache_key("coverage", **BASE),
+        cache_key("verdict", **{**BASE, "endpoint": "http://127.0.0.1:8001/v1"}),
         cache_key("verdict", **{**BASE, "model": "m2"}),
         cache_key("verdict", **{**BASE, "temperature": None}),
         cache_key("verdict", **{**BASE, "max_tokens": 101}),

@@ -96,6 +96,11 @@ def test_score_writes_hand_computed_rows_and_summary(workspace):
     assert summary["accounting"]["calls"] == 2
     assert summary["n_empty_captions"] == 1 and "empty captions (scored 0, in the means): 1" in result.output
     assert "b-CapScore" in result.output and "wrote" in result.output
+    # every figure x100 with one decimal, as `evaluate` prints them; and why the first failure failed
+    printed = " ".join(result.output.split())
+    assert "precision │ 44.4 │" in printed  # (1/3 + 1 + 0) / 3
+    assert f"b_capscore │ {100 * sum(expected) / 3:.1f} │" in printed
+    assert "first failure: c.png: bad_input (" in printed
     # half scored is enough when the user says so
     again = score(images, captions, references, judge_yaml, tmp / "half", "--min-scored", "0.5")
     assert again.exit_code == 0, again.output
@@ -221,3 +226,18 @@ def test_score_reports_progress_in_a_log(workspace, monkeypatch):
         "judging: 2/2 captions (100%), 0.1 captions/s, elapsed 0:00:50, ETA 0:00:00",
         "judging: done, 2/2 captions in 0:01:00 (0.0 captions/s)",
     ]
+
+
+def test_captions_written_by_caption_meet_references_keyed_in_the_image_folder(workspace, monkeypatch):
+    """`balcaprl caption` names images as paths from the working folder (or absolute): they are matched
+    on their path in --images, where the references name them (before, every row failed as bad_input)."""
+    server, tmp, images, judge_yaml, _, references = workspace
+    monkeypatch.chdir(tmp)
+    captions = tmp / "from-caption.jsonl"
+    rows = [{"key": "a.png", "image": str(images / "a.png"), "caption": CAPTION},  # absolute
+            {"key": "b.png", "image": "images/b.png", "caption": FULL}]  # fmt: skip
+    captions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = score(images, captions, references, judge_yaml, tmp / "matched")
+    assert result.exit_code == 0, result.output
+    scored = [json.loads(line) for line in (tmp / "matched" / "scores.jsonl").read_text().splitlines()]
+    assert [(r["image"], r["failure"]) for r in scored] == [("a.png", None), ("b.png", None)]

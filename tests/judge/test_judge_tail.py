@@ -80,7 +80,7 @@ def test_a_stalled_first_attempt_among_120_captions_is_hedged_in_balcaprl_score(
     # timeout_s 120: without the hedge the stalled call would hold the command for two minutes
     judge_yaml.write_text(yaml.safe_dump({
         "base_url": server.base_url, "model": "scripted", "api_key_env": None, "cache_path": None,
-        "timeout_s": 120.0, "max_retries": 0, "stream": True, "hedge_floor_s": 0.5,
+        "timeout_s": 120.0, "max_retries": 0, "stream": True, "hedge_floor_s": 2.0,
     }))  # fmt: skip
     args = ["score", "--images", str(images), "--captions", str(captions), "--references", str(references),
             "--judge", str(judge_yaml), "--out", str(tmp_path / "out")]  # fmt: skip
@@ -92,9 +92,12 @@ def test_a_stalled_first_attempt_among_120_captions_is_hedged_in_balcaprl_score(
     assert (
         server.counters.by_text["A red door on the left, STALLED caption."] == 2
     )  # the stalled one + its hedge
-    assert server.latency.served == 121  # one duplicate in all: no other call was slow enough
     accounting = json.loads((tmp_path / "out" / "summary.json").read_text())["accounting"]
-    assert (accounting["hedges"], accounting["hedge_wins"], accounting["calls"]) == (1, 1, 121)
+    hedges = accounting["hedges"]
+    # one duplicate for the stall; on a loaded machine a normal call may pass the 2 s floor too, but
+    # never more than the 5% cap, and every duplicate is a served and counted call
+    assert 1 <= hedges <= 6 and accounting["hedge_wins"] >= 1
+    assert accounting["calls"] == server.latency.served == 120 + hedges
 
 
 # ------------------------------------------------------------------------------------- the pieces

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,39 @@ def test_judge_usage_reads_client_stats():
     assert judge_usage(type("U", (), {"usage": lambda self: {"tokens": 3, "flag": True}})()) == {
         "tokens": 3.0
     }
+
+
+def test_trl_overrides_pass_settings_the_recipe_does_not_name(tmp_path):
+    plain = grpo_config(recipe(output_dir=str(tmp_path)), world_size=1)
+    assert plain.logging_first_step is False and plain.torch_empty_cache_steps is None  # TRL's defaults
+    args = grpo_config(
+        recipe(
+            "train.trl_overrides.logging_first_step=true",
+            "train.trl_overrides.torch_empty_cache_steps=4",
+            output_dir=str(tmp_path),
+        ),
+        world_size=1,
+    )
+    assert args.logging_first_step is True and args.torch_empty_cache_steps == 4
+    assert args.learning_rate == plain.learning_rate  # nothing else moved
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "train.trl_overrides.logging_first_stp=true",
+            "not a field of TRL's GRPOConfig; did you mean logging_first_step",
+        ),
+        ("train.trl_overrides.learning_rate=1", "the recipe sets it already (learning_rate=5e-06)"),
+        (
+            "train.trl_overrides.output_dir=/tmp/elsewhere",
+            "train.trl_overrides.output_dir: the recipe sets it",
+        ),
+    ],
+)
+def test_trl_overrides_refuse_unknown_fields_and_the_recipes_own(tmp_path, override, message):
+    from balcaprl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        grpo_config(recipe(override, output_dir=str(tmp_path)), world_size=1)

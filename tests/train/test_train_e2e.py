@@ -264,3 +264,11 @@ def test_a_dead_judge_stops_the_trainer_on_the_gathered_batch(tiny_policy, tiny_
     )
     with pytest.raises(RuntimeError, match="the judge failed on every rollout of 2 batches in a row"):
         trainer.train()
+
+
+def test_the_run_folder_and_each_checkpoint_carry_balcaprls_model_card(c_gdpo_run):
+    out = c_gdpo_run["out"]
+    for folder in (out, out / "checkpoint-3"):
+        card = (folder / "README.md").read_text()
+        assert "[None]" not in card, folder  # TRL's stub, replaced
+        assert "| optimizer steps | 3 of 3 |" in card and "from_pretrained" in card

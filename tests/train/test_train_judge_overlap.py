@@ -39,6 +39,11 @@ class WhenCalledJudge(ScriptedJudge):
         return await super().judge_batch(requests)
 
 
+async def _loop_barrier() -> None:
+    for _ in range(3):  # each pass runs every callback and task step queued before it
+        await asyncio.sleep(0)
+
+
 def _run(tiny_policy, tiny_dataset, out, overlap, judge=None, **sections):
     from balcaprl.train import build_trainer
 
@@ -61,6 +66,10 @@ def _run(tiny_policy, tiny_dataset, out, overlap, judge=None, **sections):
         return output
 
     def in_reward_step(*args, **kwargs):
+        # Calls started before the reward step are tasks queued on the reward loop; let the loop run
+        # what is queued so far (a barrier, not a sleep), so that "started" is seen however loaded the
+        # machine is, and anything the reward step itself starts still counts as started in it.
+        asyncio.run_coroutine_threadsafe(_loop_barrier(), trainer.async_loop).result()
         judge.in_reward_step.set()
         try:
             return rewards_step(*args, **kwargs)

@@ -97,3 +97,10 @@ def test_a_fresh_run_refuses_to_clobber_and_resume_refuses_another_recipe(runs, 
 def test_resume_without_a_checkpoint_is_an_error(tiny_policy, tiny_dataset, tmp_path):
     with pytest.raises(match="no complete checkpoint"):
         train(recipe(tiny_policy, tiny_dataset, tmp_path), ScriptedJudge(), resume=True)
+
+
+def test_the_final_policy_carries_balcaprls_model_card(runs):
+    straight, _, _ = runs["straight"]
+    card = (straight.final_model_dir / "README.md").read_text()
+    assert "| optimizer steps | 5 of 5 |" in card
+    assert f'from_pretrained("{straight.final_model_dir}")' in card and "[None]" not in card

@@ -198,6 +198,7 @@ def base_dict():
         ("rollout.repetition_penalty=1.1", "rollout.repetition_penalty"),
         ("train.mask_truncated_completions=true", "train.mask_truncated_completions"),
         ("train.stop_after_step=8", "train.stop_after_step"),
+        ("train.trl_overrides.logging_first_step=true", "--verl-override"),
         ("train.epochs=1.5", "train.epochs"),
         (
             "train.prompts_per_batch=3 rollout.rollouts_per_prompt=3 train.updates_per_batch=1",

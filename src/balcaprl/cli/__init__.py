@@ -5,6 +5,11 @@ error boundary; each activity's commands live in a module of their own (``cli/da
 ``cli/train.py``, ...). Command modules import the heavy libraries (torch, transformers, openai,
 pyarrow) inside the command bodies, so ``balcaprl --help`` starts in a fraction of a second.
 
+The help is click's plain text (``rich_markup_mode=None``): at 80 columns rich's option table cut
+flag names to ``--official-deca…`` and showed switches with a ``<bool>`` value; plain text gives
+each flag its whole name and shows a value only for options that take one. The root help keeps
+the activity panels as sections.
+
 The error boundary: a :class:`~balcaprl.errors.UserError` escaping any command is printed as one
 line, ``error: <message>``, on stderr (plain text: never wrapped at the console width) and the exit
 status is 2, as for typer's own usage errors. An ``OSError`` (a full disk, an I/O error: the system
@@ -47,6 +52,24 @@ class RootGroup(TyperGroup):
         names = super().list_commands(ctx)
         return sorted(names, key=lambda name: rank.get(self.commands[name].rich_help_panel, len(rank)))
 
+    def format_commands(self, ctx: typer.Context, formatter) -> None:
+        """One help section per activity panel (click would list every command under "Commands")."""
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        commands = [
+            (name, command) for name, command in commands if command is not None and not command.hidden
+        ]
+        if not commands:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in commands)
+        for panel in dict.fromkeys(command.rich_help_panel or "Commands" for _, command in commands):
+            rows = [
+                (name, command.get_short_help_str(limit))
+                for name, command in commands
+                if (command.rich_help_panel or "Commands") == panel
+            ]
+            with formatter.section(panel):
+                formatter.write_dl(rows)
+
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
@@ -83,11 +106,25 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_show_locals=False,  # locals may hold API keys
+    rich_markup_mode=None,  # plain help: whole flag names at 80 columns, no value shown for switches
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
 
 
 @app.callback()
 def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
     debug: bool = typer.Option(
         False, "--debug", envvar=DEBUG_ENV, help="Show a user error's traceback too (or BALCAPRL_DEBUG=1)."
     ),
@@ -97,8 +134,8 @@ def _options(
 
 @app.command("version")
 def version() -> None:
-    """Print the installed balcaprl version."""
-    typer.echo(__version__)
+    """Print the installed balcaprl version (as --version does)."""
+    _print_version(True)
 
 
 # Demo: the offline synthetic world, end to end and piece by piece.

@@ -27,6 +27,17 @@ def exit_if_short(reason: str | None, advice: str = "") -> None:
     raise typer.Exit(1)
 
 
+def implied_resume(resume: bool, overwrite: bool, why: str | None) -> bool:
+    """``--resume``, implied where the results in the output place are not worth a refusal: ``why``
+    says what they are (a trial run's, ``--limit N``; a run that scored nothing), or None for
+    results that are protected as usual. The run after them continues them, as the guides' flows
+    (a trial, then the full run) expect; ``--overwrite`` still starts again."""
+    if why is None or resume or overwrite:
+        return resume
+    typer.echo(f"continuing {why} (--resume implied; --overwrite starts again)", err=True)
+    return True
+
+
 def system_error(error: BaseException) -> OSError | None:
     """The ``OSError`` behind ``error``: itself, or what it was raised from (``raise X from oserror``)."""
     while error is not None:

@@ -9,16 +9,30 @@ from pathlib import Path
 
 import typer
 
-from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short
+from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short, implied_resume
 from balcaprl.errors import InputError, UserError
 
 IMAGE_MODES = ("auto", "hardlink", "copy", "reencode")
 
 
 def _console():
-    from rich.console import Console
+    from balcaprl.progress import make_console
 
-    return Console()
+    return make_console()
+
+
+def _trial(dataset: Path, section: str) -> str | None:
+    """What ``dataset`` holds, in words, when its card records a ``--limit`` for the run that wrote
+    ``section`` (``source``: preparation, ``recaption``): a trial run. None for a full run, or where
+    no readable card is."""
+    from balcaprl.data.format import read_card
+
+    try:
+        recorded = read_card(dataset).get(section)
+    except UserError:
+        return None
+    limit = recorded.get("limit") if isinstance(recorded, dict) else None
+    return None if limit is None else f"the trial run (--limit {limit}) in {dataset}"
 
 
 def _token_counter(tokenizer: str | None):
@@ -104,6 +118,7 @@ def prepare_sharegpt4v(
     )
     if out.expanduser().resolve() == image_root.expanduser().resolve():
         raise InputError("--out must not be the image root itself; use a new folder (e.g. next to it)")
+    resume = implied_resume(resume, overwrite, _trial(out, "source"))
     target = claim_output_dir(
         out,
         what="--out",
@@ -211,6 +226,7 @@ def recaption(
     if not (data / ".recaption" / "card.json").is_file():  # (a rewrite that was interrupted keeps it)
         read_card(data)  # not a dataset: say so before anything else
     judge = load_judge_config(judge_config)  # a config mistake is reported before anything else
+    resume = implied_resume(resume, overwrite, _trial(data, "recaption"))
     mode = claim_in_place(data, what="--data", results=recaption_results, resume=resume, overwrite=overwrite)
     report = recaption_dataset(
         data,

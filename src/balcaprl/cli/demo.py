@@ -57,13 +57,11 @@ def demo(
     import functools
     import sys
 
-    from rich.console import Console
-
     from balcaprl.demo.config import load_demo_config
     from balcaprl.demo.pipeline import quiet_library_progress_bars, run_demo
     from balcaprl.demo.report import comparison_rows, rich_before_after_table, rich_comparison_table
     from balcaprl.demo.variants import parse_variants
-    from balcaprl.progress import Progress
+    from balcaprl.progress import Progress, make_console
 
     if variant is not None and variants is not None:
         raise UserError("give --variant or --variants, not both")
@@ -75,7 +73,7 @@ def demo(
         overrides.append(f"judge.transport={judge}")
     settings = load_demo_config(config, overrides)
 
-    console = Console()
+    console = make_console()  # off a terminal: no 80-column wrapping of log lines and tables
     quiet_library_progress_bars()
     start = time.perf_counter()
 
@@ -111,7 +109,6 @@ def demo(
         )
         title = f"balcaprl demo — variants: held-out oracle scores, {result.before.held_out.n} scenes"
         console.print(rich_comparison_table(rows, title))
-        console.print(f"comparison: {result.comparison_path} (+ .csv)")
     for r in result.variants:
         verdict = "[green]rises[/green]" if r.balanced_rise else "[yellow]does not rise in balance[/yellow]"
         console.print(
@@ -121,9 +118,10 @@ def demo(
             + ")",
             soft_wrap=True,
         )
-    console.print(
-        f"run folder: {result.root}  (summary.json, samples.md, training_curves.png, rl/)", soft_wrap=True
-    )
+    # What this run wrote, only: a stale file of an earlier run is never announced.
+    console.print(f"report: {result.report_dir}  ({', '.join(result.written)})", soft_wrap=True)
+    curves = ", ".join(str(r.run_dir / "training_curves.png") for r in result.variants)
+    console.print(f"RL runs: {result.root / 'rl'}  (training curves: {curves})", soft_wrap=True)
     stages = ", ".join(
         f"{k} {v:.0f}/{result.cpu_timings.get(k, 0.0):.0f}s" for k, v in result.timings.items()
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short
+from balcaprl.cli.common import MIN_SCORED_HELP, OVERWRITE_HELP, RESUME_HELP, exit_if_short, implied_resume
 from balcaprl.errors import InputError, UserError
 from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
 
@@ -144,14 +144,13 @@ def score(
     Every scored caption is recorded in OUT as it arrives: after an interruption, run the same
     command with --resume and only the unscored captions are judged (also with --no-cache).
     """
-    from rich.console import Console
     from rich.table import Table
 
     from balcaprl.evaluate.score import score_captions, score_results
     from balcaprl.judge.client import build_judge
     from balcaprl.judge.protocol import JudgeFailure
     from balcaprl.outputs import claim_output_dir, shortfall
-    from balcaprl.progress import Progress
+    from balcaprl.progress import Progress, make_console
 
     if not images.is_dir():
         raise InputError(f"--images {images} is not a folder")
@@ -180,26 +179,69 @@ def score(
         )  # fmt: skip
     summary = run.summary
     table = Table(title=f"b-CapScore — {summary['n_scored']}/{summary['n_captions']} captions scored")
-    for column in ("metric", "mean", "95% CI"):
+    for column in ("metric", "mean (x100)", "95% CI"):
         table.add_column(column)
     for name, figures in summary["metrics"].items():
+        # every figure x100 with one decimal, as `evaluate` prints them (summary.json keeps the rewards
+        # in [0, 1] and b-CapScore x100)
+        scale = 1.0 if name == "b_capscore" else 100.0
         if figures is None:
             table.add_row(name, "-", "-")
         else:
-            table.add_row(
-                name, f"{figures['mean']:.3f}", f"[{figures['ci95_low']:.3f}, {figures['ci95_high']:.3f}]"
-            )
-    Console().print(table)
+            low, high = (scale * figures[k] for k in ("ci95_low", "ci95_high"))
+            table.add_row(name, f"{scale * figures['mean']:.1f}", f"[{low:.1f}, {high:.1f}]")
+    make_console().print(table)
     if summary["n_empty_captions"]:
         typer.echo(f"empty captions (scored 0, in the means): {summary['n_empty_captions']}")
     if summary["failures"]:
         typer.echo(f"failures (left out of the means): {json.dumps(summary['failures'])}")
+        first = _first_failure(target.final / run.scores_path.name)
+        if first is not None:
+            typer.echo(f"first failure: {first}")
     if run.resumed:
         typer.echo(f"resumed: {run.resumed} captions scored by an earlier run, not judged again")
+    typer.echo(_cache_line(summary["accounting"], judge_client.cache))
     final = target.final
     typer.echo(f"wrote {final / run.scores_path.name}\nwrote {final / run.summary_path.name}")
     reason = shortfall(summary["n_scored"], summary["n_captions"], min_scored, unit="captions", verb="scored")
     exit_if_short(reason, _retry_advice(summary["failures"]))
+
+
+def _scored_nothing(out: Path, protocols: list[str]) -> str | None:
+    """What ``out`` holds, in words, when its eval.json records the suite's protocols and none of them
+    scored an item (a caption file whose keys matched nothing, say): nothing a refusal should keep.
+    None otherwise."""
+    from balcaprl.evaluate.suite import read_eval
+
+    try:
+        recorded = read_eval(out).get("results") or {}
+    except (OSError, ValueError):
+        return None
+    results = [recorded.get(p) for p in protocols if p in recorded]
+    if not results or any(not isinstance(r, dict) or r.get("n_scored", 1) != 0 for r in results):
+        return None
+    return f"the evaluation in {out}, which scored nothing"
+
+
+def _first_failure(scores: Path) -> str | None:
+    """``image: reason (detail)`` of the first failed row of ``scores.jsonl`` (read line by line)."""
+    with scores.open(encoding="utf-8") as rows:
+        for line in rows:
+            row = json.loads(line)
+            if row.get("failure"):
+                detail = f" ({row['detail']})" if row.get("detail") else ""
+                return f"{row['image']}: {row['failure']}{detail}"
+    return None
+
+
+def _cache_line(accounting: dict, cache) -> str:
+    """Where the answers came from: a verdict from the cache was paid for by an earlier run."""
+    where = (
+        "the judge cache is off"
+        if cache is None
+        else f"{accounting['cache_hits']} from the judge cache {cache.path}"
+    )
+    return f"answers: {accounting['judged']} judged by {accounting['calls']} calls, {where}"
 
 
 def _retry_advice(failures: dict[str, int]) -> str:
@@ -288,6 +330,7 @@ def evaluate(
     for flag, path in flags.items():
         if path is not None and path.is_file():
             read_utf8_text(path, flag)
+    resume = implied_resume(resume, overwrite, _scored_nothing(out, names))
     target = claim_output_dir(
         out, what="--out", results=lambda folder: evaluation_results(folder, names), resume=resume,
         overwrite=overwrite, copy=["*"], resumable=["judge_cache.sqlite*", f"{ANSWER_RECORD}*"],
@@ -322,7 +365,9 @@ def evaluate(
         if result.failures:
             line += f", failed: {json.dumps(result.failures)}"
         if result.missing:
-            line += f", {len(result.missing)} without a caption"
+            line += (
+                f", {len(result.missing)} without a caption (first: {result.missing[0]!r})"  # the key sought
+            )
         if result.refused:
             line += f", {len(result.refused)} benchmark rows refused (see eval.json)"
         if result.metrics.get("n_invalid"):
@@ -330,6 +375,10 @@ def evaluate(
         prompts = (result.settings.get("prompts") or {}).get("kind")
         if prompts:
             line += f", {prompts} prompts"
+        if "cache_hits" in result.stats:  # a cached answer was paid for by an earlier run
+            line += (
+                f", {result.stats['calls']} judge calls, {result.stats['cache_hits']} answers from the cache"
+            )
         typer.echo(line + ")")
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")

@@ -34,8 +34,18 @@ def serve(
         help="--oracle: flip each pointable/visible/covered flag with this probability (a judge of known error).",
     ),
     flip_seed: int = typer.Option(0, "--flip-seed", help="Seed of the flips (--flip-rate)."),
+    benchmarks: Path | None = typer.Option(
+        None, "--benchmarks",
+        help="--oracle: first write its held-out split as DeCapBench, CaptionQA and CapArena files (and "
+        "references.json) in this folder (docs/offline.md).",
+    ),
 ) -> None:  # fmt: skip
-    """Serve a local judge behind an OpenAI-compatible /v1/chat/completions (for tests and the demo)."""
+    """Serve a local judge behind an OpenAI-compatible /v1/chat/completions (for tests and the demo).
+
+    With --oracle it answers every command's calls from the synthetic world's scene graphs: the
+    verdicts (train, score, the b-CapScore of evaluate), DCScore, CaptionQA, CapArena and
+    re-captioning, so each command can be tried offline (docs/offline.md).
+    """
     import json
     import os
 
@@ -58,6 +68,7 @@ def serve(
             raise InputError(
                 f"--oracle {oracle}: {detail}; give a folder written by `balcaprl synthetic build`"
             ) from None
+        unflipped = local_judge
         if flip_rate > 0:
             from balcaprl.testing.flipping_judge import FlippingJudge
 
@@ -68,6 +79,16 @@ def serve(
         from balcaprl.testing.scripted_judge import ScriptedJudge
 
         local_judge = ScriptedJudge(latency_s=latency)
+    handler = None
+    if oracle is not None:
+        from balcaprl.testing.oracle_protocols import OracleProtocols, write_synthetic_benchmarks
+
+        handler = OracleProtocols.from_dataset(unflipped, oracle)
+        if benchmarks is not None:
+            for name, path in write_synthetic_benchmarks(oracle, benchmarks).items():
+                typer.echo(f"wrote {path} ({name})")
+    elif benchmarks is not None:
+        raise UserError("--benchmarks needs --oracle (the files are its dataset's held-out split)")
     script = None
     if faults is not None:
         inline = faults.lstrip().startswith("{")
@@ -98,7 +119,9 @@ def serve(
         typer.echo(f"balcaprl judge server: {url}", nl=True)
 
     try:
-        serve_forever(local_judge, host=host, port=port, faults=script, api_key=key, on_ready=announce)
+        serve_forever(
+            local_judge, host=host, port=port, faults=script, api_key=key, on_ready=announce, handler=handler
+        )
     except OSError as error:
         if ready:
             raise
@@ -132,8 +155,6 @@ def audit(
     ),
 ) -> None:  # fmt: skip
     """Re-judge a sample of captions: agreement between judges, test-retest noise, errors, cost."""
-    from rich.console import Console
-
     from balcaprl.judge import build_judge, load_judge_config
     from balcaprl.judge.audit import (
         audit_results,
@@ -144,7 +165,7 @@ def audit(
         write_audit,
     )
     from balcaprl.outputs import claim_output_dir
-    from balcaprl.progress import Progress
+    from balcaprl.progress import Progress, make_console
 
     if not 1 <= len(judge) <= 2:
         raise UserError(f"--judge: give one or two judge configs, got {len(judge)}")
@@ -202,7 +223,7 @@ def audit(
         if run["judged"] == 0:
             reasons = ", ".join(f"{k} {v}" for k, v in run["failures"].items())
             typer.secho(f"warning: {run['judge']} failed on every caption ({reasons})", fg="yellow", err=True)
-    console = Console(width=max(Console().width, 100))
+    console = make_console()
     for table in audit_tables(report):
         console.print(table)
     typer.echo(f"wrote {audit_path}\nwrote {items_path}")

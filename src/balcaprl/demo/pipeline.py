@@ -14,6 +14,7 @@ with the same settings (a stage made with other settings is an error, never sile
     OUTPUT/samples.md            held-out captions before and after RL
     OUTPUT/summary.json          every number the final tables show
     OUTPUT/comparison.md/.csv    the variant comparison (when more than one variant ran)
+    OUTPUT/steps-N/              the same report of a run with --steps N (never over the top-level one)
 
 An interrupted RL run resumes from its newest checkpoint.
 """
@@ -24,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -402,11 +404,19 @@ class DemoResult:
     cpu_timings: dict[str, float] = field(default_factory=dict)  # CPU seconds per stage
     summary_path: Path | None = None
     comparison_path: Path | None = None
+    report_dir: Path | None = None  # where summary.json and the rest went: root, or root/steps-N
+    written: list[str] = field(default_factory=list)  # the report's files this run wrote there
 
 
 def _samples_markdown(
-    data_dir: Path, before: Evaluation, results: Sequence[VariantResult], n: int, temperature: float
+    data_dir: Path,
+    before: Evaluation,
+    results: Sequence[VariantResult],
+    n: int,
+    temperature: float,
+    where: Path,
 ) -> str:
+    """The page written in ``where``, whose image links are relative to it."""
     from balcaprl.data.format import read_split_rows
 
     rows = read_split_rows(data_dir, "eval")[:n]
@@ -422,7 +432,8 @@ def _samples_markdown(
         )
 
     for i, row in enumerate(rows):
-        lines += [f"## {row['id']}", "", f"![{row['id']}](data/{row['image']})", ""]
+        image = Path(os.path.relpath(data_dir / row["image"], where)).as_posix()
+        lines += [f"## {row['id']}", "", f"![{row['id']}]({image})", ""]
         lines += [f"**reference** — {row['reference']}", ""]
         lines += [
             f"**SFT (before RL)** — {scored(before.records[i])}",
@@ -518,20 +529,31 @@ def run_demo(
             VariantResult(variant, run_dir, after, ci, reward_cis, recipe.train.max_steps or 0, train_s)
         )
 
-    # The run folder's top-level artefacts.
+    # The report: at the top of the run folder for a run of the recipe's length; a run with --steps (a
+    # smoke test, a quick sweep) reports in a folder of its own, so it never overwrites the results of
+    # a finished run. One variant's curves are copied up; with several, each is in rl/VARIANT/, and
+    # the curves of an earlier single-variant report here would be stale, so they go.
+    report = result.report_dir = root if steps is None else root / f"steps-{steps}"
+    report.mkdir(parents=True, exist_ok=True)
+    curves = report / "training_curves.png"
     if len(result.variants) == 1 and (result.variants[0].run_dir / "training_curves.png").is_file():
-        shutil.copyfile(result.variants[0].run_dir / "training_curves.png", root / "training_curves.png")
-    (root / "samples.md").write_text(
-        _samples_markdown(data_dir, before, result.variants, e.show, config.evaluation_temperature()),
+        shutil.copyfile(result.variants[0].run_dir / "training_curves.png", curves)
+        result.written.append(curves.name)
+    else:
+        curves.unlink(missing_ok=True)
+    (report / "samples.md").write_text(
+        _samples_markdown(data_dir, before, result.variants, e.show, config.evaluation_temperature(), report),
         encoding="utf-8",
     )
+    result.written.append("samples.md")
     if len(result.variants) > 1:
         rows = comparison_rows(
             before.held_out, [(r.variant.name, r.after.held_out, r.ci, r.steps) for r in result.variants]
         )
-        (root / "comparison.md").write_text(comparison_markdown(rows), encoding="utf-8")
-        (root / "comparison.csv").write_text(comparison_csv(rows), encoding="utf-8")
-        result.comparison_path = root / "comparison.md"
+        (report / "comparison.md").write_text(comparison_markdown(rows), encoding="utf-8")
+        (report / "comparison.csv").write_text(comparison_csv(rows), encoding="utf-8")
+        result.comparison_path = report / "comparison.md"
+        result.written += ["comparison.md", "comparison.csv"]
     lap("report")
     result.summary_path = write_summary(result, config)
     return result
@@ -562,6 +584,7 @@ def write_summary(result: DemoResult, config: DemoConfig) -> Path:
         "cpu_timings_s": result.cpu_timings,
         "config": config.model_dump(mode="json"),
     }
-    path = result.root / SUMMARY_FILE
+    path = result.report_dir / SUMMARY_FILE
+    result.written.insert(0, SUMMARY_FILE)
     path.write_text(json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n", encoding="utf-8")
     return path

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-# (metrics.jsonl key, label) of the curves in the figure's left panel.
+# (metrics.jsonl key, label) of the reward curves; each reward has a panel (unmasked: linguistic's).
 REWARD_CURVES = (
     ("rewards/precision/mean", "precision"),
     ("rewards/recall/mean", "recall"),
@@ -288,33 +288,54 @@ def rich_comparison_table(rows: Sequence[Mapping[str, Any]], title: str):
 def plot_training_curves(
     metrics: Sequence[Mapping[str, Any]], out_png: Path | str, *, title: str = "", window: int = 20
 ) -> Path:
-    """Rewards (left) and caption length (right) over RL steps from ``metrics.jsonl`` step rows:
-    each step faint, a trailing moving average of ``window`` steps bold."""
+    """One panel per reward and one for caption length over RL steps, from ``metrics.jsonl`` step
+    rows: each step faint, a trailing moving average of ``window`` steps bold. Each reward has an axis
+    of its own, scaled to its values, and its panel title says start -> end: on one shared 0-1 axis a
+    rise of 0.02 was invisible and precision and recall lay on top of each other."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = training_curves_figure(metrics, title=title, window=window)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def training_curves_figure(metrics: Sequence[Mapping[str, Any]], *, title: str = "", window: int = 20) -> Any:
+    """The figure :func:`plot_training_curves` saves (a matplotlib ``Figure``; the caller closes it)."""
     import matplotlib.pyplot as plt
 
     steps_rows = [m for m in metrics if m.get("kind", "step") == "step"]
     if not steps_rows:
         raise ValueError("no step rows in the metrics: nothing to plot")
     steps = [m["step"] for m in steps_rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, grid = plt.subplots(2, 2, figsize=(12, 8))
+    panels = {"precision": grid[0][0], "recall": grid[0][1], "linguistic": grid[1][0]}
     colours = ("tab:blue", "tab:orange", "tab:green", "tab:olive")
     for (key, label), colour in zip(REWARD_CURVES, colours, strict=True):
         values = [m.get(key) for m in steps_rows]
         if all(v is None for v in values):
             continue
+        axis = panels[key.split("/")[1].removesuffix("_unmasked")]
+        smooth = moving_average(values, window)
         dashed = "unmasked" in key
         if not dashed:
-            left.plot(steps, [math.nan if v is None else v for v in values], color=colour, alpha=0.2, lw=0.8)
-        left.plot(
-            steps, moving_average(values, window), color=colour, lw=2, ls="--" if dashed else "-", label=label
-        )
-    left.set(xlabel="RL step", ylabel="training reward (sampled rollouts)", ylim=(0, 1), title="rewards")
-    left.grid(alpha=0.3)
-    left.legend(loc="lower right", fontsize=8)
+            axis.plot(steps, [math.nan if v is None else v for v in values], color=colour, alpha=0.2, lw=0.8)
+            axis.axhline(smooth[0], color="gray", lw=0.8, ls=":")  # where the reward started
+            finite = [v for v in smooth if math.isfinite(v)]
+            axis.set_title(f"{label}: {finite[0]:.3f} -> {finite[-1]:.3f} ({finite[-1] - finite[0]:+.3f})")
+        axis.plot(steps, smooth, color=colour, lw=2, ls="--" if dashed else "-", label=label)
+    for axis in panels.values():
+        axis.set(xlabel="RL step", ylabel="training reward (sampled rollouts)")
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(loc="lower right", fontsize=8)
 
+    right = grid[1][1]
     caption = [m.get("length/caption_tokens_mean") for m in steps_rows]
     reference = [m.get("length/reference_tokens_mean") for m in steps_rows]
     right.plot(steps, [math.nan if v is None else v for v in caption], color="tab:red", alpha=0.2, lw=0.8)
@@ -344,8 +365,4 @@ def plot_training_curves(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig

@@ -8,8 +8,8 @@ Backends:
   faster for the 600-image CapArena set or a 7B model. Imported only when asked for.
 
 Sources (what to caption):
-- a balcaprl dataset folder (``dataset.json``): the rows of ``--split`` (key = row id, the row's own
-  prompt with ``--prompt dataset``);
+- a balcaprl dataset folder (``dataset.json``): the rows of ``--split`` (key = the image's path in the
+  dataset folder, e.g. ``images/x.png``; the row's own prompt with ``--prompt dataset``);
 - a plain image folder: every image under it (key = its path relative to the folder);
 - a benchmark (``--benchmark``): ``decapbench`` (annotation JSONL + image folder; key = image name),
   ``captionqa`` (question file with embedded images, or + an image folder; key = id), ``caparena``
@@ -170,8 +170,10 @@ def collect_items(
         if (root / "dataset.json").is_file():
             from balcaprl.data.format import read_split_rows
 
+            # key: the image's path in the dataset folder, as the references of `score` and the
+            # benchmark files name it (a row id matched neither)
             items = [
-                CaptionItem(r["id"], Path(r["image_path"]), prompt=r["prompt"])
+                CaptionItem(r["image"], Path(r["image_path"]), prompt=r["prompt"])
                 for r in read_split_rows(root, split)
             ]
         elif root.is_dir():

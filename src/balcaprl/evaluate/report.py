@@ -390,6 +390,12 @@ def human_alignment(rows: Sequence[ReportRow], human: dict[str, float]) -> dict[
 # ----------------------------------------------------------------------------------------- figure
 
 
+FIGURE_TITLE = (
+    "Caption quality from three views (grey: the paper's published rows; outlined: baseline; "
+    "†: incomplete evaluation; ‡: not comparable with the paper's Table 1)"
+)
+
+
 def plot_report(rows: Sequence[ReportRow], path: Path, baseline: ReportRow | None = None) -> Path:
     """Bars per row on each of the three views, the length and b-CapScore; the baseline outlined."""
     import matplotlib
@@ -397,14 +403,32 @@ def plot_report(rows: Sequence[ReportRow], path: Path, baseline: ReportRow | Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig = report_figure(rows, baseline)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130)
+    plt.close(fig)
+    atomic_write_bytes(Path(path), buffer.getvalue())
+    return Path(path)
+
+
+def report_figure(rows: Sequence[ReportRow], baseline: ReportRow | None = None) -> Any:
+    """The figure :func:`plot_report` saves (a matplotlib ``Figure``; the caller closes it)."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
     keys = [(k, t) for k, t, _ in COLUMNS if any(r.values.get(k) is not None for r in rows)]
-    fig_height = 1.2 + 0.42 * len(rows)
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(3.3 * max(1, len(keys)), fig_height), sharey=True)
+    # The title is wrapped to the figure's width: with one metric the figure is one panel wide and
+    # the title, on one line, was cut at both edges.
+    width = 3.3 * max(1, len(keys))
+    title = textwrap.fill(FIGURE_TITLE, width=max(30, int(width * 13)))
+    fig_height = 1.2 + 0.42 * len(rows) + 0.16 * title.count("\n")
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(width, fig_height), sharey=True)
     axes = list(axes) if len(keys) > 1 else [axes]
     names = [r.name for r in rows]
     positions = list(range(len(rows)))[::-1]
     palette = plt.get_cmap("tab10")
-    for ax, (key, title) in zip(axes, keys, strict=True):
+    for ax, (key, column) in zip(axes, keys, strict=True):
         for pos, row, index in zip(positions, rows, range(len(rows)), strict=True):
             value = row.values.get(key)
             if value is None:
@@ -417,22 +441,14 @@ def plot_report(rows: Sequence[ReportRow], path: Path, baseline: ReportRow | Non
             marks = ("†" if key in row.incomplete else "") + ("‡" if key in row.not_comparable else "")
             ax.bar_label(bar, labels=[label + marks], fontsize=7, padding=2)
         ax.axvline(0, color="black", linewidth=0.6)
-        ax.set_title(title + ("" if key == "arena_length" else " ↑"), fontsize=10)
+        ax.set_title(column + ("" if key == "arena_length" else " ↑"), fontsize=10)
         ax.tick_params(axis="x", labelsize=8)
         ax.margins(x=0.18)
     axes[0].set_yticks(positions)
     axes[0].set_yticklabels(names, fontsize=8)
-    fig.suptitle(
-        "Caption quality from three views (grey: the paper's published rows; outlined: baseline; "
-        "†: incomplete evaluation; ‡: not comparable with the paper's Table 1)",
-        fontsize=9,
-    )
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=130)
-    plt.close(fig)
-    atomic_write_bytes(Path(path), buffer.getvalue())
-    return Path(path)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------- report

@@ -4,7 +4,9 @@ Inputs: an image folder, a caption file and a reference file, each either JSONL
 (``{"image": ..., "caption": ...}`` per line; references may say ``"reference"`` instead of
 ``"caption"``) or one JSON object ``{image: caption}`` (the CapArena/CaptionQA convention), in
 UTF-8 (other bytes are an error naming the byte offset, never replaced). Image names are paths
-relative to the image folder and may not leave it.
+relative to the image folder and may not leave it; an absolute path, or one relative to the working
+folder, that names a file in the image folder is taken relative to it (:func:`image_key`: how
+``balcaprl caption`` writes them, so its output is scored as it is).
 
 Outputs: ``scores.jsonl`` (one line per caption, in input order), ``summary.json`` (means with
 95% bootstrap intervals, failure and empty-caption counts, judge accounting) and ``verdicts.jsonl``
@@ -14,8 +16,8 @@ Outputs: ``scores.jsonl`` (one line per caption, in input order), ``summary.json
 
 Nothing paid for is lost: the output folder is checked for writability before the first call,
 and every caption the judge scored is appended at once to ``OUT/.score/record.jsonl``, keyed by
-everything that decides its verdict (image file, caption, reference, judge model and settings,
-rubric version). A re-run into the same folder takes those rows from the record and judges only
+everything that decides its verdict (image file, caption, reference, the judge's endpoint, model and
+settings, rubric version). A re-run into the same folder takes those rows from the record and judges only
 the rest, with or without the judge cache (``--no-cache``); failures are not recorded, so a re-run
 retries them. The record is kept after a run, so the final files of a resumed run are byte for byte
 those of an uninterrupted one (``summary.json``'s ``accounting`` describes the run that wrote it).
@@ -38,6 +40,7 @@ from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import summarise_scores
 from balcaprl.files import JsonlLog, atomic_write_text, invalid_unicode, jsonl_lines, read_utf8_text
 from balcaprl.judge.accounting import JudgeStats
+from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
@@ -120,12 +123,27 @@ def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: 
     cfg = judge.config
     identity = {
         "image": image, "file": file, "caption": caption, "reference": reference,
-        "model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
+        "endpoint": endpoint_identity(cfg.base_url), "model": cfg.model,
+        "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "rubric_options": cfg.rubric.model_dump(),
         "reference_mode": cfg.reference_mode, "max_image_side": cfg.max_image_side,
         "caption_char_cap": cfg.caption_char_cap, "rubric_version": judge.rubric_version("evaluation"),
     }  # fmt: skip
     canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def image_key(image: str, root: Path | None) -> str:
+    """``image`` as a path relative to the image root, so that a caption and its reference meet under
+    one key however each file names the image: as given when the root holds it; an absolute path, or
+    one relative to the working folder (as ``balcaprl caption`` writes them), that lies under the
+    root, relative to the root; anything else as given (it fails as ``bad_input``, named)."""
+    path = Path(image)
+    if root is None or (not path.is_absolute() and (root / path).is_file()):
+        return image
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except (ValueError, OSError):  # outside the root, or not a path at all
+        return image
 
 
 def _usable_unicode(rows: list[tuple[str, str]], what: str) -> tuple[list[tuple[str, str]], dict[int, str]]:
@@ -167,6 +185,9 @@ def score_captions(
     reference_rows, bad_references = _usable_unicode(
         read_caption_file(references, keys=("reference", "caption")), "reference"
     )
+    root = judge.images.root  # captions and references meet under the image's path in it
+    caption_rows = [(image_key(image, root), caption) for image, caption in caption_rows]
+    reference_rows = [(image_key(image, root), reference) for image, reference in reference_rows]
     for j, reason in bad_references.items():  # a reference that cannot be sent fails its captions' rows
         unusable.update(
             {i: reason for i, (image, _) in enumerate(caption_rows) if image == reference_rows[j][0]}

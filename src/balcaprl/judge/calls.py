@@ -2,8 +2,9 @@
 
 :meth:`JudgeCaller.call`, in order:
 
-1. **Key and cache.** The call's key (:meth:`JudgeCaller.key`: everything that decides its answer) is
-   looked up in the sqlite cache; a stored answer is validated again as a fresh one would be.
+1. **Key and cache.** The call's key (:meth:`JudgeCaller.key`: everything that decides its answer,
+   the endpoint included) is looked up in the sqlite cache; a stored answer is validated again as a
+   fresh one would be.
 2. **Coalescing.** Identical calls in flight share one (:meth:`Endpoint.coalesce`): the G rollouts of
    a prompt often repeat a caption, TRL calls each reward function on the same completions, and in
    cached-reference mode all G rollouts need the same reference decomposition at once.
@@ -55,7 +56,7 @@ from aiolimiter import AsyncLimiter
 from pydantic import BaseModel, ValidationError
 
 from balcaprl.judge.accounting import JudgeStats
-from balcaprl.judge.cache import JudgeCache, cache_key
+from balcaprl.judge.cache import JudgeCache, cache_key, endpoint_identity
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError, load_judge_config
 from balcaprl.judge.images import ImageLoader, PreparedImage
 from balcaprl.judge.protocol import FailureReason, JudgeFailure
@@ -213,15 +214,16 @@ class JudgeCaller:
         trial: int | None = None,
         extra_body: dict[str, Any] | None = None,
     ) -> str:
-        """The cache key of a call (:func:`~balcaprl.judge.cache.cache_key` with this config's model).
-        ``identity`` (what determines the messages, e.g. :func:`prompt_identity`) stands in for the
-        messages' hash when a caller wants to look a call up before building its messages, or to skip
-        hashing an image; give one of the two."""
+        """The cache key of a call (:func:`~balcaprl.judge.cache.cache_key` with this config's endpoint
+        and model). ``identity`` (what determines the messages, e.g. :func:`prompt_identity`) stands in
+        for the messages' hash when a caller wants to look a call up before building its messages, or to
+        skip hashing an image; give one of the two."""
         if (messages is None) == (identity is None):
             raise ValueError("give exactly one of `messages` and `identity`")
         cfg = self.config
         return cache_key(
             kind,
+            endpoint=endpoint_identity(cfg.base_url),
             model=cfg.model,
             temperature=temperature,
             max_tokens=max_tokens or cfg.max_tokens,

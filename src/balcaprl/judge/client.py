@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sqlite3
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -200,10 +199,7 @@ class OpenAICompatibleJudge:
                     judge_call_kind("verdict", rubric.name), identity=identity,
                     schema=verdict_schema(rubric.name), temperature=self.config.temperature,
                 )  # fmt: skip
-        try:
-            stored = self.cache.get_many(list(keys.values()))
-        except sqlite3.Error:  # each request meets the cache's error on its own path, as it always did
-            return {}
+        stored = self.cache.get_many(list(keys.values()))  # a cache that cannot be read: {} (logged)
         outcomes: dict[int, JudgeOutcome] = {}
         for i, key in keys.items():
             rubric, caption, _ = texts[i]

@@ -205,6 +205,7 @@ class EarlyJudge:
             for future in futures:
                 if not future.done():
                     future.set_exception(error)
+                    future.exception()  # retrieved: only a waiter re-raises it, none logs a traceback
             return
         for future, outcome in zip(futures, outcomes, strict=True):
             if not future.done():  # a future dropped by forget_started or settle is cancelled

@@ -11,7 +11,10 @@ For every rollout :func:`judge_rollouts`
    the linguistic reward, Sec. 2.3, and the linear length penalty of eq. A.5 when chosen).
 
 A failed judge (``JudgeFailure``, or an exception from the judge) gives a failed record, NaN in all
-three rewards, never 0: the advantage step leaves the rollout out. The caption's length is counted
+three rewards, never 0: the advantage step leaves the rollout out. One failure is the run's, not the
+rollout's: an endpoint that rejects the judge's key (401/403) or model (404) raises a
+:class:`~balcaprl.errors.UserError`; its rollouts are marked ``judge_rejected`` and the batch step
+stops the run on them at once (:meth:`~balcaprl.train.step.BatchStep.check_failures`). The caption's length is counted
 with the policy's tokenizer by the caller (:func:`count_caption_tokens` on generated ids).
 """
 
@@ -22,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from balcaprl.errors import UserError
 from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest
 from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout, score_rollout
@@ -30,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 # Failure reason recorded when the judge raised instead of returning a JudgeFailure.
 JUDGE_EXCEPTION = "judge_exception"
+# Failure reason of every rollout of a batch whose judge raised a UserError: the endpoint rejected the
+# key, the permissions or the model; no later batch can do better, so the run stops on it.
+JUDGE_REJECTED = "judge_rejected"
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ async def judge_rollouts(
 async def _outcomes(judge: Judge, requests: list[JudgeRequest]) -> list[JudgeOutcome]:
     try:
         outcomes = list(await judge.judge_batch(requests))
+    except UserError as err:  # not this batch's failure but the configuration's: the step stops the run
+        return [JudgeFailure(JUDGE_REJECTED, str(err))] * len(requests)  # type: ignore[arg-type]
     except Exception as err:  # a judge should return failures, but a crash must not become a reward
         logger.exception("the judge raised on a batch of %d rollouts; they count as failed", len(requests))
         return [JudgeFailure(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}")] * len(requests)

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ from transformers import TrainerCallback
 
 from balcaprl.files import jsonl_lines, naming
 from balcaprl.judge.protocol import FailureReason
+from balcaprl.progress import Progress
 from balcaprl.rewards import REWARD_NAMES, LengthMode, RolloutRecord
 
 KNOWN_FAILURE_REASONS = (*get_args(FailureReason), "judge_exception")
@@ -224,41 +226,40 @@ def _fmt(logs: Mapping[str, Any], key: str, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-class RichProgressCallback(TrainerCallback):
-    """A rich progress bar over optimizer steps, and one summary line per logged step."""
+# Printed once when training starts: what the step lines' figures are, and why the loss may be large
+# and negative (a new user took -6.37 for divergence).
+STEP_LINE_LEGEND = (
+    "step lines: P R L = mean precision, recall, linguistic reward (L after the length mask);",
+    "  len = mean caption tokens, (x0.97) = caption / reference length (the length band's rho);",
+    "  masked = share of judged captions whose L the length mask zeroed; fail = judge failures;",
+    "  loss = the policy loss summed over each caption's tokens (token-sum-sequence-mean): it grows",
+    "  with caption length and is negative when longer captions get the positive advantages, so",
+    "  values like -6 are expected, not a divergence.",
+)
 
-    def __init__(self):
+
+class RichProgressCallback(TrainerCallback):
+    """Progress over optimizer steps (``balcaprl.progress``: a bar on a terminal, plain lines in a log),
+    the legend once, and one summary line per logged step with elapsed time and ETA."""
+
+    def __init__(self, **progress_options: Any):
+        self.progress_options = {"stream": sys.stdout, "interval_s": 60, **progress_options}  # a test's clock
         self.progress = None
-        self.task = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         self.progress = Progress(
-            TextColumn("[bold]balcaprl train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("steps"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            transient=False,
+            "balcaprl train", total=state.max_steps, unit="steps", **self.progress_options
         )
+        self.progress.completed = state.global_step  # a resumed run's ETA counts this run's steps only
         self.progress.start()
-        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step)
+        for line in STEP_LINE_LEGEND:
+            self.progress.log(line)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.progress is not None:
-            self.progress.update(self.task, completed=state.global_step)
+            self.progress.completed = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs or "train_runtime" in logs:
@@ -269,11 +270,12 @@ class RichProgressCallback(TrainerCallback):
             f"L {_fmt(logs, 'rewards/linguistic/mean')}  "
             f"len {_fmt(logs, 'length/caption_tokens_mean', '.0f')} tok (x{_fmt(logs, 'length/ratio_mean', '.2f')})  "
             f"masked {_fmt(logs, 'length/masked_share', '.0%')}  "
-            f"fail {_fmt(logs, 'judge/failures', '.0f')}  loss {_fmt(logs, 'loss', '.4f')}"
+            f"fail {_fmt(logs, 'judge/failures', '.0f')}  loss {_fmt(logs, 'loss', '.4f')}  "
+            f"{self.progress.timing()}"
         )
-        self.progress.console.print(line, highlight=False)
+        self.progress.log(line)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:
-            self.progress.stop()
+            self.progress.close()
             self.progress = None

@@ -6,6 +6,7 @@ step (``verl_backend/trainer.py``, after verl's reward loop) each make the batch
 the advantages and the metric names are the same code on both:
 
 1. guard: the judge failed on every rollout of ``max_failed_batches_in_a_row`` batches in a row -> stop;
+   the endpoint rejected the judge's key or model (``judge_rejected``) -> stop at once, one line;
 2. the (N, 3) rewards (NaN = failed judge), each rollout's p_len and prompt group;
 3. the recipe's estimator (eqs. 2.4-2.6, or the 'w/o c-GDPO' ablation), then eq. A.5 (``advantages.py``);
 4. the batch's metrics, one vocabulary for both backends (``metrics.py``).
@@ -19,8 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from balcaprl.errors import ConfigError
 from balcaprl.rewards import LengthMode, RolloutRecord
 from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
+from balcaprl.train.judging import JUDGE_REJECTED
 from balcaprl.train.metrics import batch_metrics
 
 logger = logging.getLogger(__name__)
@@ -82,7 +85,15 @@ class BatchStep:
         """Count a batch whose every rollout failed; raise after ``max_failed_batches_in_a_row`` in a row.
 
         Judged on the whole batch (every process's share gathered), so that all processes stop together
-        and one process's share of a batch is not a batch."""
+        and one process's share of a batch is not a batch. A rollout the endpoint refused
+        (``judge_rejected``) stops the run at once, before this batch's update, with the judge's one
+        line (:class:`~balcaprl.errors.ConfigError`: exit status 2)."""
+        rejected = next((r.failure_detail for r in rollouts if r.failure == JUDGE_REJECTED), None)
+        if rejected is not None:
+            raise ConfigError(
+                f"{rejected}; training stopped before this batch's update: fix the judge, then run again "
+                "(--resume continues from the newest checkpoint, if one was written; none is removed)"
+            )
         if not rollouts or any(r.judged for r in rollouts):
             self.failed_in_a_row = 0
             return

@@ -68,6 +68,7 @@ from balcaprl.train.driver import check_driver
 from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog
+from balcaprl.train.model_card import ModelCardCallback, write_model_card
 from balcaprl.train.modeling import (
     ImageGrid,
     image_grid,
@@ -79,6 +80,7 @@ from balcaprl.train.modeling import (
 from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
 from balcaprl.train.step import BatchStep, StepResult
+from balcaprl.train.trl_overrides import apply_trl_overrides
 from balcaprl.train.vision_attention import use_varlen_vision_attention
 
 logger = logging.getLogger(__name__)
@@ -515,7 +517,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
             vllm_server_timeout=vllm.server_timeout,
             vllm_importance_sampling_correction=vllm.importance_sampling_correction,
         )
-    return GRPOConfig(**kwargs)
+    return GRPOConfig(**apply_trl_overrides(kwargs, t.trl_overrides, GRPOConfig))
 
 
 def build_trainer(
@@ -575,6 +577,7 @@ def build_trainer(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(MetricsJsonlCallback(output_dir / "metrics.jsonl"))
+    trainer.add_callback(ModelCardCallback(recipe))  # after TRL's generic card: ours replaces it
     if recipe.run.progress:
         trainer.add_callback(RichProgressCallback())
     if recipe.train.stop_after_step is not None:
@@ -640,6 +643,8 @@ def train(
     if finished and recipe.run.save_final_model:
         final_dir = output_dir / "final"
         save_final_model(trainer, final_dir)  # whole weights even from sharded checkpoints
+        if trainer.is_world_process_zero():
+            write_model_card(final_dir, recipe, trainer.state.global_step)
     return TrainResult(
         output_dir=output_dir,
         global_step=trainer.state.global_step,

@@ -210,6 +210,8 @@ def _check(recipe: Recipe, cluster: ClusterShape, problems: list[str]) -> None:
             "train.stop_after_step: not available in verl (it resumes from its newest checkpoint by itself); "
             "remove it"
         )
+    if t.trl_overrides:
+        problems.append("train.trl_overrides: TRL settings; for verl pass --verl-override KEY=VALUE instead")
     # Step counts: the recipe's are optimizer steps, verl's are batches (see verl_step_counts).
     per_batch = t.steps_per_batch
     if t.max_steps is not None and t.max_steps % per_batch:
