@@ -3,7 +3,7 @@
 What it does, in order (nothing is downloaded; the GPU machine needs no internet):
 
 1. builds the Qwen2.5-VL-3B architecture from its public config's numbers, written out here and in
-   ``balcaprl.train.memory_plan.KNOWN_MODELS`` (no hub), random weights in bf16 (fp32 in the CPU smoke run), with a word-level
+   ``balcaprl.plan.memory.KNOWN_MODELS`` (no hub), random weights in bf16 (fp32 in the CPU smoke run), with a word-level
    tokenizer over the same 151,936 ids (Qwen's special tokens at Qwen's ids) and a Qwen2.5-VL image
    processor; saves it as a checkpoint folder;
 2. writes a dataset in balcaprl's format: synthetic 1280 x 960 images (above ``max_pixels``, so the
@@ -99,7 +99,7 @@ QWEN_3B_VISION_EXTRA = {"window_size": 112, "fullatt_block_indexes": [7, 15, 23,
 
 def architecture(tiny: bool) -> dict:
     """Text and vision config of Qwen2.5-VL-3B (``tiny``: 2 layers, width 64, for a CPU smoke run)."""
-    from balcaprl.train.memory_plan import KNOWN_MODELS
+    from balcaprl.plan.memory import KNOWN_MODELS
 
     config, _ = KNOWN_MODELS[MODEL_ID]
     text = {k: v for k, v in config.items() if k not in ("model_type", "vision_config")} | QWEN_3B_EXTRA
@@ -507,8 +507,8 @@ def predicted_peak_gib(
 
 
 def _plan(recipe_overrides: list[str], base: Path, gpu_gib: float, prompts: int, micro: int):
+    from balcaprl.plan.memory import Launcher, plan_memory
     from balcaprl.recipe import load_recipe
-    from balcaprl.train.memory_plan import Launcher, plan_memory
 
     recipe = load_recipe(
         base,

@@ -88,8 +88,8 @@ def test_the_full_architecture_is_qwen2_5_vl_3b_and_the_batch_follows_the_plan()
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+    from balcaprl.plan.memory import Launcher, model_shape, plan_memory
     from balcaprl.recipe import load_recipe
-    from balcaprl.train.memory_plan import Launcher, model_shape, plan_memory
 
     bench = load_benchmark()
     arch = bench.architecture(tiny=False)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from train_testkit import ScriptedJudge, tiny_recipe_dict
 
+from balcaprl.plan.memory import checkpoint_disk, launcher_from_accelerate, model_shape
 from balcaprl.recipe import recipe_from_dict
 from balcaprl.train import train
 from balcaprl.train.checkpointing import (
@@ -23,7 +24,6 @@ from balcaprl.train.checkpointing import (
     resolve_resume,
     save_final_model,
 )
-from balcaprl.train.memory_plan import checkpoint_disk, launcher_from_accelerate, model_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,7 +169,7 @@ def test_the_fsdp_config_shards_checkpoints_and_the_plan_counts_their_disk():
     full = launcher.__class__(**{**launcher.__dict__, "sharded_checkpoints": False})
     assert checkpoint_disk(shape, recipe, full)[0] == 16 * params
     assert recipe.run.save_total_limit == 2
-    from balcaprl.train.memory_plan import plan_memory
+    from balcaprl.plan.memory import plan_memory
 
     plan = plan_memory(recipe, launcher)
     assert (plan.checkpoint_bytes, plan.final_bytes) == (12 * params, 4 * params)

@@ -1,4 +1,4 @@
-"""The judge's cost plan (``balcaprl.train.judge_plan``): calls, tokens, dollars and minutes by hand,
+"""The judge's cost plan (``balcaprl.plan.judge_cost``): calls, tokens, dollars and minutes by hand,
 and where ``balcaprl train --plan`` prints it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from balcaprl.cli import app
 from balcaprl.judge.rubrics import load_rubric
 from balcaprl.judge.tokens import approx_tokens
+from balcaprl.plan.judge_cost import ANSWER_TOKENS, CALL_LATENCY_S, REFERENCE_TOKENS, plan_judge
 from balcaprl.recipe import load_recipe, recipe_from_dict
-from balcaprl.train.judge_plan import ANSWER_TOKENS, CALL_LATENCY_S, REFERENCE_TOKENS, plan_judge
 
 ROOT = Path(__file__).resolve().parents[2]
 

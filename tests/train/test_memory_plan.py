@@ -11,8 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
-from balcaprl.recipe import load_recipe
-from balcaprl.train.memory_plan import (
+from balcaprl.plan.memory import (
     KNOWN_MODELS,
     GiB,
     Launcher,
@@ -22,6 +21,7 @@ from balcaprl.train.memory_plan import (
     plan_memory,
     shape_from_config,
 )
+from balcaprl.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 QWEN_3B, QWEN_7B, LLAVA = KNOWN_MODELS

@@ -252,7 +252,7 @@ def test_the_speed_settings_are_verls_own(recipe_path):
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import FSDPActorConfig
 
-    from balcaprl.train.memory_plan import launcher_from_verl_layout, plan_memory
+    from balcaprl.plan.memory import launcher_from_verl_layout, plan_memory
 
     recipe = load_recipe(recipe_path)
     cfg = verl_config(render_verl(recipe).overrides)  # plain `key=value`: Hydra refuses keys verl lacks

@@ -1,6 +1,6 @@
 """``balcaprl train CONFIG [key.sub=value ...]``: c-GDPO on TRL's GRPOTrainer, one machine.
 
-``--plan`` prints the per-GPU memory estimate instead (``train/memory_plan.py``), for an accelerate
+``--plan`` prints the per-GPU memory estimate instead (``plan/memory.py``), for an accelerate
 launch config or a verl layout. (verl on a Ray cluster is ``balcaprl verl launch``, in ``cli/verl.py``.)
 """
 
@@ -141,7 +141,7 @@ def _print_plan(
     recipe, launcher: Path | None, verl_layout: str | None, gpus: int | None, gpu_memory: float
 ) -> None:
     from balcaprl.errors import UserError
-    from balcaprl.train.memory_plan import (
+    from balcaprl.plan.memory import (
         Launcher,
         launcher_from_accelerate,
         launcher_from_verl_layout,
@@ -164,7 +164,7 @@ def _print_plan(
         chosen = Launcher("single", 1, description="one process on one GPU")
     result = plan_memory(recipe, chosen, gpu_memory)
     typer.echo(result.to_text())
-    from balcaprl.train.judge_plan import plan_judge
+    from balcaprl.plan.judge_cost import plan_judge
 
     judge_plan = plan_judge(recipe)  # the judge's calls, tokens, dollars and minutes
     if judge_plan is not None:

@@ -40,7 +40,7 @@ verl reads only without ``use_dynamic_bsz``); the attention implementation is le
 
 Speed. The actor trains under FSDP2 (``strategy=fsdp2``), on token-balanced micro-batches
 (``use_dynamic_bsz``) of at most the memory plan's per-GPU token budget (``ppo_max_token_len_per_gpu``,
-``train/memory_plan.py``; ``gpu_memory_gib`` sets the GPU size), with verl's fused LM head and log-probs
+``plan/memory.py``; ``gpu_memory_gib`` sets the GPU size), with verl's fused LM head and log-probs
 (``use_fused_kernels``) for the packed Qwen2/2.5-VL.
 
 Models. Qwen2/2.5-VL run packed (``use_remove_padding=true``): verl 0.9.1 patches their forward for it.
@@ -282,7 +282,7 @@ def verl_step_counts(recipe: Recipe) -> dict[str, int | float | None]:
 def _packs_sequences(model_path: str) -> tuple[bool, str | None]:
     """Whether verl runs the model packed (remove-padding), and a note when it does not or cannot tell."""
     from balcaprl.errors import UserError
-    from balcaprl.train.memory_plan import model_shape
+    from balcaprl.plan.memory import model_shape
 
     try:
         kind = model_shape(model_path).kind
@@ -303,7 +303,7 @@ def _token_budget(
     never below one whole sequence (verl refuses a budget shorter than the padded width), with a note
     when the plan cannot say or says it does not fit."""
     from balcaprl.errors import UserError
-    from balcaprl.train.memory_plan import launcher_from_verl_layout, plan_memory
+    from balcaprl.plan.memory import launcher_from_verl_layout, plan_memory
 
     layout = launcher_from_verl_layout(f"{cluster.nnodes}x{cluster.gpus_per_node}")
     try:
