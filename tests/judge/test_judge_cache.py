@@ -77,6 +77,19 @@ BASE = {
 }
 
 
+def test_get_many_reads_what_get_reads_in_chunks_of_keys(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "_KEYS_PER_QUERY", 3)  # several queries for the keys below
+    with JudgeCache(tmp_path / "c.sqlite") as cache:
+        for i in range(8):
+            cache.put(f"k{i}", {"i": i})
+        cache._db.execute("INSERT INTO judge_cache VALUES ('bad', 'not json {', 0)")
+        cache._db.execute("INSERT INTO judge_cache VALUES ('list', '[1, 2]', 0)")
+        keys = ["k7", "missing", "k0", "bad", "k0", "list", *(f"k{i}" for i in range(1, 7))]
+        want = {key: cache.get(key) for key in keys if cache.get(key) is not None}
+        assert cache.get_many(keys) == want and len(want) == 8
+        assert cache.get_many([]) == {}
+
+
 def test_cache_key_is_canonical_and_sensitive():
     a = cache_key("verdict", **BASE)
     assert len(a) == 64 and int(a, 16) >= 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from judge_testkit import CAPTION, EXPECTED, IMAGE, REFERENCE, config, png_bytes, request
+from judge_testkit import CAPTION, EXPECTED, IMAGE, REFERENCE, config, jpeg_bytes, png_bytes, request
 
 from balcaprl.judge import (
     JudgeCache,
@@ -144,6 +144,49 @@ def test_cache_hits_across_batches_and_judges_and_failures_are_not_cached(judge_
     assert server.counters.total == 3 and third.stats.cache_hits == 2
     with JudgeCache(cache_path) as cache:
         assert len(cache) == 2
+
+
+def test_a_cache_hit_never_prepares_its_image_and_finds_what_the_full_path_stored(
+    judge_server, tmp_path, monkeypatch
+):
+    """A warm cache is read with keys made from the hash of each image's bytes, before any image is
+    decoded: those keys are the ones the full path stored under (written by the cold run), and only
+    the requests the cache cannot answer prepare their image."""
+    import balcaprl.judge.images as images_module
+
+    server = judge_server()
+    (tmp_path / "a.png").write_bytes(png_bytes())
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    requests = [
+        request(image="a.png"),
+        request(image="b.jpg", caption="A red door on the left."),
+        request(image=png_bytes(colour=(9, 9, 9))),
+        request(image="a.png", rubric="evaluation"),
+    ]
+    cfg = config(server.base_url, cache_path=tmp_path / "judge.sqlite")
+    hashed = []
+    real_hash = images_module.sha256_hex
+    monkeypatch.setattr(images_module, "sha256_hex", lambda data: hashed.append(1) or real_hash(data))
+    first = run(OpenAICompatibleJudge(cfg, image_root=tmp_path), requests[:2]).outcomes
+    assert len(hashed) == 2  # each file hashed once: preparing a file hashed for its key does not again
+    first += run(OpenAICompatibleJudge(cfg, image_root=tmp_path), requests[2:]).outcomes
+    assert server.counters.total == 4
+
+    prepared = []
+    real_load = images_module.ImageLoader.load
+    monkeypatch.setattr(
+        images_module.ImageLoader,
+        "load",
+        lambda self, image: prepared.append(image) or real_load(self, image),
+    )
+    second = run(
+        OpenAICompatibleJudge(cfg, image_root=tmp_path),
+        [*requests, request(image="missing.png"), request(image="a.png", caption=" ")],
+    )
+    assert server.counters.total == 4 and second.stats.cache_hits == 4
+    assert [o.verdict for o in second.outcomes[:4]] == [o.verdict for o in first]
+    assert prepared == ["missing.png"]  # the one request that takes the full path (and fails there)
+    assert second.outcomes[4].reason == "bad_input" and second.outcomes[5].verdict.caption_assertions == []
 
 
 @pytest.mark.parametrize(

@@ -96,15 +96,17 @@ def messages_sha256(messages: list[dict[str, Any]]) -> str:
 
 
 def prompt_identity(
-    rubric: Rubric, image: PreparedImage, max_image_side: int, **texts: Any
+    rubric: Rubric, image: PreparedImage | str, max_image_side: int, **texts: Any
 ) -> dict[str, Any]:
     """What decides the messages of a rubric + image + texts call, for :meth:`JudgeCaller.key`'s
     ``identity``: cheaper to hash than the messages (no image bytes) and readable in a debugger.
-    ``rubric.reference_mode`` is "any" for rubrics the reference mode does not change."""
+    ``image``: the prepared image or the sha256 of its original bytes (all the key needs of it, known
+    before the image is decoded: :meth:`ImageLoader.sha256`). ``rubric.reference_mode`` is "any"
+    for rubrics the reference mode does not change."""
     return {
         "rubric_version": rubric.version,
         "reference_mode": rubric.reference_mode,
-        "image_sha256": image.sha256,
+        "image_sha256": image if isinstance(image, str) else image.sha256,
         "max_image_side": max_image_side,
         **texts,
     }
@@ -150,18 +152,22 @@ def _fail(reason: FailureReason, detail: str, secret: str | None = None, **usage
     return CallAnswer(None, JudgeFailure(reason, redact(detail, secret)[:_DETAIL_CHARS]), **usage)
 
 
-def _decode(
-    stored: dict[str, Any], schema: type[BaseModel] | None, check: Callable[[Any], None] | None
-) -> Any:
-    """A cached answer, validated again as a fresh one would be (``ValueError`` and friends if not)."""
-    if schema is None:
-        value = stored.get("text")
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError("not a text answer")
-    else:
-        value = schema.model_validate(stored["json"])
-    if check is not None:
-        check(value)
+def cached_answer(
+    stored: dict[str, Any], schema: type[BaseModel] | None, check: Callable[[Any], None] | None = None
+) -> Any | None:
+    """A cached answer, validated again as a fresh one would be; None when it no longer validates
+    (a newer schema or ``check``): the call is then made afresh."""
+    try:
+        if schema is None:
+            value = stored.get("text")
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError("not a text answer")
+        else:
+            value = schema.model_validate(stored["json"])
+        if check is not None:
+            check(value)
+    except (KeyError, TypeError, ValueError, ValidationError):
+        return None
     return value
 
 
@@ -240,10 +246,7 @@ class JudgeCaller:
     def cached_text(self, key: str) -> str | None:
         """A cached free-text answer, or None (also for rows of another shape)."""
         value = self.cache.get(key) if self.cache is not None else None
-        try:
-            return None if not value else _decode(value, None, None)
-        except ValueError:
-            return None
+        return None if not value else cached_answer(value, None)
 
     # ----------------------------------------------------------------------------- calls
 
@@ -349,10 +352,10 @@ class JudgeCaller:
             # at 128 calls in flight).
             stored = self.cache.get(key) if self.cache is not None else None
             if stored is not None:
-                try:
-                    return CallResult(_decode(stored, schema, check), None, key, cached=True)
-                except (KeyError, TypeError, ValueError, ValidationError):
-                    log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
+                value = cached_answer(stored, schema, check)
+                if value is not None:
+                    return CallResult(value, None, key, cached=True)
+                log.warning("judge cache: a stored %s answer no longer validates; asking again", kind)
             conversation = messages() if callable(messages) else messages
             body = {"model": cfg.model, "messages": conversation, token_field: max_tokens}
             if schema is not None:

@@ -38,7 +38,7 @@ import torch
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache
-from balcaprl.judge.calls import JudgeCaller, prompt_identity, redact
+from balcaprl.judge.calls import JudgeCaller, cached_answer, prompt_identity, redact
 from balcaprl.judge.config import JudgeConfig, JudgeConfigError
 from balcaprl.judge.images import ImageError, PreparedImage
 from balcaprl.judge.outcomes import empty_caption_judgement, judgement_from_verdict, rewards_tensor
@@ -132,6 +132,10 @@ class OpenAICompatibleJudge:
         stats = JudgeStats()
         images: dict[tuple, asyncio.Task] = {}
         outcomes: list[JudgeOutcome | None] = [None] * len(requests)
+        for i, outcome in (await self._cached_verdicts(requests, stats)).items():
+            outcomes[i] = outcome
+            if on_outcome is not None:
+                on_outcome(i, outcome)
 
         async def run(i: int, request: JudgeRequest) -> None:
             outcome = await self._judge_one(request, stats, images)
@@ -144,7 +148,8 @@ class OpenAICompatibleJudge:
         try:
             async with asyncio.TaskGroup() as group:
                 for i, request in enumerate(requests):
-                    group.create_task(run(i, request))
+                    if outcomes[i] is None:  # not answered from the cache above
+                        group.create_task(run(i, request))
         except* JudgeConfigError as errors:
             raise errors.exceptions[0] from None
         self.stats.merge(stats)
@@ -164,6 +169,64 @@ class OpenAICompatibleJudge:
         await self.aclose()
 
     # ----------------------------------------------------------------------------- internals
+
+    async def _cached_verdicts(
+        self, requests: Sequence[JudgeRequest], stats: JudgeStats
+    ) -> dict[int, JudgeOutcome]:
+        """The outcomes of the joint-mode requests whose verdict the cache holds, by index, found
+        before any image is decoded: the images are hashed (:meth:`ImageLoader.sha256`) in one thread
+        hop, and all the keys read in one query. On a warm cache that was the bulk of the time: each
+        image decoded and re-encoded in a thread of its own, contending for the GIL with the lookups.
+        Every other request (a miss, an empty text, an unreadable image) takes :meth:`_judge_one`,
+        which gives it the same outcome it always had."""
+        if self.cache is None or self.config.reference_mode != "joint":
+            return {}  # cached-reference keys need the reference's assertions first (_judge_one)
+        texts: dict[int, tuple[Rubric, Any, str]] = {}
+        for i, request in enumerate(requests):
+            rubric = self._rubrics.get(request.rubric)
+            caption = clean_caption(request.caption, self.config.caption_char_cap)
+            reference = clean_text(request.reference).strip()
+            if rubric is not None and caption.text and reference:
+                texts[i] = (rubric, caption, reference)
+        if not texts:
+            return {}
+        digests = await asyncio.to_thread(self._image_digests, [requests[i].image for i in texts])
+        keys: dict[int, str] = {}
+        for (i, (rubric, caption, reference)), digest in zip(texts.items(), digests, strict=True):
+            if digest is not None:
+                identity = self._identity(rubric, digest, reference=reference, caption=caption.text)
+                keys[i] = self._calls.key(
+                    judge_call_kind("verdict", rubric.name), identity=identity,
+                    schema=verdict_schema(rubric.name), temperature=self.config.temperature,
+                )  # fmt: skip
+        stored = self.cache.get_many(list(keys.values()))  # a cache that cannot be read: {} (logged)
+        outcomes: dict[int, JudgeOutcome] = {}
+        for i, key in keys.items():
+            rubric, caption, _ = texts[i]
+            value = stored.get(key)
+            answer = None if value is None else cached_answer(value, verdict_schema(rubric.name))
+            if answer is not None:  # one that no longer validates is asked again (_judge_one)
+                stats.requests += 1
+                stats.record_answer(cached=True, shared=False)
+                outcomes[i] = judgement_from_verdict(to_verdict(answer), truncated_input=caption.truncated)
+        return outcomes
+
+    def _image_digests(self, images: Sequence[Path | str | bytes]) -> list[str | None]:
+        """:meth:`ImageLoader.sha256` of each image (None where it cannot be read), each distinct
+        image hashed once: a prompt's rollouts share one."""
+        digests: dict[tuple, str | None] = {}
+        for image in images:
+            identity = self._image_identity(image)
+            if identity not in digests:
+                try:
+                    digests[identity] = self.images.sha256(image)
+                except ImageError:
+                    digests[identity] = None
+        return [digests[self._image_identity(image)] for image in images]
+
+    @staticmethod
+    def _image_identity(image: Path | str | bytes) -> tuple:
+        return ("path", os.fspath(image)) if isinstance(image, str | os.PathLike) else ("object", id(image))
 
     async def _judge_one(
         self, request: JudgeRequest, stats: JudgeStats, images: dict[tuple, asyncio.Task]
@@ -207,16 +270,14 @@ class OpenAICompatibleJudge:
 
     async def _image(self, image: Path | str | bytes, images: dict[tuple, asyncio.Task]) -> PreparedImage:
         # The rollouts of one prompt share their image object: load (decode, hash) it once per batch.
-        identity = (
-            ("path", os.fspath(image)) if isinstance(image, str | os.PathLike) else ("object", id(image))
-        )
+        identity = self._image_identity(image)
         task = images.get(identity)
         if task is None:
             task = asyncio.ensure_future(asyncio.to_thread(self.images.load, image))
             images[identity] = task
         return await task
 
-    def _identity(self, rubric: Rubric, image: PreparedImage | None, **texts: Any) -> dict[str, Any]:
+    def _identity(self, rubric: Rubric, image: PreparedImage | str | None, **texts: Any) -> dict[str, Any]:
         if image is None:  # a text-only call: nothing about any image decides its messages
             return {"rubric_version": rubric.version, "reference_mode": rubric.reference_mode, **texts}
         return prompt_identity(rubric, image, self.config.max_image_side, **texts)

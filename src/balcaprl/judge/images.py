@@ -7,6 +7,8 @@ formats) are re-encoded (PNG stays PNG, everything else becomes JPEG unless it h
 
 The sha256 of the original bytes is computed once per image: the loader remembers paths (keyed by
 their size and modification time), and callers group a batch's rollouts by image before loading.
+:meth:`ImageLoader.sha256` hashes a file without decoding it, for a cache key: a cached answer
+never pays for the decoding, and a file hashed so is not hashed again when it is prepared.
 
 Memory stays bounded however many calls are in flight: an image is opened through
 :func:`balcaprl.images.open_image` (refused above the one pixel limit, ``MAX_PIXELS``, from its
@@ -92,6 +94,7 @@ class ImageLoader:
         self.root = Path(root).resolve() if root is not None else None
         self._remember = remember
         self._known: OrderedDict[tuple, PreparedImage] = OrderedDict()
+        self._digests: OrderedDict[tuple, str] = OrderedDict()  # files hashed but not yet prepared
         self._lock = threading.Lock()
 
     def resolve(self, image: Path | str) -> Path:
@@ -116,28 +119,59 @@ class ImageLoader:
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
         path = self.resolve(image)
         try:
-            stat = path.stat()
+            key = self._file_key(path)
         except OSError as error:
             raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
-        key = (str(path), stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality)
         with self._lock:
             known = self._known.get(key)
             if known is not None:
                 self._known.move_to_end(key)
                 return known
+            digest = self._digests.pop(key, None)  # hashed already by sha256()
         with _DECODING:  # the file's bytes and its decoded pixels: a bounded number at once
             try:
                 data = path.read_bytes()
             except OSError as error:
                 raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
-            prepared = self._prepare(data, where=f"image '{image}'")
+            prepared = self._prepare(data, where=f"image '{image}'", digest=digest)
         with self._lock:
             self._known[key] = prepared
             while len(self._known) > self._remember:
                 self._known.popitem(last=False)
         return prepared
 
-    def _prepare(self, data: bytes, where: str) -> PreparedImage:
+    def sha256(self, image: Path | str | bytes) -> str:
+        """The sha256 of an image's original bytes (what :class:`PreparedImage` ``.sha256`` will be),
+        without decoding it: enough for a cache key, so a cached answer never pays for the decoding
+        and re-encoding. Raises :class:`ImageError` where :meth:`load` would fail to read it."""
+        if isinstance(image, bytes | bytearray | memoryview):
+            return sha256_hex(bytes(image))
+        if not isinstance(image, str | os.PathLike):
+            raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
+        path = self.resolve(image)
+        try:
+            key = self._file_key(path)
+            with self._lock:
+                known = self._known.get(key)
+                if known is not None:
+                    return known.sha256
+                digest = self._digests.get(key)
+            if digest is None:
+                digest = sha256_hex(path.read_bytes())
+        except OSError as error:
+            raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
+        with self._lock:  # load() of this file, as it is now, hashes it no more
+            self._digests[key] = digest
+            while len(self._digests) > self._remember:
+                self._digests.popitem(last=False)
+        return digest
+
+    def _file_key(self, path: Path) -> tuple:
+        """What a remembered file is known by: a changed file (size or modification time) is new."""
+        stat = path.stat()
+        return (str(path), stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality)
+
+    def _prepare(self, data: bytes, where: str, digest: str | None = None) -> PreparedImage:
         if not data:
             raise ImageError(f"{where} is empty (0 bytes)")
         try:
@@ -151,7 +185,7 @@ class ImageLoader:
             raise ImageError(str(error)) from None
         except Exception as error:  # verify() raises whatever the format's parser raises
             raise ImageError(f"{where} is not a readable image ({error})") from None
-        digest = sha256_hex(data)
+        digest = digest or sha256_hex(data)
         fmt = image.format or ""
         # the original bytes when they are already fit to send (decoded at full size, within max_side)
         # and no re-encoding is asked for (jpeg_quality: the official DCScore layout)
