@@ -4,7 +4,6 @@ handler that answers the protocols' generic calls over the loopback server."""
 
 from __future__ import annotations
 
-import html
 import io
 import json
 import re
@@ -17,7 +16,7 @@ from PIL import Image
 from balcaprl.judge import JudgeConfig
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.testing.judge_server import GenericCall
-from balcaprl.testing.oracle_protocols import CAPARENA_BASELINES
+from balcaprl.testing.oracle_protocols import CAPARENA_BASELINES, numbered_items, request_block
 
 
 def png(colour: tuple[int, int, int], size: int = 24) -> bytes:
@@ -161,17 +160,6 @@ def write_caparena(root: Path, n_per_baseline: int = 2) -> tuple[Path, Path, dic
 # ----------------------------------------------------------------------------------------- the handler
 
 
-def _block(tag: str, text: str) -> str | None:
-    match = re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, flags=re.S)
-    return None if match is None else html.unescape(match.group(1))
-
-
-def _numbered(text: str | None) -> list[str]:
-    if not text:
-        return []
-    return [re.sub(r"^\d+\.\s?", "", line) for line in text.split("\n") if line.strip()]
-
-
 class ProtocolJudge:
     """Answers the protocols' generic calls from scripted tables (see each test for the values).
 
@@ -207,14 +195,15 @@ class ProtocolJudge:
         if call.kind in self.fail_kinds:
             return JudgeFailure("server_error", "scripted failure")
         if call.kind == "dcscore_extract":
-            caption = _block("caption", call.text) or ""
+            caption = request_block("caption", call.text) or ""
             facts = self.facts.get(caption, [])
             return {"facts": [{"fact": f, "identifier": i, "relevance": r} for f, i, r in facts]}
         if call.kind == "dcscore_match":
             predicted = [
-                re.sub(r" \[[^\]]*\]$", "", f) for f in _numbered(_block("predicted_facts", call.text))
+                re.sub(r" \[[^\]]*\]$", "", f)
+                for f in numbered_items(request_block("predicted_facts", call.text))
             ]
-            oracle = _numbered(_block("oracle_facts", call.text))
+            oracle = numbered_items(request_block("oracle_facts", call.text))
             turn = self._turn[("match", tuple(predicted))]
             self._turn[("match", tuple(predicted))] += 1
             out = []
@@ -223,13 +212,15 @@ class ProtocolJudge:
                 out.append({"id": i, "oracle_id": oracle.index(target) + 1 if target in oracle else None})
             return {"matches": out}
         if call.kind == "dcscore_verify":
-            predicted = [re.sub(r" \[[^\]]*\]$", "", f) for f in _numbered(_block("facts", call.text))]
+            predicted = [
+                re.sub(r" \[[^\]]*\]$", "", f) for f in numbered_items(request_block("facts", call.text))
+            ]
             turn = self._turn[("verify", tuple(predicted))]
             self._turn[("verify", tuple(predicted))] += 1
             return {"verdicts": [{"id": i, "correct": bool(self._pick(self.verified, f, turn, False))}
                                  for i, f in enumerate(predicted, 1)]}  # fmt: skip
         if call.kind == "captionqa_answer":
-            caption = _block("caption", call.text)
+            caption = request_block("caption", call.text)
             question = call.text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)[0]
             options = call.text.split("Options:\n", 1)[1].split("\n\nAnswer:", 1)[0].split("\n")
             choice = self.answers.get((caption, question), "")
@@ -241,7 +232,7 @@ class ProtocolJudge:
                     return letter
             return "I do not know"
         if call.kind == "caparena_compare":
-            first, second = _block("caption_1", call.text), _block("caption_2", call.text)
+            first, second = request_block("caption_1", call.text), request_block("caption_2", call.text)
             a, b = first in self.preferred, second in self.preferred
             judgment = "Tie" if a == b else ("Caption 1 is better" if a else "Caption 2 is better")
             return {"reason": "scripted", "judgment": judgment}

@@ -41,13 +41,13 @@ BENCHMARK_FILES = {
 }
 
 
-def _block(tag: str, text: str) -> str | None:
+def request_block(tag: str, text: str) -> str | None:
     """The text of one ``<tag>`` data block of a request (the client escapes what it puts there)."""
     match = re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, flags=re.S)
     return None if match is None else html.unescape(match.group(1))
 
 
-def _numbered(text: str | None) -> list[str]:
+def numbered_items(text: str | None) -> list[str]:
     if not text:
         return []
     return [re.sub(r"^\d+\.\s?", "", line) for line in text.split("\n") if line.strip()]
@@ -148,20 +148,23 @@ class OracleProtocols:
             return JudgeFailure("bad_input", str(error))
 
     def _dcscore_extract(self, call: GenericCall) -> Any:
-        facts = _sentences(_block("caption", call.text) or "")
+        facts = _sentences(request_block("caption", call.text) or "")
         return {"facts": [{"fact": f, "identifier": "", "relevance": True} for f in facts]}
 
     def _dcscore_match(self, call: GenericCall) -> Any:
-        predicted = [re.sub(r" \[[^\]]*\]$", "", f) for f in _numbered(_block("predicted_facts", call.text))]
-        oracle = [o.lower() for o in _numbered(_block("oracle_facts", call.text))]
+        predicted = [
+            re.sub(r" \[[^\]]*\]$", "", f)
+            for f in numbered_items(request_block("predicted_facts", call.text))
+        ]
+        oracle = [o.lower() for o in numbered_items(request_block("oracle_facts", call.text))]
         return {"matches": [{"id": i, "oracle_id": oracle.index(f.lower()) + 1 if f.lower() in oracle else None}
                             for i, f in enumerate(predicted, 1)]}  # fmt: skip
 
     def _dcscore_verify(self, call: GenericCall) -> Any:
         scene = self._scene(call)
-        reference = _block("reference", call.text) or ""
+        reference = request_block("reference", call.text) or ""
         verdicts = []
-        for i, fact in enumerate(_numbered(_block("facts", call.text)), 1):
+        for i, fact in enumerate(numbered_items(request_block("facts", call.text)), 1):
             fact = re.sub(r" \[[^\]]*\]$", "", fact)
             assertions = self.oracle.verdict(scene, fact, reference, "evaluation").caption_assertions
             verdicts.append(
@@ -170,7 +173,7 @@ class OracleProtocols:
         return {"verdicts": verdicts}
 
     def _captionqa_answer(self, call: GenericCall) -> Any:
-        caption = (_block("caption", call.text) or "").lower()
+        caption = (request_block("caption", call.text) or "").lower()
         question = call.text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)[0]
         options = dict(
             line.split(". ", 1)
@@ -187,9 +190,9 @@ class OracleProtocols:
 
     def _caparena_compare(self, call: GenericCall) -> Any:
         scene = self._scene(call)
-        human = _block("reference_caption", call.text) or ""
-        a = self._b_capscore(scene, _block("caption_1", call.text) or "", human)
-        b = self._b_capscore(scene, _block("caption_2", call.text) or "", human)
+        human = request_block("reference_caption", call.text) or ""
+        a = self._b_capscore(scene, request_block("caption_1", call.text) or "", human)
+        b = self._b_capscore(scene, request_block("caption_2", call.text) or "", human)
         judgment = "Tie" if abs(a - b) < 1e-9 else ("Caption 1 is better" if a > b else "Caption 2 is better")
         return {"reason": f"oracle b-CapScore {a:.3f} vs {b:.3f}", "judgment": judgment}
 
