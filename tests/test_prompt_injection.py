@@ -125,6 +125,9 @@ def _question() -> PreparedQuestion:
 
 
 # Each protocol: (build(text) -> messages, checks(user text, payload)); a check reads its block back.
+# With official prompts the texts go as the official code sends them (no blocks: that is
+# tests/evaluate/test_official_requests.py); the "(official)" rows here are the guard option, which is
+# what keeps a payload inside its block there.
 def _protocols(image, official):
     fact = lambda text: Fact(fact=text, identifier="door_0", relevance=True)  # noqa: E731
     shown = lambda text: [{"fact": text, "identifier": "door_0"}, {"fact": "A door.", "identifier": "door_0"}]  # noqa: E731
@@ -174,13 +177,16 @@ def _protocols(image, official):
             lambda t: verify_messages(image.data_url, t, [fact(t), fact("A door.")]),
             [exact("reference"), numbered("facts", " [door_0]")],
         ),
-        "dcscore extract (official)": (lambda t: official_extract_messages(decap, t), [exact("caption")]),
+        "dcscore extract (official)": (
+            lambda t: official_extract_messages(decap, t, guard=True),
+            [exact("caption")],
+        ),
         "dcscore match (official)": (
-            lambda t: official_match_messages(decap, shown(t), [t, "x"]),
+            lambda t: official_match_messages(decap, shown(t), [t, "x"], guard=True),
             [json_list("predicted_atomic_facts"), json_list("oracle_atomic_facts")],
         ),
         "dcscore verify (official)": (
-            lambda t: official_verify_messages(decap, image.data_url, t, shown(t)),
+            lambda t: official_verify_messages(decap, image.data_url, t, shown(t), guard=True),
             [exact("reference_caption"), json_list("atomic_facts")],
         ),
         "caparena": (
@@ -196,11 +202,14 @@ def _protocols(image, official):
             [exact("caption_2"), lambda text, _: _block(text, "caption_1") == HARMLESS],
         ),
         "caparena (official)": (
-            lambda t: compare_messages(image.data_url, t, HARMLESS, t, arena, "high"),
+            lambda t: compare_messages(image.data_url, t, HARMLESS, t, arena, "high", guard=True),
             [exact("caption_1"), exact("caption_ref"), lambda text, _: _block(text, "caption_2") == HARMLESS],
         ),
         "captionqa": (lambda t: answer_messages(t, _question()), [exact("caption")]),
-        "captionqa (official)": (lambda t: answer_messages(t, _question(), cqa), [exact("caption")]),
+        "captionqa (official)": (
+            lambda t: answer_messages(t, _question(), cqa, guard=True),
+            [exact("caption")],
+        ),
     }
 
 
@@ -247,7 +256,9 @@ def test_the_checks_can_fail():
 def test_the_official_json_lists_still_carry_every_fact_as_published(official):
     # the payload that breaks out of a JSON string stays one fact, and the blank oracle fact stays " "
     payload = PAYLOADS["breaks out of a JSON string"]
-    messages = official_match_messages(official["decapbench"], [{"fact": payload}], [" ", payload])
+    messages = official_match_messages(
+        official["decapbench"], [{"fact": payload}], [" ", payload], guard=True
+    )
     text = _user_text(messages)
     assert _json_items(_block(text, "predicted_atomic_facts")) == [{"fact": payload}]
     assert _json_items(_block(text, "oracle_atomic_facts")) == [
