@@ -139,7 +139,7 @@ def test_cards_render_lazily_and_linked_images_load(browser, scored, tmp_path):
 
 @pytest.mark.slow
 def test_a_training_run_groups_rollouts_by_prompt_sorted_by_advantage(browser, demo_run, tmp_path):
-    found = load_inspection(demo_run / "rl" / "full", steps=[2, 3])
+    found = load_inspection(demo_run / "rl" / "full", steps=[1, 3])  # the steps it logged rollouts of
     page = write_page(found, tmp_path / "run.html")
     browser.open(page.as_uri(), wait_for=READY)
     assert browser.evaluate("document.querySelectorAll('.run img').length") == 1  # the curves
@@ -156,7 +156,7 @@ def test_a_training_run_groups_rollouts_by_prompt_sorted_by_advantage(browser, d
         assert len({found.cards[i]["group"] for i in members}) == 1
         advantages = [found.cards[i]["advantage"] for i in members]
         assert advantages == sorted(advantages, reverse=True)
-    set_control(browser, "step", "2")
+    set_control(browser, "step", "1")
     assert browser.evaluate(MATCHING) == 8 and {found.cards[i]["step"] for i in
-        browser.evaluate("[...document.querySelectorAll('.card')].map(c => Number(c.dataset.index))")} == {2}  # fmt: skip
+        browser.evaluate("[...document.querySelectorAll('.card')].map(c => Number(c.dataset.index))")} == {1}  # fmt: skip
     assert browser.errors == [] and browser.dialogs == []
