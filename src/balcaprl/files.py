@@ -243,7 +243,9 @@ class JsonlLog:
         with naming(self.path):
             if self._handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = self.path.open("a", encoding="utf-8")
+                # backslashreplace: a lone surrogate (no valid Unicode, in a refused row's text) is
+                # written as its JSON escape, which reads back as the same text
+                self._handle = self.path.open("a", encoding="utf-8", errors="backslashreplace")
             self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             self._handle.flush()
         self._unsynced += 1

@@ -179,8 +179,10 @@ def test_caparena_refuses_the_battle_and_judges_the_others(tmp_path, eval_server
     at = {"caption": 13, "baseline caption": 10, "human reference": 7}[where]
     assert result.failures == {"bad_input": 1} and result.n_scored == len(names) - 1
     (refused,) = [r for r in rows(tmp_path / "out" / "items.jsonl") if r["failure"]]
-    assert refused["image"] == bad and refused["judgment"] is None and refused["detail"] == (
-        f"the {where} of image {bad!r} is not valid Unicode: a lone surrogate U+D800 at character {at}"
+    assert refused["image"] == bad and refused["judgment"] is None
+    assert (
+        refused["detail"]
+        == f"the {where} of image {bad!r} is not valid Unicode: a lone surrogate U+D800 at character {at}"
     )
     assert handler.calls == {"caparena_compare": len(names) - 1} and bad not in sent_texts(handler)
 
@@ -202,7 +204,9 @@ def test_bcapscore_refuses_the_row_as_score_does(tmp_path, eval_server, where):
         annotations.write_text("\n".join(lines) + "\n")
     server = eval_server()
     judge = build_judge(judge_config(server.base_url), image_root=images)
-    result = run_bcapscore(judge, read_decapbench(annotations), captions_of(tmp_path, captions), tmp_path / "out")
+    result = run_bcapscore(
+        judge, read_decapbench(annotations), captions_of(tmp_path, captions), tmp_path / "out"
+    )
     assert result.failures == {"bad_input": 1} and result.n_scored == 1
     scored = rows(tmp_path / "out" / "scores.jsonl")
     assert [r["failure"] for r in scored] == [None, "bad_input"]
