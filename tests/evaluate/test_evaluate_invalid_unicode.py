@@ -214,3 +214,43 @@ def test_bcapscore_refuses_the_row_as_score_does(tmp_path, eval_server, where):
         f"the {where} of this row is not valid Unicode: a lone surrogate U+D800 at character 8"
     )
     assert not any("blue" in text for text in server.counters.by_text)  # never sent, cleaned or not
+
+
+# ----------------------------------------------------------------------------------------- the command
+
+
+def test_evaluate_refuses_the_row_in_every_protocol_and_scores_the_rest(tmp_path, eval_server):
+    from evaluate_testkit import write_judge_yaml
+    from typer.testing import CliRunner
+
+    from balcaprl.cli import app
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.synthetic.build import build_dataset
+    from balcaprl.synthetic.oracle import OracleJudge
+    from balcaprl.testing.oracle_protocols import OracleProtocols, write_synthetic_benchmarks
+
+    dataset = build_dataset(tmp_path / "ds", n_train=1, n_eval=3, seed=7)
+    bench = write_synthetic_benchmarks(dataset, tmp_path)
+    oracle = OracleJudge.from_dataset(dataset)
+    handler = OracleProtocols.from_dataset(oracle, dataset)
+    server = eval_server(handler, judge=oracle)
+    captions = {r["image"]: r["reference"] for r in read_split_rows(dataset, "eval")}
+    bad = sorted(captions)[1]
+    captions[bad] = captions[bad].replace(" ", f" {BAD}", 1)
+    args = ["evaluate", "--captions", str(captions_of(tmp_path, captions).sources[0]), "--out", str(tmp_path / "out"),
+            "--judge", str(write_judge_yaml(tmp_path / "judge.yaml", server.base_url)), "--no-progress",
+            "--decapbench", bench["decapbench"], "--decapbench-images", dataset, "--captionqa", bench["captionqa"],
+            "--caparena", bench["caparena"], "--caparena-images", dataset]  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "60"}).invoke(app, [str(a) for a in args])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output  # incomplete, no crash
+    assert "fix the bad inputs" in " ".join(result.output.split()), result.output
+    detail = f"not valid Unicode: a lone surrogate U+D800 at character {captions[bad].index(BAD) + 1}"
+    for protocol, file, key in [("bcapscore", "scores.jsonl", "image"), ("dcscore", "items.jsonl", "key"),
+                                ("captionqa", "items.jsonl", "id"), ("caparena", "items.jsonl", "image")]:  # fmt: skip
+        items = rows(tmp_path / "out" / protocol / file)
+        refused = [r for r in items if r["failure"] == "bad_input"]
+        assert {r[key] for r in refused} == {bad} and all(r["detail"].endswith(detail) for r in refused), (
+            protocol
+        )
+        assert any(r["failure"] is None for r in items), protocol  # the others are scored
+    assert not any("\ufffd" in text for text in server.counters.by_text)  # never sent cleaned
