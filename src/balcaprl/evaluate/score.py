@@ -41,8 +41,7 @@ from pydantic_core import PydanticSerializationError
 from balcaprl.errors import InputError, OutputError
 from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import ScoreTally
-from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
-from balcaprl.files import usable_unicode as _usable_unicode
+from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text, usable_unicode
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
@@ -201,8 +200,8 @@ def score_captions(
     at a time (:func:`~balcaprl.evaluate.results.in_spans`), and a span's rows and verdicts are written,
     in input order, as soon as it and the spans before it are done.
     """
-    caption_rows, unusable = _usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
-    reference_rows, bad_references = _usable_unicode(
+    caption_rows, unusable = usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
+    reference_rows, bad_references = usable_unicode(
         read_caption_file(references, keys=("reference", "caption")), "reference"
     )
     root = judge.images.root  # captions and references meet under the image's path in it
