@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from judge_testkit import config, png_bytes
 
 from balcaprl.evaluate.score import score_captions, verdict_json
+from balcaprl.judge.calls import cached_answer
 from balcaprl.judge.client import build_judge
 from balcaprl.judge.protocol import JudgeFailure
+from balcaprl.judge.schemas import VERDICT_RUBRICS, to_verdict, verdict_schema
 from balcaprl.rewards.verdict import CaptionAssertion, ReferenceAssertion, Verdict
 
 N = 120
@@ -93,3 +95,31 @@ def test_a_verdict_pydantic_cannot_encode_is_still_written():
          "clarity": 5, "fluency": 5, "coherency": 5, "explanation": "a \ud800 b"}
     )  # fmt: skip
     assert verdict_json(verdict).endswith('"explanation":"a \ud800 b"}')
+
+
+_PADDED = st.text(st.sampled_from("ab \t"), min_size=1, max_size=6).filter(str.strip)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rubric=st.sampled_from(VERDICT_RUBRICS),
+    claims=st.lists(st.tuples(_PADDED, st.booleans(), st.booleans()), max_size=3),
+    marks=st.lists(st.tuples(_PADDED, st.booleans()), min_size=1, max_size=3),
+)
+def test_a_cached_answer_makes_the_verdict_its_dump_would_make(rubric, claims, marks):
+    """A cached answer's verdict is built from the JSON it was validated from (no dump): the same
+    verdict as from the validated answer, untrimmed texts and rubrics without pointability included."""
+    schema = verdict_schema(rubric)
+    pointable = "pointable" in schema.model_fields["caption_assertions"].annotation.__args__[0].model_fields
+    data = {
+        "caption_assertions": [
+            {"text": t, **({"pointable": p} if pointable else {}), "visible": v} for t, p, v in claims
+        ],
+        "reference_assertions": [{"text": t, "covered": c} for t, c in marks],
+        "clarity": 3, "fluency": 4, "coherency": 5, "explanation": " why ",
+    }  # fmt: skip
+    answer = cached_answer({"json": data}, schema)
+    assert answer is not None
+    before = json.dumps(data)
+    assert to_verdict(answer, data) == to_verdict(answer)
+    assert json.dumps(data) == before  # the cached object is not changed under the cache's feet

@@ -211,7 +211,8 @@ class OpenAICompatibleJudge:
             if answer is not None:  # one that no longer validates is asked again (_judge_one)
                 stats.requests += 1
                 stats.record_answer(cached=True, shared=False)
-                outcomes[i] = judgement_from_verdict(to_verdict(answer), truncated_input=caption.truncated)
+                verdict = to_verdict(answer, value["json"])
+                outcomes[i] = judgement_from_verdict(verdict, truncated_input=caption.truncated)
         return outcomes
 
     def _image_digests(self, images: Sequence[Path | str | bytes]) -> list[str | None]:
