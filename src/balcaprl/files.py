@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,6 +95,13 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_json_text(path: Path | str, text: str) -> None:
+    """JSON ``text`` (what ``json.dumps(..., ensure_ascii=False)`` gives) to ``path``, atomically; a lone
+    surrogate in it (a text that is no valid Unicode, a row refused as ``bad_input``) is written as its
+    JSON escape, which reads back as the same text, instead of failing the write."""
+    atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
+
+
 def decode_utf8(data: bytes, where: str) -> str:
     """``data`` as UTF-8 text (a leading byte-order mark dropped); :class:`InputError` naming
     ``where``, the byte offset and the line of the first byte that is not UTF-8."""
@@ -118,6 +125,33 @@ def invalid_unicode(text: str) -> str | None:
     except UnicodeEncodeError as error:
         return f"not valid Unicode: a lone surrogate U+{ord(text[error.start]):04X} at character {error.start + 1}"
     return None
+
+
+def unicode_refusal(texts: Iterable[tuple[str, str]], where: str) -> str | None:
+    """Why a row is refused (``bad_input``), naming what and where, for the first of its ``(what,
+    text)`` pairs that is not valid Unicode (:func:`invalid_unicode`), e.g. ``the caption of image
+    'a.jpg' is not valid Unicode: a lone surrogate U+D800 at character 7``; None when all are valid.
+    Every path that would send such a text to a judge refuses its row with this instead: cleaning
+    it (U+FFFD for the surrogate) would have the judge score a text nobody wrote."""
+    for what, text in texts:
+        reason = invalid_unicode(text)
+        if reason is not None:
+            return f"the {what} of {where} is {reason}"
+    return None
+
+
+def usable_unicode(rows: list[tuple[str, str]], what: str) -> tuple[list[tuple[str, str]], dict[int, str]]:
+    """``rows`` of ``(image, text)`` with every text writable (a lone surrogate shown as its escape),
+    and why each row that held one is refused (``bad_input``, :func:`unicode_refusal`): it is never
+    sent to the judge."""
+    usable, refused = [], {}
+    for i, (image, text) in enumerate(rows):
+        reason = unicode_refusal([(what, image), (what, text)], "this row")
+        if reason is not None:
+            refused[i] = reason
+            image, text = (t.encode("utf-8", "backslashreplace").decode("utf-8") for t in (image, text))
+        usable.append((image, text))
+    return usable, refused
 
 
 def read_utf8_text(path: Path | str, what: str = "") -> str:
@@ -209,7 +243,9 @@ class JsonlLog:
         with naming(self.path):
             if self._handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = self.path.open("a", encoding="utf-8")
+                # backslashreplace: a lone surrogate (no valid Unicode, in a refused row's text) is
+                # written as its JSON escape, which reads back as the same text
+                self._handle = self.path.open("a", encoding="utf-8", errors="backslashreplace")
             self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             self._handle.flush()
         self._unsynced += 1

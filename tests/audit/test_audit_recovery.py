@@ -140,6 +140,39 @@ def test_failures_are_counted_by_reason_and_left_out(world):
     assert all(isinstance(o, Judgement) for o in [oracle.memo[k] for k in list(oracle.memo)[:3]])
 
 
+def test_a_caption_that_is_no_valid_unicode_is_a_bad_input_in_every_run_never_sent(tmp_path):
+    # A JSON escape can put a lone surrogate into a caption file: that item fails as bad_input in every
+    # run (its row says what and where), no judge sees it, and the files are written.
+    from balcaprl.judge.audit import AuditItem, write_audit
+    from balcaprl.testing.scripted_judge import ScriptedJudge
+
+    class Recording(ScriptedJudge):
+        seen: list[str] = []
+
+        async def judge_batch(self, requests):
+            self.seen.extend(r.caption for r in requests)
+            return await super().judge_batch(requests)
+
+    items = [AuditItem(f"r{i}", f"images/{i}.png", caption, "A red door. A cat.")
+             for i, caption in enumerate(["A red door.", "A red \ud800door.", "A cat."])]  # fmt: skip
+    progress: list[tuple[str, int, int]] = []
+    report = run_audit(items, [("scripted", Recording)], on_progress=lambda *a: progress.append(a))
+    assert [r["failures"] for r in report["runs"]] == [{"bad_input": 1}] * 2  # both runs of the retest
+    assert all(r["judged"] == 2 for r in report["runs"]) and len(progress) == 6
+    assert Recording.seen == ["A red door.", "A cat."] * 2
+    refused = report["per_item"][1]["runs"]
+    assert (
+        refused["scripted#1"]
+        == refused["scripted#2"]
+        == {
+            "failure": "bad_input",
+            "detail": "the caption of row 'r1' is not valid Unicode: a lone surrogate U+D800 at character 7",
+        }
+    )
+    _, items_path = write_audit(report, tmp_path / "audit")
+    assert json.loads(items_path.read_text().splitlines()[1])["caption"] == "A red \ud800door."
+
+
 def test_audit_items_match_captions_to_dataset_rows_and_name_the_unknown(world, tmp_path):
     dataset, captions, _ = world
     rows = [json.loads(line) for line in captions.read_text().splitlines()]

@@ -318,3 +318,23 @@ def test_dcscore_rows_keep_a_caption_that_is_no_valid_unicode(tmp_path, capture)
     assert result.n_scored == 1
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
     assert row["caption"] == caption
+
+
+def test_with_the_guard_a_text_that_is_no_valid_unicode_is_refused_as_ours_are(tmp_path, capture):
+    # The guard cleans every text as our prompts do, which would put U+FFFD where the surrogate was:
+    # as with our prompts (tests/evaluate/test_evaluate_invalid_unicode.py) the row is a bad_input,
+    # never sent; without the guard (above) it goes JSON-escaped, as the official code sends it.
+    questions = tmp_path / "captionqa.jsonl"
+    questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    captions_file = tmp_path / "ours.json"
+    captions_file.write_text('{"nat_1": "A cat \\ud83d and a caf\\u00e9."}')
+    server = capture(lambda body: "(A)")
+    task = load_captionqa_task(str(fake_lmms_eval(tmp_path / "lmms-eval")))
+    result = run_captionqa(JudgeCaller(judge_config(server.base_url)), read_captionqa(questions),
+                           read_caption_sets([captions_file])[None], tmp_path / "out", CaptionQASection(guard=True),
+                           prompts=task)  # fmt: skip
+    assert result.failures == {"bad_input": 2} and result.n_scored == 0 and server.raw == []
+    rows = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
+    assert {r["detail"] for r in rows} == {
+        "the caption of image 'nat_1' is not valid Unicode: a lone surrogate U+D83D at character 7"
+    }

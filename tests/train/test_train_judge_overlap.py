@@ -179,6 +179,24 @@ def test_a_request_started_twice_is_answered_twice_and_unused_ones_are_dropped()
     assert early.forget_started() == 2  # the second "x" and "y" were never asked for
 
 
+def test_a_request_that_is_no_valid_unicode_is_never_sent_early():
+    # judge_rollouts refuses such a rollout (tests/train/test_train_rewards.py) and never asks for it:
+    # the call started early for it must not be made either
+    inner = ScriptedJudge(fail_every=None, check_images=False)
+
+    async def go():
+        early = EarlyJudge(inner, asyncio.get_running_loop())
+        early.start(_requests("a red \ud800door", "a door"))
+        early.start(_requests("x\udfff"))
+        await _loop_barrier()
+        return early, await early.judge_batch(_requests("a door"))
+
+    early, (outcome,) = asyncio.run(go())
+    assert inner.calls == 1 and [r.caption for r in inner.requests] == ["a door"]
+    assert outcome.verdict.caption_assertions[-1].text == "door"
+    assert early.forget_started() == 2  # the two refused ones, never asked for
+
+
 def test_stage_metrics_from_stamps_by_hand():
     rows = [
         {"judge_started_s": 10.0, "judge_finished_s": 12.0},

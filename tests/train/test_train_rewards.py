@@ -109,6 +109,33 @@ def test_failures_are_none_for_all_three_rewards_never_zero():
     assert rollout.failure == "timeout" and not rollout.masked  # the gate is not applied without a verdict
 
 
+def test_a_text_that_is_no_valid_unicode_is_a_failed_rollout_never_sent():
+    # A JSON escape can put a lone surrogate into a dataset's reference: the rollout fails as bad_input
+    # (NaN, counted, never 0) naming the text and the row; the judge sees only the other rollouts.
+    judge = _AnyImageJudge(fail_every=None)
+    scorer = SharedVerdictScorer(judge, special_token_ids=[EOS, PAD])
+    completions, completion_ids, columns = batch(CAPTIONS[:3], ids=["r0", "r1", "r2"])
+    columns["reference"][1] = "a red \ud800circle on the left ."
+    out = run_like_trl(scorer, completions, completion_ids, columns)
+    assert [out[name][1] for name in REWARD_NAMES] == [None, None, None]
+    assert all(out[name][i] is not None for name in REWARD_NAMES for i in (0, 2))
+    rollout = scorer.last_batch.rollouts[1]
+    assert rollout.failure == "bad_input" and rollout.failure_detail == (
+        "the reference of row 'r1' is not valid Unicode: a lone surrogate U+D800 at character 7"
+    )
+    assert judge.calls == 1 and [r.caption for r in judge.requests] == [CAPTIONS[0], CAPTIONS[2]]
+    rows, _ = reward_table(scorer.last_batch.rollouts)
+    assert [bool(row.isnan().all()) for row in rows] == [False, True, False]
+    # a batch with nothing to send makes no call at all
+    scorer.begin_batch()
+    completions, completion_ids, columns = batch(["a red \udfff circle"], ids=["r3"])
+    out = run_like_trl(scorer, completions, completion_ids, columns)
+    assert out["precision"] == [None] and judge.calls == 1
+    assert scorer.last_batch.rollouts[0].failure_detail == (
+        "the caption of row 'r3' is not valid Unicode: a lone surrogate U+DFFF at character 7"
+    )
+
+
 def test_a_judge_that_raises_gives_failures_not_rewards():
     class Broken:
         async def judge_batch(self, requests):

@@ -152,6 +152,25 @@ def test_a_failed_judge_is_nan_never_zero(tiny_qwen, tiny_dataset, factory, reas
     assert result["caption_tokens"] == 3  # lengths are still known
 
 
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_reference_that_is_no_valid_unicode_is_nan_and_never_sent(tiny_qwen, tiny_dataset, stored):
+    # verl's reward path calls judge_rollouts, as TRL's does: a lone surrogate that a JSON escape put
+    # into a row's ground truth fails the rollout as bad_input, naming the text and the row. With the
+    # length stored by the export or recounted by the policy's tokenizer, the same one line.
+    info = extra_info(reference_tokens=7, tokenizer=str(tiny_qwen)) if stored else extra_info()
+    result = asyncio.run(
+        compute_score("balcaprl/tiny", "a red circle", "a red \ud800circle on the left .", info,
+                      **kwargs(tiny_qwen, tiny_dataset))
+    )  # fmt: skip
+    assert tuple(result) == RESULT_KEYS
+    for key in ("score", "precision", "recall", "linguistic"):
+        assert math.isnan(result[key]), key
+    assert result["failure"] == "bad_input" and result["failure_detail"] == (
+        "the reference of row 'scene-000' is not valid Unicode: a lone surrogate U+D800 at character 7"
+    )
+    assert "scripted" not in JUDGES or JUDGES["scripted"].calls == 0  # no call was made
+
+
 def test_settings_are_checked(tiny_qwen, tiny_dataset):
     with pytest.raises(ConfigError, match="tau_hihg: unknown key; allowed here: image_root, judge_config"):
         RewardSettings.from_kwargs({**kwargs(tiny_qwen, tiny_dataset), "tau_hihg": 3})

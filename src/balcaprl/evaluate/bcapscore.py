@@ -22,7 +22,7 @@ from balcaprl.evaluate.official import PromptSource
 from balcaprl.evaluate.protocols import Protocol, ProtocolSection
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.evaluate.score import score_captions
-from balcaprl.files import atomic_write_text as _write_atomic
+from balcaprl.files import atomic_write_json_text
 from balcaprl.judge.client import OpenAICompatibleJudge, build_judge
 
 
@@ -56,11 +56,10 @@ def run_bcapscore(
     missing = [item.key for item, caption in chosen if caption is None]
     chosen = [(item, caption) for item, caption in chosen if caption is not None]
     captions_file, references_file = out_dir / "captions.json", out_dir / "references.json"
-    _write_atomic(captions_file, json.dumps({i.key: c for i, c in chosen}, indent=1, ensure_ascii=False))
-    _write_atomic(
-        references_file,
-        json.dumps({i.key: i.oracle_caption for i, _ in chosen}, indent=1, ensure_ascii=False),
-    )
+    # a text that is no valid Unicode is written as its escape: score refuses its row (bad_input)
+    for path, texts in ((captions_file, {i.key: c for i, c in chosen}),
+                        (references_file, {i.key: i.oracle_caption for i, _ in chosen})):  # fmt: skip
+        atomic_write_json_text(path, json.dumps(texts, indent=1, ensure_ascii=False))
     total = len(chosen)
     done = 0
 

@@ -53,6 +53,7 @@ from balcaprl.evaluate.official import (
     load_caparena_prompts,
     official_text,
     paraphrase_source,
+    unicode_failure,
 )
 from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
@@ -260,6 +261,13 @@ def run_caparena(
 
     async def battle(item: CapArenaItem, caption: str) -> tuple[bool, str | None, JudgeFailure | None]:
         first = positions(item.image, settings.seed)
+        texts = [("image name", item.image), ("caption", caption),
+                 ("baseline caption", item.baseline_caption), ("human reference", item.human)]  # fmt: skip
+        refusal = unicode_failure(
+            texts, f"image {item.image!r}", official=prompts is not None, guard=settings.guard
+        )
+        if refusal is not None:  # never sent
+            return first, None, refusal
         try:
             image = await asyncio.to_thread(images.load, item.image)
         except ImageError as error:

@@ -68,7 +68,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
-from balcaprl.evaluate.official import CaptionQATask, load_captionqa_task, official_text, paraphrase_source
+from balcaprl.evaluate.official import (
+    CaptionQATask,
+    load_captionqa_task,
+    official_text,
+    paraphrase_source,
+    unicode_failure,
+)
 from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
 from balcaprl.judge.calls import JudgeCaller
@@ -318,11 +324,19 @@ def run_captionqa(
 
     async def one(q: PreparedQuestion) -> dict[str, Any]:
         nonlocal done
-        result = await caller.call_text(
-            answer_messages(caption_of[q.entry_id] or "", q, task, settings.guard), kind="captionqa_answer",
-            temperature=settings.temperature, max_tokens=settings.max_tokens, truncated_ok=True,
-            token_field="max_tokens",  # as both official scorers send it
-        )  # fmt: skip
+        caption = caption_of[q.entry_id] or ""
+        texts = [("caption", caption), ("question", q.question),
+                 *((f"option {LETTERS[i]}", text) for i, text in enumerate(q.shown))]  # fmt: skip
+        failure = unicode_failure(
+            texts, f"image {q.entry_id!r}", official=task is not None, guard=settings.guard
+        )
+        if failure is None:  # a refused question is never sent
+            result = await caller.call_text(
+                answer_messages(caption, q, task, settings.guard), kind="captionqa_answer",
+                temperature=settings.temperature, max_tokens=settings.max_tokens, truncated_ok=True,
+                token_field="max_tokens",  # as both official scorers send it
+            )  # fmt: skip
+            failure = result.failure
         done += 1
         if on_progress is not None:
             on_progress(done, len(todo))
@@ -330,7 +344,6 @@ def run_captionqa(
             "id": q.entry_id, "question_index": q.index, "category": q.category, "question": q.question,
             "options_shown": q.shown, "ground_truth": q.choices[q.answer_index],
         }  # fmt: skip
-        failure = result.failure
         if failure is not None and not (settings.empty_answer == "zero" and _is_empty_answer(failure)):
             return {**row, "failure": failure.reason, "detail": failure.detail, "score": None}
         response = "" if failure is not None else result.value

@@ -76,6 +76,7 @@ from balcaprl.evaluate.official import (
     load_decapbench_prompts,
     official_text,
     paraphrase_source,
+    unicode_failure,
 )
 from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
@@ -580,6 +581,14 @@ class _Run:
     async def score(self, item: DeCapBenchItem, caption: str) -> _Item:
         out = _Item(item.key)
         settings = self.settings
+        texts = [("image name", item.key), ("caption", caption), ("reference", item.oracle_caption),
+                 *((f"oracle fact {i}", fact) for i, fact in enumerate(item.oracle_facts, 1))]  # fmt: skip
+        refusal = unicode_failure(
+            texts, f"image {item.key!r}", official=self.prompts is not None, guard=settings.guard
+        )
+        if refusal is not None:  # never sent: no call is made for it
+            out.failure, out.detail = refusal.reason, refusal.detail
+            return out
         # ours: cleaned and stripped; official: as the script sends it (cleaned only with the guard)
         text = clean_text(caption).strip() if self.prompts is None else official_text(caption, settings.guard)
         n_oracle = len(item.oracle_facts)

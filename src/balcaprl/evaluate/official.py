@@ -49,7 +49,7 @@ import os
 import string
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,9 @@ from pydantic import Field, field_validator
 
 from balcaprl.config import Section
 from balcaprl.errors import ConfigError
+from balcaprl.files import unicode_refusal
 from balcaprl.judge.prompt import clean_text, data_block
+from balcaprl.judge.protocol import JudgeFailure
 
 OFFICIAL_TEXT_CHANGE = (
     "guard: each slot of the official template is filled with an escaped data block (the value between "
@@ -158,6 +160,21 @@ def official_text(text: str, guard: bool) -> str:
     """A text (caption, reference) for an official request: as it is, as the official code sends it;
     with the guard on, cleaned and stripped."""
     return clean_text(text).strip() if guard else text
+
+
+def unicode_failure(
+    texts: Iterable[tuple[str, str]], where: str, *, official: bool, guard: bool
+) -> JudgeFailure | None:
+    """A ``bad_input`` failure naming what and where (:func:`~balcaprl.files.unicode_refusal`) for a
+    row with a text, among its ``(what, text)`` pairs, that is not valid Unicode (a lone surrogate);
+    such a row is never sent. Our prompts and the guard clean every text they send, which would put
+    U+FFFD in the surrogate's place and have the judge score a text nobody wrote. The official
+    prompts without the guard send every text as the official code does, as it is: JSON-escaped
+    (``\\ud83d``, :func:`~balcaprl.judge.calls.json_bytes`), so there the row is judged (None)."""
+    if official and not guard:
+        return None
+    reason = unicode_refusal(texts, where)
+    return None if reason is None else JudgeFailure("bad_input", reason)
 
 
 def paraphrase_source(benchmark: str, rubrics: Sequence[str]) -> PromptSource:

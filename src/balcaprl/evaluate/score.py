@@ -38,7 +38,8 @@ from typing import Any
 from balcaprl.errors import InputError, OutputError
 from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import summarise_scores
-from balcaprl.files import JsonlLog, atomic_write_text, invalid_unicode, jsonl_lines, read_utf8_text
+from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
+from balcaprl.files import usable_unicode as _usable_unicode
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
@@ -144,19 +145,6 @@ def image_key(image: str, root: Path | None) -> str:
         return path.resolve().relative_to(root).as_posix()
     except (ValueError, OSError):  # outside the root, or not a path at all
         return image
-
-
-def _usable_unicode(rows: list[tuple[str, str]], what: str) -> tuple[list[tuple[str, str]], dict[int, str]]:
-    """``rows`` with every text writable (a lone surrogate shown as its escape), and why each row
-    that held one is refused (``bad_input``): it is never sent to the judge."""
-    usable, refused = [], {}
-    for i, (image, text) in enumerate(rows):
-        reason = invalid_unicode(image) or invalid_unicode(text)
-        if reason is not None:
-            refused[i] = f"the {what} of this row is {reason}"
-            image, text = (t.encode("utf-8", "backslashreplace").decode("utf-8") for t in (image, text))
-        usable.append((image, text))
-    return usable, refused
 
 
 def score_captions(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from balcaprl.files import unicode_refusal
 from balcaprl.judge.rubrics import VerdictRubric
 from balcaprl.rewards import Verdict
 
@@ -61,6 +62,41 @@ class JudgeFailure:
 
 
 JudgeOutcome = Judgement | JudgeFailure
+
+
+@dataclass(frozen=True)
+class SendableRequests:
+    """A batch split into the requests that can be sent and a ``bad_input`` failure for each one
+    that cannot (by its position in the batch); :meth:`outcomes` puts the two back in order."""
+
+    sent: list[JudgeRequest]
+    refused: dict[int, JudgeFailure]
+
+    def outcomes(self, judged: Sequence[JudgeOutcome]) -> list[JudgeOutcome]:
+        """The batch's outcomes, in order: ``judged`` (one per sent request) around the refusals."""
+        if len(judged) != len(self.sent):
+            raise ValueError(f"{len(judged)} outcomes for {len(self.sent)} sent requests")
+        rest = iter(judged)
+        return [
+            self.refused[i] if i in self.refused else next(rest)
+            for i in range(len(self.sent) + len(self.refused))
+        ]
+
+
+def sendable_requests(requests: Sequence[JudgeRequest], where: Sequence[str]) -> SendableRequests:
+    """``requests`` less those whose image name, caption or reference is not valid Unicode (a lone
+    surrogate), each refused as ``bad_input`` naming what and ``where[i]`` (``row 'r7'``): such a text
+    is never sent, so no judge scores it as cleaned (:func:`~balcaprl.files.unicode_refusal`)."""
+    sent, refused = [], {}
+    for i, (request, place) in enumerate(zip(requests, where, strict=True)):
+        name = str(request.image) if isinstance(request.image, str | Path) else ""  # bytes have no name
+        texts = [("image name", name), ("caption", request.caption), ("reference", request.reference)]
+        reason = unicode_refusal(texts, place)
+        if reason is None:
+            sent.append(request)
+        else:
+            refused[i] = JudgeFailure("bad_input", reason)
+    return SendableRequests(sent, refused)
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
 from balcaprl.judge.accounting import JudgeStats
-from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest
+from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest, sendable_requests
 from balcaprl.train.judging import caption_text, judge_usage
 
 OverlapMode = Literal["per_rollout", "batch", "off"]
@@ -214,16 +214,21 @@ class EarlyJudge:
         self._account(spent)  # a batch nobody used was paid for all the same
 
     async def _judge(self, requests: list[JudgeRequest]) -> tuple[list[JudgeOutcome], JudgeStats | Counter]:
+        # A request that is no valid Unicode is never sent, early or not: judge_rollouts refuses its
+        # rollout (naming its row) and never asks for it, so its bad_input here is never read.
+        batch = sendable_requests(requests, ["this rollout"] * len(requests))
+        if not batch.sent:
+            return batch.outcomes([]), Counter()
         with_stats = getattr(self.judge, "judge_batch_with_stats", None)
         if with_stats is not None:
-            result = await with_stats(requests)
-            return list(result.outcomes), result.stats
-        outcomes = list(await self.judge.judge_batch(requests))
+            result = await with_stats(batch.sent)
+            return batch.outcomes(list(result.outcomes)), result.stats
+        outcomes = list(await self.judge.judge_batch(batch.sent))
         # Usage since the last batch that finished, not since this one began: batches overlap (one
         # per finished rollout), and differences across each batch's own await would count twice.
         after, seen = judge_usage(self.judge), self._usage_seen
         self._usage_seen = after
-        return outcomes, Counter({k: v - seen.get(k, 0.0) for k, v in after.items()})
+        return batch.outcomes(outcomes), Counter({k: v - seen.get(k, 0.0) for k, v in after.items()})
 
     def _account(self, spent: JudgeStats | Counter | None) -> None:
         if isinstance(spent, JudgeStats):

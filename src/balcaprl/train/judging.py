@@ -11,7 +11,9 @@ For every rollout :func:`judge_rollouts`
    the linguistic reward, Sec. 2.3, and the linear length penalty of eq. A.5 when chosen).
 
 A failed judge (``JudgeFailure``, or an exception from the judge) gives a failed record, NaN in all
-three rewards, never 0: the advantage step leaves the rollout out. One failure is the run's, not the
+three rewards, never 0: the advantage step leaves the rollout out. So does a rollout whose caption,
+reference or image name is not valid Unicode (a lone surrogate that a JSON escape put into a dataset
+row): it fails as ``bad_input`` naming the text and the row, and is never sent to the judge. One failure is the run's, not the
 rollout's: an endpoint that rejects the judge's key (401/403) or model (404) raises a
 :class:`~balcaprl.errors.UserError`; its rollouts are marked ``judge_rejected`` and the batch step
 stops the run on them at once (:meth:`~balcaprl.train.step.BatchStep.check_failures`). The caption's length is counted
@@ -26,7 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from balcaprl.errors import UserError
-from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest
+from balcaprl.judge.protocol import (
+    Judge,
+    JudgeFailure,
+    Judgement,
+    JudgeOutcome,
+    JudgeRequest,
+    sendable_requests,
+)
 from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout, score_rollout
 
@@ -58,7 +67,10 @@ async def judge_rollouts(
     rubric = training_rubric_name(rewards.pointability)  # what the judge is asked to apply
     requests = [JudgeRequest(image=r.image, caption=r.caption, reference=r.reference, rubric=rubric)
                 for r in rollouts]  # fmt: skip
-    outcomes = await _outcomes(judge, requests)
+    # a text that is not valid Unicode (a lone surrogate in a dataset's reference) fails its rollout
+    # as bad_input, never sent: the judge would score it with the surrogate replaced
+    batch = sendable_requests(requests, [f"row {r.id!r}" for r in rollouts])
+    outcomes = batch.outcomes(await _outcomes(judge, batch.sent) if batch.sent else [])
     return [_record(rollout, outcome, rewards) for rollout, outcome in zip(rollouts, outcomes, strict=True)]
 
 

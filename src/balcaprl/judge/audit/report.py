@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from balcaprl.files import atomic_write_text
+from balcaprl.files import atomic_write_json_text
 from balcaprl.judge.audit.compare import FLAGS, SCORES
 from balcaprl.outputs import present
 
@@ -25,8 +25,8 @@ def write_audit(report: dict[str, Any], out: Path | str) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     summary = {k: v for k, v in report.items() if k != "per_item"}
     audit_path, items_path = out / AUDIT_FILE, out / ITEMS_FILE
-    atomic_write_text(audit_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    atomic_write_text(
+    atomic_write_json_text(audit_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_json_text(
         items_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in report["per_item"])
     )
     return audit_path, items_path

@@ -30,7 +30,16 @@ from typing import Any
 
 from balcaprl.errors import InputError
 from balcaprl.judge.audit.compare import compare_outcomes, item_scores
-from balcaprl.judge.protocol import Judge, JudgeFailure, Judgement, JudgeOutcome, JudgeRequest, Rubric
+from balcaprl.judge.protocol import (
+    Judge,
+    JudgeFailure,
+    Judgement,
+    JudgeOutcome,
+    JudgeRequest,
+    Rubric,
+    SendableRequests,
+    sendable_requests,
+)
 
 JudgeFactory = Callable[[], Judge]
 PER = 1000  # accounting is reported per this many rollouts
@@ -178,13 +187,17 @@ async def _judge(judge: Judge, requests: list[JudgeRequest], on_outcome) -> tupl
             await close()
 
 
-def _run(name: str, repeat: int, make: JudgeFactory, requests: list[JudgeRequest], on_progress) -> _Run:
-    on_outcome = None if on_progress is None else (lambda i, o: on_progress(name, repeat, len(requests)))
+def _run(name: str, repeat: int, make: JudgeFactory, batch: SendableRequests, on_progress) -> _Run:
+    total = len(batch.sent) + len(batch.refused)
+    on_outcome = None if on_progress is None else (lambda i, o: on_progress(name, repeat, total))
     start = time.perf_counter()
-    outcomes, accounting = asyncio.run(_judge(make(), requests, on_outcome))
-    if len(outcomes) != len(requests):
-        raise RuntimeError(f"judge {name} returned {len(outcomes)} outcomes for {len(requests)} requests")
-    return _Run(name, repeat, list(outcomes), accounting, time.perf_counter() - start)
+    outcomes, accounting = asyncio.run(_judge(make(), batch.sent, on_outcome)) if batch.sent else ([], None)
+    if len(outcomes) != len(batch.sent):
+        raise RuntimeError(f"judge {name} returned {len(outcomes)} outcomes for {len(batch.sent)} requests")
+    if on_progress is not None:
+        for _ in batch.refused:  # refused before any call: they count as done
+            on_progress(name, repeat, total)
+    return _Run(name, repeat, batch.outcomes(outcomes), accounting, time.perf_counter() - start)
 
 
 def run_audit(
@@ -209,12 +222,15 @@ def run_audit(
     requests = [
         JudgeRequest(image=i.image, caption=i.caption, reference=i.reference, rubric=rubric) for i in items
     ]
+    # an item whose caption, reference or image name is not valid Unicode fails as bad_input in every
+    # run, never sent (a judge would see it cleaned): its row says why
+    batch = sendable_requests(requests, [f"row {i.key!r}" for i in items])
     runs: list[_Run] = []
     if reference is not None:
-        runs.append(_run(reference[0], 1, reference[1], requests, on_progress))
+        runs.append(_run(reference[0], 1, reference[1], batch, on_progress))
     for repeat in (1, 2) if retest else (1,):
         for name, make in judges:
-            runs.append(_run(name, repeat, make, requests, on_progress))
+            runs.append(_run(name, repeat, make, batch, on_progress))
 
     def first(name: str) -> _Run:
         return next(r for r in runs if r.judge == name and r.repeat == 1)
@@ -243,7 +259,7 @@ def run_audit(
             entry["runs"][label] = (
                 item_scores(outcome.verdict)
                 if isinstance(outcome, Judgement)
-                else {"failure": outcome.reason}
+                else {"failure": outcome.reason, "detail": outcome.detail}
             )
         per_item.append(entry)
     return {

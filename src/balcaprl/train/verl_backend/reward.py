@@ -56,6 +56,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from balcaprl.config import Section, load_config
+from balcaprl.files import unicode_refusal
 from balcaprl.judge.protocol import Judge
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout
 from balcaprl.train.judge_overlap import stamped
@@ -213,6 +214,13 @@ async def compute_score(
     try:
         settings = RewardSettings.from_kwargs(reward_kwargs)
         caption = caption_text(solution_str)
+        # a text that is no valid Unicode cannot be counted by a tokenizer nor sent: the line that
+        # judge_rollouts gives such a rollout, before the tokenizer fails on it with a TypeError
+        refusal = unicode_refusal([("caption", caption), ("reference", ground_truth)], f"row {row_id!r}")
+        if refusal is not None:
+            return stamped(
+                _result(failed_rollout("bad_input", refusal, RewardConfig(), id=row_id), None), started
+            )
         tokenizer = _tokenizer(settings.tokenizer)
         rollout = RolloutToJudge(
             id=row_id,
