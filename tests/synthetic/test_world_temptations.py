@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from balcaprl.demo.config import DatasetSettings
-from balcaprl.rewards import score_verdict
+from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout, score_verdict
 from balcaprl.synthetic.captioners import (
     base_caption,
     error_probability,
@@ -164,6 +164,27 @@ def test_enumerating_buys_recall_with_precision_and_overloads_the_caption():
     assert mean(enumerating, "recall") > mean(detailed, "recall") + 0.05
     assert mean(enumerating, "precision") < mean(detailed, "precision") - 0.2
     assert mean(enumerating, "linguistic") < mean(detailed, "linguistic")
+
+
+def held_out_b_capscore(scene, caption, reference):
+    """b-CapScore as the demo's held-out evaluation computes it (evaluation rubric, no length mask)."""
+    r = score_rollout(oracle_verdict(scene, caption, reference, "evaluation"), BCAPSCORE_REWARDS)
+    return b_capscore(r.precision, r.recall, r.linguistic)
+
+
+def test_at_evaluation_a_terse_caption_scores_below_a_describing_one():
+    # The paper: without length control captions get shorter and DCScore regresses; saying less must
+    # cost more recall than it gains precision, for a captioner that sees the shapes (the base
+    # captioner's detailed mode, its later shapes wrong more often).
+    terse, detailed = [], []
+    for i, scene in enumerate(DEMO_SCENES):
+        reference = reference_caption(scene, random.Random(i))
+        for mode, scores in (("terse", terse), ("detailed", detailed)):
+            caption = base_caption(scene, random.Random(i), mode)
+            scores.append(held_out_b_capscore(scene, caption, reference))
+    assert statistics.mean(terse) < statistics.mean(detailed) - 0.15  # measured: 0.58 vs 0.87
+    below = sum(t < d for t, d in zip(terse, detailed, strict=True))
+    assert below > 0.75 * len(DEMO_SCENES)  # measured: 44 of 48
 
 
 def test_every_reference_is_within_the_word_budget_and_an_overloaded_caption_is_not():
