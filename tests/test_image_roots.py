@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
 from balcaprl.data.format import DatasetSample, read_split_rows, write_dataset
-from balcaprl.images import path_in_root
+from balcaprl.images import ImageRoot, path_in_root
 from balcaprl.judge.images import ImageError, ImageLoader
 
 
@@ -111,3 +113,74 @@ def test_score_reads_a_dataset_whose_images_folder_is_a_symlink(tmp_path: Path):
     assert result.exit_code == 0, result.output
     scored = [json.loads(line) for line in (tmp_path / "out" / "scores.jsonl").read_text().splitlines()]
     assert len(scored) == 2 and all(row.get("recall") == 1.0 for row in scored), scored
+
+
+def _path_in_root_twin(root: Path | str, path: Path | str) -> Path | None:
+    """The rules of :class:`ImageRoot`, resolved from scratch for every path (how ``path_in_root``
+    worked before the root's folders were remembered): the reference the fast path must agree with."""
+    import os
+
+    given = Path(os.path.abspath(root))
+    real = given.resolve()
+    candidate = Path(path)
+    full = Path(os.path.normpath(candidate if candidate.is_absolute() else given / candidate))
+    base = next((b for b in (given, real) if full.is_relative_to(b)), None)
+    if base is None:
+        return None
+    relative = full.relative_to(base)
+    allowed, here = [real], real
+    for part in relative.parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            here = here.resolve()
+            allowed.append(here)
+    target = (real / relative).resolve()
+    return relative if any(target.is_relative_to(a) for a in allowed) else None
+
+
+@pytest.fixture(scope="module")
+def maze(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root reached through a symlink, holding every kind of link: a folder linked out (shared
+    storage), a folder linked to a sibling inside, a file linked out, a file linked in, a dangling
+    link, and a link out inside the linked-out folder."""
+    base = tmp_path_factory.mktemp("maze")
+    (base / "real" / "sub" / "deep").mkdir(parents=True)
+    (base / "pool" / "inner").mkdir(parents=True)
+    for file in (
+        "real/a.png",
+        "real/sub/b.png",
+        "real/sub/deep/c.png",
+        "pool/p.png",
+        "pool/inner/q.png",
+        "secret.png",
+    ):
+        (base / file).write_bytes(b"x")
+    (base / "root").symlink_to(base / "real", target_is_directory=True)
+    (base / "real" / "shared").symlink_to(base / "pool", target_is_directory=True)
+    (base / "real" / "alias").symlink_to(base / "real" / "sub", target_is_directory=True)
+    (base / "real" / "out.png").symlink_to(base / "secret.png")
+    (base / "real" / "in.png").symlink_to(base / "real" / "sub" / "b.png")
+    (base / "real" / "dangling.png").symlink_to(base / "nothing.png")
+    (base / "pool" / "leak.png").symlink_to(base / "secret.png")
+    (base / "pool" / "up").symlink_to(base, target_is_directory=True)
+    return base
+
+
+_PARTS = ["a.png", "sub", "deep", "b.png", "c.png", "shared", "alias", "out.png", "in.png", "dangling.png",
+          "inner", "p.png", "q.png", "leak.png", "up", "secret.png", "real", "root", "pool", "..", ".", "",
+          "missing.png"]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.sampled_from(_PARTS), min_size=1, max_size=6), absolute=st.booleans(),
+       through_link=st.booleans())  # fmt: skip
+def test_the_remembering_root_agrees_with_resolving_every_path(maze: Path, parts, absolute, through_link):
+    root = maze / ("root" if through_link else "real")
+    text = "/".join(parts)
+    path = str(root / text) if absolute else text
+    checker = ImageRoot(root)
+    expected = _path_in_root_twin(root, path)
+    for _ in range(2):  # the second answer comes from the remembered folders
+        got = checker.relative(path)
+        assert (None if got is None else Path(got)) == expected, path
+    assert path_in_root(root, path) == expected

@@ -239,14 +239,16 @@ class JsonlLog:
             handle.seek(offset)
             return json.loads(handle.readline().decode("utf-8", errors="replace"))
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: dict[str, Any] | str) -> None:
+        """Append ``record``: an object, or its JSON text already made (one line, no newline)."""
+        line = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
         with naming(self.path):
             if self._handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # backslashreplace: a lone surrogate (no valid Unicode, in a refused row's text) is
                 # written as its JSON escape, which reads back as the same text
                 self._handle = self.path.open("a", encoding="utf-8", errors="backslashreplace")
-            self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._handle.write(line + "\n")
             self._handle.flush()
         self._unsynced += 1
         if self._unsynced >= self.sync_every:

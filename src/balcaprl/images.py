@@ -23,6 +23,7 @@ import functools
 import io
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import IO, Any
@@ -118,7 +119,23 @@ def open_image(
 
 def path_in_root(root: Path | str, path: Path | str) -> Path | None:
     """``path`` relative to the image root ``root`` (relative paths are read under it), or None when
-    it leaves the root.
+    it leaves the root (:class:`ImageRoot`'s rules). A caller that checks many paths under one root
+    keeps an :class:`ImageRoot`: it resolves the root and the folders inside it once."""
+    relative = ImageRoot(root).relative(path)
+    return None if relative is None else Path(relative)
+
+
+# A relative path whose parts are all plain names (no "", "." or ".."), e.g. "images/a.png"
+_PLAIN = re.compile(r"(?:(?!\.\.?(?:/|$))[^/]+(?:/|$))+(?<!/)")
+
+
+def _within(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or lies under it (both absolute and normalised)."""
+    return path == folder or path.startswith(folder if folder.endswith(os.sep) else folder + os.sep)
+
+
+class ImageRoot:
+    """An image root, resolved once, that tells whether a path stays inside it.
 
     Inside means two things. As written, with ``..`` collapsed, the path stays under the root (as
     given, or resolved through its own symlinks): no ``..`` or absolute path leads out. And the file
@@ -126,20 +143,55 @@ def path_in_root(root: Path | str, path: Path | str) -> Path | None:
     dataset whose ``images/`` links to shared storage is the dataset owner's choice, and works; a
     file symlink, or a path through no linked folder, that leads out is refused. Image paths of
     caption files are untrusted input: they reach only what the root's owner placed in it.
+
+    Each folder met inside the root is resolved once and remembered (at most ``remember`` of them),
+    so checking a file costs one ``lstat`` (is the file itself a symlink?) instead of resolving
+    every component of its path: on a warm judge cache that resolution was most of ``score``'s time.
+    A folder re-linked while a run reads it keeps the target it had when first met.
     """
-    given = Path(os.path.abspath(root))
-    real = given.resolve()
-    candidate = Path(path)
-    full = Path(os.path.normpath(candidate if candidate.is_absolute() else given / candidate))
-    base = next((b for b in (given, real) if full.is_relative_to(b)), None)
-    if base is None:
-        return None
-    relative = full.relative_to(base)
-    allowed, here = [real], real
-    for part in relative.parts[:-1]:
-        here = here / part
-        if here.is_symlink():
-            here = here.resolve()
-            allowed.append(here)
-    target = (real / relative).resolve()
-    return relative if any(target.is_relative_to(a) for a in allowed) else None
+
+    def __init__(self, root: Path | str, remember: int = 65536):
+        self.given = os.path.abspath(root)
+        self.real = os.path.realpath(self.given)
+        self._remember = remember
+        self._folders: dict[str, tuple[str, bool]] = {}  # folder inside -> (its real path, inside?)
+
+    def relative(self, path: Path | str) -> str | None:
+        """``path`` relative to the root (``/``-separated, ``.`` for the root), or None when it leaves it."""
+        text = os.fspath(path)
+        if _PLAIN.fullmatch(text):  # relative, no empty, "." or ".." part: already what normpath makes
+            relative = text
+        else:
+            full = os.path.normpath(text if os.path.isabs(text) else os.path.join(self.given, text))
+            base = next((b for b in (self.given, self.real) if _within(full, b)), None)
+            if base is None:
+                return None
+            relative = os.path.relpath(full, base)
+        folder, name = os.path.split(relative)
+        real_folder, inside = self._folder(folder)
+        target = os.path.join(real_folder, name) if name and name != "." else real_folder
+        if name and name != "." and os.path.islink(target):  # a file symlink: where it really leads
+            target = os.path.realpath(target)
+            inside = any(_within(target, allowed) for allowed in self._allowed(folder))
+        return relative.replace(os.sep, "/") if inside else None
+
+    def _allowed(self, folder: str) -> list[str]:
+        """The real root, and every folder symlink met on the way from it down ``folder``, resolved."""
+        allowed, here = [self.real], self.real
+        for part in Path(folder).parts:
+            here = os.path.join(here, part)
+            if os.path.islink(here):
+                here = os.path.realpath(here)
+                allowed.append(here)
+        return allowed
+
+    def _folder(self, folder: str) -> tuple[str, bool]:
+        """(``folder``'s real path, whether it resolves inside what :meth:`_allowed` admits)."""
+        known = self._folders.get(folder)
+        if known is None:
+            real_folder = os.path.realpath(os.path.join(self.real, folder))
+            known = (real_folder, any(_within(real_folder, a) for a in self._allowed(folder)))
+            if len(self._folders) >= self._remember:
+                self._folders.clear()
+            self._folders[folder] = known
+        return known

@@ -109,3 +109,11 @@ def test_data_url_errors():
         decode_data_url("https://example.com/a.png")
     with pytest.raises(ValueError, match="corrupt"):
         decode_data_url("data:image/png;base64,@@@")
+
+
+def test_a_fifo_under_the_root_is_refused_at_once_not_waited_on(tmp_path):
+    """Hashing an image for its cache key opens it without blocking: a FIFO (or any file that is not
+    a regular one) is refused by name instead of hanging the run."""
+    os.mkfifo(tmp_path / "pipe.png")
+    with pytest.raises(ImageError, match="'pipe.png' is not a regular file"):
+        ImageLoader(max_side=64, root=tmp_path).sha256("pipe.png")

@@ -124,3 +124,21 @@ def test_oracle_is_fast():
     rate = len(requests) / (time.perf_counter() - start)
     assert all(isinstance(o, Judgement) for o in outcomes)
     assert rate > 150  # ~1-2 thousand/s on an idle core; loose for busy CI machines
+
+
+def test_the_synthetic_evaluation_refuses_a_caption_that_is_no_valid_unicode(tiny_dataset):
+    """A lone surrogate in a caption is that row's bad_input, named, never judged as cleaned; the
+    other rows are scored as before."""
+    from balcaprl.data.format import read_split_rows
+    from balcaprl.judge.protocol import JudgeFailure
+    from balcaprl.synthetic.evaluation import score_captions
+    from balcaprl.synthetic.oracle import OracleJudge
+
+    rows = read_split_rows(tiny_dataset, "eval")[:2]
+    oracle = OracleJudge.from_dataset(tiny_dataset)
+    clean = score_captions(oracle, rows, [rows[0]["reference"], rows[1]["reference"]])
+    mixed = score_captions(oracle, rows, ["A red \ud800 circle.", rows[1]["reference"]])
+    refused = mixed.outcomes[0]
+    assert isinstance(refused, JudgeFailure) and refused.reason == "bad_input"
+    assert f"row {rows[0]['id']!r}" in refused.detail and "lone surrogate U+D800" in refused.detail
+    assert mixed.outcomes[1] == clean.outcomes[1] and mixed.failures == 1

@@ -76,8 +76,9 @@ class RowsFile:
         # escape, which reads back as the same text
         self._handle = self._part.open("w", encoding="utf-8", errors="backslashreplace")
 
-    def write(self, row: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    def write(self, row: dict[str, Any] | str) -> None:
+        """Write ``row``: an object, or its JSON text already made (one line, no newline)."""
+        self._handle.write((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n")
 
     def commit(self) -> None:
         self._handle.flush()

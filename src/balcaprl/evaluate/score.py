@@ -29,30 +29,55 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import PydanticSerializationError
+
 from balcaprl.errors import InputError, OutputError
 from balcaprl.evaluate.results import RowsFile, in_spans
-from balcaprl.evaluate.summary import summarise_scores
-from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text
-from balcaprl.files import usable_unicode as _usable_unicode
+from balcaprl.evaluate.summary import ScoreTally
+from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text, usable_unicode
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
 from balcaprl.outputs import ensure_writable_dir
-from balcaprl.rewards import BCAPSCORE_REWARDS, failed_rollout, score_rollout
+from balcaprl.rewards import BCAPSCORE_REWARDS, Verdict, failed_rollout, score_rollout
 
 SCORES_FILE = "scores.jsonl"
 SUMMARY_FILE = "summary.json"
 VERDICTS_FILE = "verdicts.jsonl"
 PART_DIR = ".score"  # the run's own files: its record, and the rows written so far
 RECORD_FILE = f"{PART_DIR}/record.jsonl"
+_WORD = re.compile(r"\w")
+
+
+def _json(value: Any) -> str:
+    """``value``'s JSON text as every JSONL file here writes it (``json.dumps``, UTF-8 as it is)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _compact(value: Any) -> str:
+    """``value``'s JSON text with no spaces: how pydantic spells a model (:func:`verdict_json`)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def verdict_json(verdict: Verdict) -> str:
+    """``verdict``'s JSON text, made by pydantic's own serialiser (a third of the cost of dumping and
+    encoding it in Python), spelt as :func:`_compact` spells the same object (a test holds the two
+    equal), so a resumed row's verdict, read back from the record, is written byte for byte the same.
+    A text pydantic cannot encode (a lone surrogate, sent by a judge as a JSON escape) takes
+    ``json.dumps``."""
+    try:
+        return verdict.model_dump_json()
+    except PydanticSerializationError:
+        return _compact(verdict.model_dump(mode="json"))
 
 
 def score_results(folder: Path) -> list[str]:
@@ -113,24 +138,31 @@ class ScoreRun:
     resumed: int = 0  # rows taken from the record of an earlier run into the same folder
 
 
-def _row_key(judge: OpenAICompatibleJudge, image: str, caption: str, reference: str) -> str:
-    """Everything that decides one row's verdict: the image file as it is now, the texts, the judge."""
+def _row_keys(
+    judge: OpenAICompatibleJudge, rows: list[tuple[str, str]], by_image: dict[str, str]
+) -> list[str]:
+    """Each row's record key: everything that decides its verdict (the image file as it is now, the
+    texts, the judge), the judge's part built once."""
     root = judge.images.root  # the file as the judge will find it (one that escapes the root fails)
-    try:
-        stat = os.stat(image if root is None else os.path.join(root, image))
-        file = [stat.st_size, stat.st_mtime_ns]
-    except OSError:
-        file = None  # such a row fails as bad_input and is never recorded
     cfg = judge.config
-    identity = {
-        "image": image, "file": file, "caption": caption, "reference": reference,
+    judge_part = {
         "endpoint": endpoint_identity(cfg.base_url), "model": cfg.model,
         "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "rubric_options": cfg.rubric.model_dump(),
         "reference_mode": cfg.reference_mode, "max_image_side": cfg.max_image_side,
         "caption_char_cap": cfg.caption_char_cap, "rubric_version": judge.rubric_version("evaluation"),
     }  # fmt: skip
-    canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    keys = []
+    for image, caption in rows:
+        try:
+            stat = os.stat(image if root is None else os.path.join(root, image))
+            file = [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            file = None  # such a row fails as bad_input and is never recorded
+        identity = {"image": image, "file": file, "caption": caption, "reference": by_image.get(image, ""),
+                    **judge_part}  # fmt: skip
+        canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        keys.append(hashlib.sha256(canonical.encode("utf-8")).hexdigest())
+    return keys
 
 
 def image_key(image: str, root: Path | None) -> str:
@@ -138,11 +170,10 @@ def image_key(image: str, root: Path | None) -> str:
     one key however each file names the image: as given when the root holds it; an absolute path, or
     one relative to the working folder (as ``balcaprl caption`` writes them), that lies under the
     root, relative to the root; anything else as given (it fails as ``bad_input``, named)."""
-    path = Path(image)
-    if root is None or (not path.is_absolute() and (root / path).is_file()):
-        return image
+    if root is None or (not os.path.isabs(image) and os.path.isfile(os.path.join(root, image))):
+        return image  # the common case, in a stat (Path's own parsing cost more than the stat)
     try:
-        return path.resolve().relative_to(root).as_posix()
+        return Path(image).resolve().relative_to(root).as_posix()
     except (ValueError, OSError):  # outside the root, or not a path at all
         return image
 
@@ -169,8 +200,8 @@ def score_captions(
     at a time (:func:`~balcaprl.evaluate.results.in_spans`), and a span's rows and verdicts are written,
     in input order, as soon as it and the spans before it are done.
     """
-    caption_rows, unusable = _usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
-    reference_rows, bad_references = _usable_unicode(
+    caption_rows, unusable = usable_unicode(read_caption_file(captions, keys=("caption",)), "caption")
+    reference_rows, bad_references = usable_unicode(
         read_caption_file(references, keys=("reference", "caption")), "reference"
     )
     root = judge.images.root  # captions and references meet under the image's path in it
@@ -191,7 +222,7 @@ def score_captions(
     for target in (scores_path, summary_path):
         if target.is_dir():
             raise OutputError(f"--out {out}: {target.name} is a folder; remove it or choose another --out")
-    keys = [_row_key(judge, image, caption, by_image.get(image, "")) for image, caption in caption_rows]
+    keys = _row_keys(judge, caption_rows, by_image)
     span = 2 * max(1, judge.config.concurrency)
     with (
         JsonlLog(out / RECORD_FILE, sync_every=1 << 62) as record,  # fsynced once a second (below)
@@ -215,9 +246,9 @@ def score_captions(
                 on_outcome(i, failure)
         synced = time.monotonic()
 
-        async def judge_span(part: range) -> dict[int, tuple[dict[str, Any], Any]]:
-            """Rows and verdicts of the span's captions that the record does not hold."""
-            done: dict[int, tuple[dict[str, Any], Any]] = {}
+        async def judge_span(part: range) -> dict[int, tuple[dict[str, Any], str]]:
+            """Rows and verdicts (JSON text) of the span's captions that the record does not hold."""
+            done: dict[int, tuple[dict[str, Any], str]] = {}
             todo = [i for i in part if keys[i] not in known and i not in refused]
 
             def finished(j: int, outcome: JudgeOutcome) -> None:
@@ -228,10 +259,10 @@ def score_captions(
                         "bad_input", f"no reference for image {image!r} in {references.name}"
                     )
                 row = _row(image, outcome)
-                verdict = None
+                verdict = "null"
                 if row["failure"] is None:  # failures are retried by the next run, so never recorded
-                    verdict = outcome.verdict.model_dump(mode="json")
-                    record.append({"key": keys[i], "row": row, "verdict": verdict})
+                    verdict = verdict_json(outcome.verdict)  # once, for two files
+                    record.append(f'{{"key": {_json(keys[i])}, "row": {_json(row)}, "verdict": {verdict}}}')
                 done[i] = (row, verdict)
                 if on_outcome is not None:
                     on_outcome(i, outcome)
@@ -245,22 +276,24 @@ def score_captions(
                 stats.merge((await judge.judge_batch_with_stats(requests, on_outcome=finished)).stats)
             return done
 
-        def write(part: range, done: dict[int, tuple[dict[str, Any], Any]]) -> None:
+        def write(part: range, done: dict[int, tuple[dict[str, Any], str]]) -> None:
             nonlocal synced
             for i in part:
                 if i in done:
                     row, verdict = done[i]
                 elif i in refused:  # never sent to the judge
-                    row, verdict = _row(caption_rows[i][0], refused[i]), None
+                    row, verdict = _row(caption_rows[i][0], refused[i]), "null"
                 else:
                     recorded = record.at(known[keys[i]])
-                    row, verdict = recorded["row"], recorded.get("verdict")
+                    row, verdict = recorded["row"], _compact(recorded.get("verdict"))
                 image, caption = caption_rows[i]
                 scores.write(row)
+                tally.add(row)
                 # each row's caption, reference and verdict (null where the judge failed), in the same
-                # order, so `balcaprl inspect` can show the assertions behind the scores
-                verdict_lines.write({"image": image, "caption": caption, "reference": by_image.get(image),
-                                     "verdict": verdict})  # fmt: skip
+                # order, so `balcaprl inspect` can show the assertions behind the scores (the text
+                # json.dumps would make of the object, the verdict's part made once)
+                verdict_lines.write(f'{{"image": {_json(image)}, "caption": {_json(caption)}, '
+                                    f'"reference": {_json(by_image.get(image))}, "verdict": {verdict}}}')  # fmt: skip
             if time.monotonic() - synced > 1.0:  # a power cut loses at most a second of paid answers
                 record.sync()
                 synced = time.monotonic()
@@ -272,12 +305,16 @@ def score_captions(
                 await judge.aclose()
 
         stats = JudgeStats()
+        tally = ScoreTally()  # the summary's numbers, taken as the rows are written
         asyncio.run(judge_all())
         scores.commit()
         verdict_lines.commit()
-    empty = sum(not clean_caption(caption, judge.config.caption_char_cap).text for _, caption in caption_rows)
-    with scores_path.open("rb") as written:  # the summary reads the rows back: they are never all held
-        summary = summarise_scores((json.loads(line) for line in written), resamples, seed, n_empty=empty)
+    cap = judge.config.caption_char_cap
+    # a word character survives cleaning: only the rest need it to tell
+    empty = sum(
+        not _WORD.search(caption) and not clean_caption(caption, cap).text for _, caption in caption_rows
+    )
+    summary = tally.summary(resamples, seed, n_empty=empty)
     summary["judge"] = {
         "model": judge.config.model,
         "rubric_version": judge.rubric_version("evaluation"),

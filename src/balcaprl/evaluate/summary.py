@@ -24,52 +24,81 @@ def bootstrap_mean_ci(
 ) -> tuple[float, float, float] | None:
     """``(mean, low, high)``: the sample mean and its percentile-bootstrap interval; None if empty."""
     x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return None
+    return None if x.size == 0 else bootstrap_means_ci(x[:, None], resamples, seed, level)[0]
+
+
+def bootstrap_means_ci(
+    columns: np.ndarray, resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> list[tuple[float, float, float]]:
+    """:func:`bootstrap_mean_ci` of each column of the ``(n, k)`` array ``columns`` (n >= 1), all
+    from one set of resampled rows: the draws each column would get alone (one seed, one stream), made
+    once instead of k times (per caption, the bootstrap was the largest cost of a warm-cache score)."""
+    n = columns.shape[0]
+    each = [np.ascontiguousarray(column) for column in columns.T]  # one column's sums, as alone
     rng = np.random.default_rng(seed)
-    rows = max(1, _BLOCK // x.size)  # resamples per block; the same draws, in order, as all at once
-    means = np.concatenate([
-        x[rng.integers(0, x.size, size=(min(rows, resamples - start), x.size))].mean(axis=1)
-        for start in range(0, resamples, rows)
-    ])  # fmt: skip
+    rows = max(1, _BLOCK // n)  # resamples per block; the same draws, in order, as all at once
+    blocks = []
+    for start in range(0, resamples, rows):
+        index = rng.integers(0, n, size=(min(rows, resamples - start), n))
+        blocks.append(np.stack([column[index].mean(axis=1) for column in each], axis=1))
+    means = np.concatenate(blocks)  # (resamples, k)
     alpha = (1 - level) / 2
-    low, high = np.quantile(means, [alpha, 1 - alpha])
-    return float(x.mean()), float(low), float(high)
+    low, high = np.quantile(means, [alpha, 1 - alpha], axis=0)
+    return [
+        (float(m), float(lo), float(hi))
+        for m, lo, hi in zip([c.mean() for c in each], low, high, strict=True)
+    ]
+
+
+class ScoreTally:
+    """What a summary needs of score rows, taken a row at a time: four numbers per scored row and a
+    count per failure reason (a stream of rows is never held)."""
+
+    def __init__(self) -> None:
+        self.values = {name: array("d") for name in METRICS}
+        self.n_rows = 0
+        self.failures: dict[str, int] = {}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.n_rows += 1
+        if row["failure"] is not None:
+            self.failures[row["failure"]] = self.failures.get(row["failure"], 0) + 1
+        else:
+            for name in METRICS:
+                self.values[name].append(row[name])
+
+    def summary(self, resamples: int = 1000, seed: int = 0, n_empty: int = 0) -> dict[str, Any]:
+        """:func:`summarise_scores` of the rows added so far."""
+        n_scored = len(self.values["b_capscore"])
+        metrics: dict[str, Any] = dict.fromkeys(METRICS)
+        if n_scored:
+            columns = np.stack(
+                [np.frombuffer(self.values[name], dtype=np.float64) for name in METRICS], axis=1
+            )
+            for name, (mean, low, high) in zip(
+                METRICS, bootstrap_means_ci(columns, resamples, seed), strict=True
+            ):
+                scale = 100.0 if name == "b_capscore" else 1.0
+                metrics[name] = {"mean": mean * scale, "ci95_low": low * scale, "ci95_high": high * scale}
+        return {
+            "n_captions": self.n_rows,
+            "n_scored": n_scored,
+            "n_failed": self.n_rows - n_scored,
+            "n_empty_captions": n_empty,
+            "failures": dict(sorted(self.failures.items())),
+            "metrics": metrics,
+            "b_capscore_scale": "x100 (per-caption values in scores.jsonl are in [0, 1])",
+            "bootstrap": {"resamples": resamples, "seed": seed, "interval": "percentile, 95%"},
+        }
 
 
 def summarise_scores(
     rows: Iterable[dict[str, Any]], resamples: int = 1000, seed: int = 0, n_empty: int = 0
 ) -> dict[str, Any]:
     """Summary of score rows (``precision``, ``recall``, ``linguistic``, ``b_capscore``, ``failure``),
-    read once (a stream of rows is never held: only their four numbers are);
-    ``n_empty``: how many of the captions were empty (scored 0, included in the means)."""
-    values = {name: array("d") for name in METRICS}
-    n_rows = 0
-    failures: dict[str, int] = {}
-    for r in rows:
-        n_rows += 1
-        if r["failure"] is not None:
-            failures[r["failure"]] = failures.get(r["failure"], 0) + 1
-        else:
-            for name in METRICS:
-                values[name].append(r[name])
-    n_scored = len(values["b_capscore"])
-    metrics: dict[str, Any] = {}
-    for name in METRICS:
-        scale = 100.0 if name == "b_capscore" else 1.0
-        ci = bootstrap_mean_ci(values[name], resamples=resamples, seed=seed)
-        metrics[name] = (
-            None
-            if ci is None
-            else {"mean": ci[0] * scale, "ci95_low": ci[1] * scale, "ci95_high": ci[2] * scale}
-        )
-    return {
-        "n_captions": n_rows,
-        "n_scored": n_scored,
-        "n_failed": n_rows - n_scored,
-        "n_empty_captions": n_empty,
-        "failures": dict(sorted(failures.items())),
-        "metrics": metrics,
-        "b_capscore_scale": "x100 (per-caption values in scores.jsonl are in [0, 1])",
-        "bootstrap": {"resamples": resamples, "seed": seed, "interval": "percentile, 95%"},
-    }
+    read once (:class:`ScoreTally`); ``n_empty``: how many of the captions were empty (scored 0,
+    included in the means)."""
+    tally = ScoreTally()
+    for row in rows:
+        tally.add(row)
+    return tally.summary(resamples, seed, n_empty)

@@ -182,10 +182,13 @@ class OpenAICompatibleJudge:
         if self.cache is None or self.config.reference_mode != "joint":
             return {}  # cached-reference keys need the reference's assertions first (_judge_one)
         texts: dict[int, tuple[Rubric, Any, str]] = {}
+        references: dict[str, str] = {}  # a group's rollouts, or an image's captions, share one
         for i, request in enumerate(requests):
             rubric = self._rubrics.get(request.rubric)
             caption = clean_caption(request.caption, self.config.caption_char_cap)
-            reference = clean_text(request.reference).strip()
+            reference = references.get(request.reference)
+            if reference is None:
+                reference = references[request.reference] = clean_text(request.reference).strip()
             if rubric is not None and caption.text and reference:
                 texts[i] = (rubric, caption, reference)
         if not texts:
@@ -208,7 +211,8 @@ class OpenAICompatibleJudge:
             if answer is not None:  # one that no longer validates is asked again (_judge_one)
                 stats.requests += 1
                 stats.record_answer(cached=True, shared=False)
-                outcomes[i] = judgement_from_verdict(to_verdict(answer), truncated_input=caption.truncated)
+                verdict = to_verdict(answer, value["json"])
+                outcomes[i] = judgement_from_verdict(verdict, truncated_input=caption.truncated)
         return outcomes
 
     def _image_digests(self, images: Sequence[Path | str | bytes]) -> list[str | None]:

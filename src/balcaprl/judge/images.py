@@ -27,11 +27,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from stat import S_ISREG
 
 from PIL import Image, ImageOps
 
 from balcaprl.errors import InputError
-from balcaprl.images import DECODE_SLOTS, ImageReadError, check_pixels, open_image, path_in_root, pillow
+from balcaprl.images import DECODE_SLOTS, ImageReadError, ImageRoot, check_pixels, open_image, pillow
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
 _DECODING = threading.BoundedSemaphore(DECODE_SLOTS)  # shared by every loader of the process
@@ -39,6 +40,14 @@ _DECODING = threading.BoundedSemaphore(DECODE_SLOTS)  # shared by every loader o
 
 class ImageError(InputError):
     """An image that cannot be sent to the judge (missing, unreadable, corrupt, outside the image root)."""
+
+
+def _read_all(fd: int) -> bytes:
+    """Every byte of the open file ``fd`` from where it stands (a read may return less than asked)."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def sha256_hex(data: bytes) -> str:
@@ -77,7 +86,7 @@ class ImageLoader:
     """Turns a path or encoded bytes into a :class:`PreparedImage`; thread-safe; remembers paths.
 
     ``root``: when given, relative paths are resolved against it and no path may leave it
-    (:func:`balcaprl.images.path_in_root`: a folder symlink inside it, such as a dataset's ``images/``
+    (:class:`balcaprl.images.ImageRoot`: a folder symlink inside it, such as a dataset's ``images/``
     on shared storage, is part of it) — image paths in caption files are untrusted input. ``jpeg_quality``: re-encode every
     image as JPEG at this quality, whatever its format and size (a benchmark's official script does).
     """
@@ -92,6 +101,8 @@ class ImageLoader:
         self.max_side = max_side
         self.jpeg_quality = jpeg_quality
         self.root = Path(root).resolve() if root is not None else None
+        self._inside = ImageRoot(self.root) if self.root is not None else None  # its folders, resolved once
+        self._root_text = os.fspath(self.root) if self.root is not None else ""
         self._remember = remember
         self._known: OrderedDict[tuple, PreparedImage] = OrderedDict()
         self._digests: OrderedDict[tuple, str] = OrderedDict()  # files hashed but not yet prepared
@@ -99,16 +110,18 @@ class ImageLoader:
 
     def resolve(self, image: Path | str) -> Path:
         """The file an image path names, checked against the root. Raises :class:`ImageError`."""
-        path = Path(image)
-        if self.root is not None:
-            relative = path_in_root(self.root, path)  # a linked images/ folder inside the root is in it
-            if relative is None:
-                raise ImageError(
-                    f"image path '{image}' escapes the image root {self.root}; "
-                    "use a path relative to --images that stays inside it"
-                )
-            return self.root / relative
-        return path
+        return Path(self._resolved(image))
+
+    def _resolved(self, image: Path | str) -> str:
+        if self._inside is None:
+            return os.fspath(image)
+        relative = self._inside.relative(image)  # a linked images/ folder inside the root is in it
+        if relative is None:
+            raise ImageError(
+                f"image path '{image}' escapes the image root {self.root}; "
+                "use a path relative to --images that stays inside it"
+            )
+        return os.path.join(self._root_text, relative)
 
     def load(self, image: Path | str | bytes) -> PreparedImage:
         """Prepare ``image`` (a path, or PNG/JPEG/... bytes). Raises :class:`ImageError`."""
@@ -119,7 +132,7 @@ class ImageLoader:
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
         path = self.resolve(image)
         try:
-            key = self._file_key(path)
+            key = self._file_key(path)  # the same key as sha256() makes for this file
         except OSError as error:
             raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
         with self._lock:
@@ -148,16 +161,24 @@ class ImageLoader:
             return sha256_hex(bytes(image))
         if not isinstance(image, str | os.PathLike):
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
-        path = self.resolve(image)
+        path = self._resolved(image)
         try:
-            key = self._file_key(path)
-            with self._lock:
-                known = self._known.get(key)
-                if known is not None:
-                    return known.sha256
-                digest = self._digests.get(key)
-            if digest is None:
-                digest = sha256_hex(path.read_bytes())
+            # one descriptor for the key and the bytes: a file swapped in between cannot mix the two
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO is refused, not waited on
+            try:
+                stat = os.fstat(fd)
+                key = self._stat_key(path, stat)
+                with self._lock:
+                    known = self._known.get(key)
+                    if known is not None:
+                        return known.sha256
+                    digest = self._digests.get(key)
+                if digest is None:
+                    if not S_ISREG(stat.st_mode):
+                        raise ImageError(f"image '{image}' is not a regular file")
+                    digest = sha256_hex(_read_all(fd))
+            finally:
+                os.close(fd)
         except OSError as error:
             raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
         with self._lock:  # load() of this file, as it is now, hashes it no more
@@ -166,10 +187,12 @@ class ImageLoader:
                 self._digests.popitem(last=False)
         return digest
 
-    def _file_key(self, path: Path) -> tuple:
+    def _file_key(self, path: Path | str) -> tuple:
         """What a remembered file is known by: a changed file (size or modification time) is new."""
-        stat = path.stat()
-        return (str(path), stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality)
+        return self._stat_key(os.fspath(path), os.stat(path))
+
+    def _stat_key(self, path: str, stat: os.stat_result) -> tuple:
+        return (path, stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality)
 
     def _prepare(self, data: bytes, where: str, digest: str | None = None) -> PreparedImage:
         if not data:

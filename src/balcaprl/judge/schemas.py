@@ -228,9 +228,11 @@ def _as_verdict(data: dict[str, Any]) -> Verdict:
     return Verdict.model_validate(data)
 
 
-def to_verdict(answer: BaseModel) -> Verdict:
-    """The :class:`~balcaprl.rewards.Verdict` of a joint-mode answer of any verdict rubric."""
-    return _as_verdict(answer.model_dump(mode="json"))
+def to_verdict(answer: BaseModel, data: dict[str, Any] | None = None) -> Verdict:
+    """The :class:`~balcaprl.rewards.Verdict` of a joint-mode answer of any verdict rubric. ``data``:
+    the JSON object ``answer`` was validated from, when the caller has it (a cached answer), which
+    spares dumping the answer again (every field the verdict keeps is the same in both)."""
+    return _as_verdict(answer.model_dump(mode="json") if data is None else dict(data))
 
 
 _UNPORTABLE = {"minLength", "maxLength", "minimum", "maximum", "minItems", "maxItems", "title"}

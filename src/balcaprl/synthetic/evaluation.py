@@ -18,7 +18,7 @@ from typing import Any
 from PIL import Image
 
 from balcaprl.data.format import read_split_rows
-from balcaprl.judge.protocol import Judgement, JudgeOutcome, JudgeRequest, Rubric
+from balcaprl.judge.protocol import Judgement, JudgeOutcome, JudgeRequest, Rubric, sendable_requests
 from balcaprl.rewards import BCAPSCORE_REWARDS, RolloutRecord, b_capscore, score_rollout
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.synthetic.policy import caption_token_counts, generate_captions
@@ -63,7 +63,9 @@ def score_captions(
         JudgeRequest(image=r["image_path"], caption=c, reference=r["reference"], rubric=rubric)
         for r, c in zip(rows, captions, strict=True)
     ]
-    outcomes = asyncio.run(oracle.judge_batch(requests))
+    # a text that is no valid Unicode (a lone surrogate) is a bad_input, never judged as cleaned
+    batch = sendable_requests(requests, [f"row {r.get('id', i)!r}" for i, r in enumerate(rows)])
+    outcomes = batch.outcomes(asyncio.run(oracle.judge_batch(batch.sent)))
     per, prec, rec, ling, scored = [], [], [], [], []
     for outcome in outcomes:
         if isinstance(outcome, Judgement):
