@@ -41,7 +41,7 @@ _SALIENCE = {"large": 0, "medium": 1, "small": 2}
 # Chance that the base captioner describes the i-th shape it names wrongly: rising with i, and higher
 # for a small shape (it is harder to see).
 ERROR_FIRST, ERROR_STEP, ERROR_SMALL = 0.08, 0.12, 0.25
-GUESSES_PER_SHAPE = 3  # the enumerating mode's wrong candidates beside each shape's true description
+GUESSES_PER_SHAPE = 4  # the enumerating mode's wrong candidates beside each shape's true description
 
 
 def salience_order(scene: Scene) -> list[SceneObject]:

@@ -28,7 +28,7 @@ from balcaprl.synthetic.parser import ParsedCaption
 LONG_SENTENCE = 25  # tokens; the reference generator's sentences stay under ~18
 # Words a caption of n shapes may take before it reads as overloaded: an overview and ~20 words per
 # shape (its sentence plus a share of the relations and counts); references stay well inside it.
-BUDGET_BASE, BUDGET_PER_SHAPE = 45, 20
+BUDGET_BASE, BUDGET_PER_SHAPE = 70, 20
 OVERLOAD_WORDS = 10  # each this many words past the budget costs a clarity point
 
 

@@ -332,6 +332,9 @@ class _CaptionParser:
 
     def mention(self, m: _Mention) -> None:
         _resolve(self.scene, m)
+        if m.position is not None:
+            self._placed_mention(m)
+            return
         label = _label(m)
         obj = m.obj
         if m.kind is not None or m.color is not None:
@@ -346,19 +349,37 @@ class _CaptionParser:
                 ("size", _obj_key(m), m.size),
                 obj is not None and obj.size == m.size,
             )
-        if m.position:
-            self.emit(
-                "position",
-                f"the {label} is at the {lx.CELL_NAMES[m.position]}",
-                ("position", _obj_key(m), m.position),
-                obj is not None and obj.cell == m.position,
-            )
         if m.text:
             self.emit(
                 "text",
                 f"the {label} shows the word {m.text}",
                 ("text", _obj_key(m), m.text),
                 obj is not None and obj.text == m.text,
+            )
+
+    def _placed_mention(self, m: _Mention) -> None:
+        """A shape said to be somewhere, split into the shortest claims (the paper's decomposition):
+        a shape is there, and each thing said of it (size, colour, kind, printed word). Each is true
+        on its own, so a shape placed and sized right with the wrong colour is wrong on the colour
+        only, and a reference's claims are covered one by one."""
+        cell = m.position
+        there = next((o for o in self.scene.objects if o.cell == cell), None)
+        where = lx.CELL_NAMES[cell]
+        if m.kind is not None or m.color is not None:
+            self.introduced.add((m.kind, m.color))
+        self.emit("position", f"there is a shape at the {where}", ("position", cell), there is not None)
+        said = (("size", m.size, "size", m.size), ("object", m.color, "color", m.color))
+        said += (("object", m.kind, "kind", _a(m.kind or "")),)
+        for kind, value, attribute, words in said:
+            if value is not None:
+                truth = there is not None and getattr(there, attribute) == value
+                self.emit(kind, f"the shape at the {where} is {words}", (attribute, cell, value), truth)
+        if m.text:
+            self.emit(
+                "text",
+                f"the shape at the {where} shows the word {m.text}",
+                ("text", cell, m.text),
+                there is not None and there.text == m.text,
             )
 
     def relation(self, a: _Mention, rel: str, b: _Mention) -> None:
