@@ -54,7 +54,7 @@ def test_hallucinated_object_and_attributes_are_pointable_but_not_visible(scene)
     verdict, r = rewards(scene, caption)
     texts = by_text(verdict)
     assert texts["there is a shape at the bottom left"] == (True, False)  # an empty cell
-    assert texts["there is a purple shape at the bottom left"] == (True, False)  # claims about it are false too
+    assert texts["there is a purple shape at the bottom left"] == (True, False)  # false about it too
     assert texts["there is a star at the bottom left"] == (True, False)
     assert texts["there is a blue square"] == (True, True)  # 'the' introduces it (no place given)
     assert texts["the blue square is large"] == (True, False)  # wrong size
