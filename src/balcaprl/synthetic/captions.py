@@ -1,8 +1,8 @@
 """Reference captions: what a careful human (or a strong captioner) would write about a scene.
 
 Varied sentence structures and paraphrases (subject-first, position-first, existential), relations
-between neighbours ("to the left of", "directly above"), counts and printed words, in a fluent,
-non-repetitive paragraph of roughly 40..120 tokens. Every word comes from
+between shapes ("to the left of", "directly above"), the spread of sizes, counts and printed words, in
+a fluent, non-repetitive paragraph of roughly 45..155 tokens (about 85 for 2-3 shapes). Every word comes from
 :mod:`balcaprl.synthetic.lexicon`, so the oracle parses all of it and the tiny policy can say all of it.
 """
 
