@@ -13,11 +13,13 @@ For every rollout :func:`judge_rollouts`
 A failed judge (``JudgeFailure``, or an exception from the judge) gives a failed record, NaN in all
 three rewards, never 0: the advantage step leaves the rollout out. So does a rollout whose caption,
 reference or image name is not valid Unicode (a lone surrogate that a JSON escape put into a dataset
-row): it fails as ``bad_input`` naming the text and the row, and is never sent to the judge. One failure is the run's, not the
-rollout's: an endpoint that rejects the judge's key (401/403) or model (404) raises a
-:class:`~balcaprl.errors.UserError`; its rollouts are marked ``judge_rejected`` and the batch step
-stops the run on them at once (:meth:`~balcaprl.train.step.BatchStep.check_failures`). The caption's length is counted
-with the policy's tokenizer by the caller (:func:`count_caption_tokens` on generated ids).
+row): it fails as ``bad_input`` naming the text and the row, and is never sent to the judge.
+
+One failure is the run's, not the rollout's: an endpoint that rejects the judge's key (401/403) or
+model (404) raises a :class:`~balcaprl.errors.UserError`; its rollouts are marked ``judge_rejected``
+and the batch step stops the run on them at once
+(:meth:`~balcaprl.train.step.BatchStep.check_failures`). The caption's length is counted with the
+policy's tokenizer by the caller (:func:`count_caption_tokens` on generated ids).
 """
 
 from __future__ import annotations
