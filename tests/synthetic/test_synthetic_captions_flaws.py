@@ -68,9 +68,10 @@ def test_references_are_in_vocabulary_parse_fully_and_are_true(tokenizer):
         assert parsed.unparsed_words == 0, ref
         assert parsed.agreement_errors == 0, ref
         assert all(a.pointable and a.visible for a in parsed.assertions), ref
-        # every shape's kind/colour, size and position is in the reference
+        # every shape's place, size, colour and kind is in the reference, each a claim of its own
         kinds = {a.kind for a in parsed.assertions}
-        assert sum(a.kind == "object" for a in parsed.assertions) == len(scene.objects)
+        assert sum(a.kind == "position" for a in parsed.assertions) == len(scene.objects)
+        assert sum(a.kind == "object" for a in parsed.assertions) == 2 * len(scene.objects)
         assert {"object", "size", "position", "count", "background"} <= kinds
         r = score_verdict(oracle_verdict(scene, ref, ref))
         assert (r.precision, r.recall, r.linguistic) == (1.0, 1.0, 1.0)

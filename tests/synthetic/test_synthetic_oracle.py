@@ -34,9 +34,12 @@ def test_correct_caption_is_fully_right(scene):
     assert (r.precision, r.recall) == (1.0, 1.0)
     assert (verdict.clarity, verdict.fluency, verdict.coherency) == (10, 10, 10)
     texts = by_text(verdict)
-    assert texts["there is a red circle"] == (True, True)
-    assert texts["the red circle is at the top left"] == (True, True)
-    assert texts["the red circle shows the word go"] == (True, True)
+    # a placed shape is split into its shortest claims: a shape there, its size, colour, kind, word
+    assert texts["there is a shape at the top left"] == (True, True)
+    assert texts["there is a large shape at the top left"] == (True, True)
+    assert texts["there is a red shape at the top left"] == (True, True)
+    assert texts["there is a circle at the top left"] == (True, True)
+    assert texts["the shape at the top left shows the word go"] == (True, True)
     assert texts["the red circle is to the left of the orange circle"] == (True, True)
     assert texts["there are two circles"] == (True, True)
     assert texts["the background is striped"] == (True, True)
@@ -50,17 +53,19 @@ def test_hallucinated_object_and_attributes_are_pointable_but_not_visible(scene)
     )
     verdict, r = rewards(scene, caption)
     texts = by_text(verdict)
-    assert texts["there is a purple star"] == (True, False)  # object that is not there
-    assert texts["the purple star is at the bottom left"] == (True, False)  # claims about it are false too
+    assert texts["there is a shape at the bottom left"] == (True, False)  # an empty cell
+    assert texts["there is a purple shape at the bottom left"] == (True, False)  # false about it too
+    assert texts["there is a star at the bottom left"] == (True, False)
+    assert texts["there is a blue square"] == (True, True)  # 'the' introduces it (no place given)
     assert texts["the blue square is large"] == (True, False)  # wrong size
-    assert texts["the green triangle is at the top"] == (True, False)  # wrong position
+    assert texts["there is a shape at the top"] == (True, False)  # the green triangle placed wrong
+    assert texts["there is a green shape at the top"] == (True, False)
     assert texts["there are five shapes"] == (True, False)  # wrong count
-    assert texts["the red circle is large"] == (True, True)
+    assert texts["there is a large shape at the top left"] == (True, True)
     assert r.non_pointable_share == 0.0
-    assert len(verdict.caption_assertions) == len(texts) == 10
-    assert r.precision == pytest.approx(
-        5 / 10
-    )  # red circle x2 facts, 'the' introduces blue square + green triangle
+    assert len(verdict.caption_assertions) == len(texts) == 13
+    # true: the red circle's 4 claims and the blue square's existence; false: 3 + 1 + 3 + 1
+    assert r.precision == pytest.approx(5 / 13)
     assert verdict.fluency == 10  # hallucinations can be fluent
 
 
@@ -98,13 +103,16 @@ def test_partial_coverage_gives_the_exact_recall(scene):
     verdict, r = rewards(scene, caption)
     covered = [a.text for a in verdict.reference_assertions if a.covered]
     assert covered == [
-        "there is a red circle",
-        "the red circle is large",
-        "the red circle is at the top left",
+        "there is a shape at the top left",
+        "there is a large shape at the top left",
+        "there is a red shape at the top left",
+        "there is a circle at the top left",
     ]
-    assert r.recall == pytest.approx(3 / len(verdict.reference_assertions))
+    assert r.recall == pytest.approx(4 / len(verdict.reference_assertions))
     assert r.precision == 1.0
-    assert len(verdict.reference_assertions) == 17
+    # the count and background, 5 claims for the red circle (its word too), 4 for each other shape,
+    # the relation and the count of circles
+    assert len(verdict.reference_assertions) == 2 + 5 + 3 * 4 + 1 + 1
 
 
 def test_recall_does_not_depend_on_wording(scene):
@@ -141,8 +149,10 @@ def test_relations_are_checked_both_ways(scene):
 def test_position_phrases(scene, phrase, cell):
     parsed = parse_caption(f"A small blue square sits {phrase}.", scene)
     (position,) = [a for a in parsed.assertions if a.kind == "position"]
-    assert position.key[-1] == cell
-    assert position.visible == (cell == (1, 1))
+    assert position.key == ("position", cell)
+    assert position.visible == (cell in {o.cell for o in scene.objects})  # some shape is there
+    (color,) = [a for a in parsed.assertions if a.key[0] == "color"]
+    assert color.key == ("color", cell, "blue") and color.visible == (cell == (1, 1))
 
 
 def test_list_style_and_run_on_lower_fluency(scene):

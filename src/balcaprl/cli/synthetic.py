@@ -220,7 +220,9 @@ def probe(
     prompts: int = typer.Option(48, "--prompts", min=1, help="Training images, one group each."),
     rollouts: int = typer.Option(8, "--rollouts", min=2, help="Sampled captions per image."),
     temperature: float = typer.Option(0.7, "--temperature", min=0.01, help="Sampling temperature."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Caption cap."),
+    max_new_tokens: int = typer.Option(
+        192, "--max-new-tokens", min=1, help="Caption cap (the demo's rollout cap)."
+    ),
     seed: int = typer.Option(0, "--seed"),
     save: Path | None = typer.Option(
         None, "--save", help="Also keep the sampled groups as JSON lines (a fixed sample for tests)."

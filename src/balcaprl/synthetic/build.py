@@ -36,7 +36,7 @@ from balcaprl.synthetic.tokenizer import TOKENIZER_NAME, build_tokenizer
 
 DATASET_NAME = "balcaprl-synthetic-shapes"
 SOURCE = "synthetic"
-GENERATOR_VERSION = 2  # 2: richer references, reference_original (the degraded original)
+GENERATOR_VERSION = 3  # 2: richer references, reference_original; 3: finer claims, longer references
 
 
 def build_settings(

@@ -8,8 +8,8 @@ that makes it, never by the reward it earns (docs/synthetic-world.md, "The tempt
 - :func:`base_caption` is what the SFT warm start learns to say. It names the shapes in order of
   salience (large before small), and a shape it names later, or a small one, is more often described
   wrongly: hard-to-see objects come last, so a longer caption is a less precise one. It has three
-  modes: ``detailed`` (overview and one sentence per shape, no relations or counts: shorter than the
-  re-captioned references), ``terse`` (the overview, perhaps the most salient shape: a short caption
+  modes: ``detailed`` (overview and one sentence per shape, no relations or counts: about half as long
+  as the re-captioned references), ``terse`` (the overview, perhaps the most salient shape: a short caption
   with nothing wrong in it), and ``enumerating`` (every shape with a few guesses beside it: it buys
   reference coverage with false claims, and runs past twice the reference's length).
 - :func:`original_caption` is the degraded reference beside the re-captioned one (the dataset's
@@ -41,7 +41,7 @@ _SALIENCE = {"large": 0, "medium": 1, "small": 2}
 # Chance that the base captioner describes the i-th shape it names wrongly: rising with i, and higher
 # for a small shape (it is harder to see).
 ERROR_FIRST, ERROR_STEP, ERROR_SMALL = 0.08, 0.12, 0.25
-GUESSES_PER_SHAPE = 3  # the enumerating mode's wrong candidates beside each shape's true description
+GUESSES_PER_SHAPE = 4  # the enumerating mode's wrong candidates beside each shape's true description
 
 
 def salience_order(scene: Scene) -> list[SceneObject]:

@@ -1,8 +1,8 @@
 """Reference captions: what a careful human (or a strong captioner) would write about a scene.
 
 Varied sentence structures and paraphrases (subject-first, position-first, existential), relations
-between neighbours ("to the left of", "directly above"), counts and printed words, in a fluent,
-non-repetitive paragraph of roughly 40..120 tokens. Every word comes from
+between shapes ("to the left of", "directly above"), the spread of sizes, counts and printed words, in
+a fluent, non-repetitive paragraph of roughly 45..155 tokens (about 85 for 2-3 shapes). Every word comes from
 :mod:`balcaprl.synthetic.lexicon`, so the oracle parses all of it and the tiny policy can say all of it.
 """
 
@@ -109,21 +109,23 @@ def _count_sentence(scene: Scene, rng: random.Random) -> str | None:
     return sentence_case(rng.choice((f"among them are {listed}.", f"the shapes include {listed}.")))
 
 
-def _related_pairs(scene: Scene) -> list[tuple[SceneObject, str, SceneObject]]:
-    """Neighbours in one row (left/right) or one column (above/below): the relations people state."""
+def _related_pairs(scene: Scene, *, every_pair: bool = False) -> list[tuple[SceneObject, str, SceneObject]]:
+    """Neighbours in one row (left/right) or one column (above/below): the relations people state.
+    ``every_pair``: any two shapes whose columns (rows) differ, as a thorough describer places each
+    shape against every other."""
     pairs = []
     for a in scene.objects:
         for b in scene.objects:
-            if a.row == b.row and a.col < b.col:
+            if (every_pair or a.row == b.row) and a.col < b.col:
                 pairs.append((a, "left_of", b))
-            if a.col == b.col and a.row < b.row:
+            if (every_pair or a.col == b.col) and a.row < b.row:
                 pairs.append((a, "above", b))
     return pairs
 
 
-def relation_sentences(scene: Scene, rng: random.Random, k: int) -> list[str]:
+def relation_sentences(scene: Scene, rng: random.Random, k: int, *, every_pair: bool = False) -> list[str]:
     """Up to ``k`` true relation sentences, each between two shapes named by colour and kind."""
-    pairs = _related_pairs(scene)
+    pairs = _related_pairs(scene, every_pair=every_pair)
     rng.shuffle(pairs)
     out = []
     for a, rel, b in pairs[:k]:
@@ -144,6 +146,19 @@ def relation_sentences(scene: Scene, rng: random.Random, k: int) -> list[str]:
     return out
 
 
+def _size_sentence(scene: Scene, rng: random.Random) -> str | None:
+    """How the sizes are spread ("there are two small shapes and one large shape."), when they differ."""
+    counts = Counter(o.size for o in scene.objects)
+    if len(counts) < 2:
+        return None
+    parts = [
+        f"{number_word(c)} {size} {'shape' if c == 1 else 'shapes'}"
+        for size, c in sorted(counts.items(), key=lambda kv: ("small", "medium", "large").index(kv[0]))
+    ]
+    listed = ", ".join(parts[:-1]) + " and " + parts[-1]
+    return sentence_case(rng.choice((f"the image holds {listed}.", f"the picture holds {listed}.")))
+
+
 def reference_caption(scene: Scene, rng: random.Random) -> str:
     """A good detailed caption of ``scene``: overview, one sentence per shape, relations, counts."""
     objects = list(scene.objects)  # reading order, which is also how the scene stores them
@@ -151,12 +166,16 @@ def reference_caption(scene: Scene, rng: random.Random) -> str:
         rng.shuffle(objects)
     sentences = [overview_sentence(scene, rng)]
     sentences += [describe_object(o, rng) for o in objects]
-    # Every neighbour relation of a small scene (the re-captioner is thorough: its references are
-    # richer than what the base captioner says); fewer in big scenes, to keep them near 120 tokens.
-    n_relations = 3 if len(objects) <= 3 else 2 if len(objects) <= 5 else 1
-    relations = relation_sentences(scene, rng, n_relations)
+    # The re-captioner is thorough (the paper's references are long, detailed re-captions): it places
+    # each shape of a small scene against every other it is left/right of or above/below, and says
+    # how the sizes are spread; fewer relations in big scenes, to stay within the word budget.
+    n_relations = 4 if len(objects) <= 3 else 2 if len(objects) <= 5 else 1
+    relations = relation_sentences(scene, rng, n_relations, every_pair=True)
     for sentence in relations:  # spread relations among the object sentences, after both are introduced
         sentences.append(sentence)
+    sizes = _size_sentence(scene, rng)
+    if sizes:
+        sentences.append(sizes)
     count = _count_sentence(scene, rng)
     if count:
         sentences.insert(1, count) if rng.random() < 0.5 else sentences.append(count)

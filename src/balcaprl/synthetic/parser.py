@@ -315,6 +315,7 @@ class _CaptionParser:
         self.rubric = rubric
         self.parsed = ParsedCaption()
         self.introduced: set[tuple] = set()
+        self.said_at: dict[tuple[int, int], set[str]] = {}  # the kind and colour words said of a cell
         self.seen_keys: set[tuple] = set()
 
     # assertions -------------------------------------------------------------------------------------
@@ -332,11 +333,14 @@ class _CaptionParser:
 
     def mention(self, m: _Mention) -> None:
         _resolve(self.scene, m)
+        if m.position is not None:
+            self._placed_mention(m)
+            return
         label = _label(m)
         obj = m.obj
         if m.kind is not None or m.color is not None:
             ident = (m.kind, m.color)
-            if not m.definite or ident not in self.introduced:
+            if not m.definite or not self._introduced(ident):
                 self.emit("object", f"there is {_a(label)}", ("object", m.kind, m.color), obj is not None)
             self.introduced.add(ident)
         if m.size:
@@ -346,13 +350,6 @@ class _CaptionParser:
                 ("size", _obj_key(m), m.size),
                 obj is not None and obj.size == m.size,
             )
-        if m.position:
-            self.emit(
-                "position",
-                f"the {label} is at the {lx.CELL_NAMES[m.position]}",
-                ("position", _obj_key(m), m.position),
-                obj is not None and obj.cell == m.position,
-            )
         if m.text:
             self.emit(
                 "text",
@@ -360,6 +357,38 @@ class _CaptionParser:
                 ("text", _obj_key(m), m.text),
                 obj is not None and obj.text == m.text,
             )
+
+    def _placed_mention(self, m: _Mention) -> None:
+        """A shape said to be somewhere, split into the shortest claims, as the paper's decomposition
+        asks: a shape is there, and each thing said of it (size, colour, kind, printed word) is a claim
+        of its own about the shape in that cell. So a shape placed and sized right with the wrong
+        colour is wrong on the colour only, and a reference's claims are covered one by one. Each
+        claim's text is a sentence this parser reads back to the same key (the judge client's
+        cached-reference mode sends reference assertions as the reference)."""
+        cell = m.position
+        assert cell is not None
+        there = next((o for o in self.scene.objects if o.cell == cell), None)
+        where = f"at the {lx.CELL_NAMES[cell]}"
+        if m.kind is not None or m.color is not None:
+            self.introduced.add((m.kind, m.color))
+        self.said_at.setdefault(cell, set()).update(w for w in (m.kind, m.color) if w is not None)
+        self.emit("position", f"there is a shape {where}", ("position", cell), there is not None)
+        said = (("size", m.size, "size", f"{m.size} shape"), ("object", m.color, "color", f"{m.color} shape"))
+        said += (("object", m.kind, "kind", m.kind),)
+        for kind, value, attribute, noun_phrase in said:
+            if value is not None:
+                true = there is not None and getattr(there, attribute) == value
+                self.emit(kind, f"there is {_a(noun_phrase)} {where}", (attribute, cell, value), true)
+        if m.text:
+            truth = there is not None and there.text == m.text
+            self.emit("text", f"the shape {where} shows the word {m.text}", ("text", cell, m.text), truth)
+
+    def _introduced(self, ident: tuple[str | None, str | None]) -> bool:
+        """Has the caption introduced the shape "the <colour> <kind>" refers to: named whole, or its
+        kind and colour said of one cell in claims of their own ("a red shape at the top", "a circle
+        at the top")?"""
+        words = {w for w in ident if w is not None}
+        return ident in self.introduced or any(words <= said for said in self.said_at.values())
 
     def relation(self, a: _Mention, rel: str, b: _Mention) -> None:
         _resolve(self.scene, a)
@@ -386,7 +415,8 @@ class _CaptionParser:
             and (size is None or o.size == size)
             for o in self.scene.objects
         )
-        self.emit("count", f"there are {words}", ("count", kind, color, size, number), actual == number)
+        verb = "is" if number == 1 else "are"
+        self.emit("count", f"there {verb} {words}", ("count", kind, color, size, number), actual == number)
 
     # structure --------------------------------------------------------------------------------------
     def parse(self, caption: str) -> ParsedCaption:

@@ -137,7 +137,7 @@ def policy_groups(
     prompts: int = 48,
     rollouts: int = 8,
     temperature: float = 0.7,
-    max_new_tokens: int = 128,
+    max_new_tokens: int = 192,
     seed: int = 0,
     split: str = "train",
     reference: str = "reference",
