@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from balcaprl.files import JsonlLog, atomic_write_json_text, unicode_refusal, usable_unicode
+from balcaprl.errors import InputError
+from balcaprl.files import JsonlLog, atomic_write_json_text, jsonl_values, unicode_refusal, usable_unicode
 from balcaprl.judge.protocol import JudgeFailure, JudgeRequest, sendable_requests
 
 # mostly plain text, sometimes a lone high or low surrogate
@@ -99,3 +101,10 @@ def test_json_writers_keep_a_lone_surrogate_as_its_escape(tmp_path):
     atomic_write_json_text(tmp_path / "a.json", json.dumps(record, ensure_ascii=False))
     assert json.loads((tmp_path / "a.json").read_text(encoding="utf-8")) == record
     assert "é" in (tmp_path / "a.json").read_text(encoding="utf-8")  # valid text stays as it is
+
+
+def test_jsonl_values_number_lines_skip_blanks_and_keep_u2028_inside_a_string():
+    text = '{"a": 1}\n\n  \n"x\u2028y"\n[2]\n'
+    assert list(jsonl_values(text, "f.jsonl")) == [(1, {"a": 1}), (4, "x\u2028y"), (5, [2])]
+    with pytest.raises(InputError, match=r"^f\.jsonl:2: not JSON \(Expecting value\)$"):
+        list(jsonl_values('{"a": 1}\noops', "f.jsonl"))

@@ -35,6 +35,20 @@ def jsonl_lines(text: str) -> list[str]:
     return text.split("\n")
 
 
+def jsonl_values(text: str, where: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of JSONL ``text`` (:func:`jsonl_lines`); a line
+    that does not parse is an :class:`InputError` naming ``where`` and the line, ``a.jsonl:7: not
+    JSON (...)``. What each value must be is the caller's to check."""
+    for number, line in enumerate(jsonl_lines(text), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{where}:{number}: not JSON ({error.msg})") from None
+        yield number, value
+
+
 @contextlib.contextmanager
 def naming(path: Path | str) -> Iterator[None]:
     """Give an ``OSError`` raised inside the block ``path`` as its file name when it has none (a

@@ -41,7 +41,7 @@ from pydantic_core import PydanticSerializationError
 from balcaprl.errors import InputError, OutputError
 from balcaprl.evaluate.results import RowsFile, in_spans
 from balcaprl.evaluate.summary import ScoreTally
-from balcaprl.files import JsonlLog, atomic_write_text, jsonl_lines, read_utf8_text, usable_unicode
+from balcaprl.files import JsonlLog, atomic_write_text, jsonl_values, read_utf8_text, usable_unicode
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
@@ -101,13 +101,7 @@ def read_caption_file(path: Path, keys: tuple[str, ...] = ("caption",)) -> list[
                 raise InputError(f"{path}: values must be strings; not for {bad[:3]}")
             return list(whole.items())
     rows: list[tuple[str, str]] = []
-    for number, line in enumerate(jsonl_lines(raw), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path}:{number}: not JSON ({error.msg})") from None
+    for number, item in jsonl_values(raw, str(path)):
         if not isinstance(item, dict) or not isinstance(item.get("image"), str):
             raise InputError(f"{path}:{number}: expected an object with a string 'image'")
         text = next((item[k] for k in keys if k in item), None)

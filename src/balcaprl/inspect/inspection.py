@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError
+from balcaprl.files import jsonl_values
 from balcaprl.inspect.images import ImageTable
 
 SCORES_FILE, SUMMARY_FILE, VERDICTS_FILE = "scores.jsonl", "summary.json", "verdicts.jsonl"
@@ -47,14 +48,7 @@ class Inspection:
 
 def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
-    # split on newlines only: str.splitlines would also split inside a caption at U+2028, U+0085, ...
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path}:{number}: not JSON ({error.msg})") from None
+    for number, row in jsonl_values(path.read_text(encoding="utf-8"), str(path)):
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: expected a JSON object")
         rows.append(row)
