@@ -583,14 +583,35 @@ def test_captionqa_cannot_answer_by_text_over_http(tmp_path, eval_server):
     assert score(cannot_answer="position") == 0.0  # lmms-eval: no option was added, so a wrong answer
 
 
-def test_a_one_choice_question_counts_with_qa_py_not_with_lmms_eval():
-    # qa.py adds the cannot-answer option before it asks for two options; lmms-eval asks first.
-    entries = read_captionqa_rows([{"id": "a", "questions": [
-        {"question": "Which animal?", "choices": ["Cat"], "answer": "Cat"},
-        {"question": "Is it a cat?", "choices": ["Yes"], "answer": "Yes"}]}])  # fmt: skip
-    (q,) = prepare_questions(entries, count_added=True)
-    assert q.options == ("Cat", CANNOT) and q.index == 0
-    assert prepare_questions(entries) == []
+# qa.py and lmms-eval's task both skip a question with fewer than two choices of its own, before the
+# cannot-answer option is added: it is never asked and draws no shuffle. Here the one-choice question
+# comes first; the two-choice question after it is the first to draw from random.Random(0).
+ONE_CHOICE_ROWS = [{"id": "a", "questions": [
+    {"question": "Which animal?", "choices": ["Cat"], "answer": "Cat", "category": ["c"]},
+    {"question": "Is it a cat?", "choices": ["Yes"], "answer": "Yes", "category": ["c"]},
+    {"question": "Which colour?", "choices": ["Red", "Blue"], "answer": "Red", "category": ["c"]}]}]  # fmt: skip
+
+
+def test_a_one_choice_question_is_skipped_as_both_official_scorers_skip_it(tmp_path, eval_server):
+    entries = read_captionqa_rows(ONE_CHOICE_ROWS)
+    first = list(range(3))  # the one draw: "Which colour?" with the cannot-answer option, 3 options
+    random.Random(0).shuffle(first)
+    (q,) = prepare_questions(entries)
+    assert (q.index, q.options, q.permutation) == (2, ("Red", "Blue", CANNOT), tuple(first))
+
+    # Over HTTP: only "Which colour?" is asked; the judge answers the letter of "Red" -> 100.
+    def handler(call):
+        assert "Which animal?" not in call.text
+        return next(line[0] for line in call.text.split("\n") if line.endswith(". Red"))
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", {"a": "A red cat."})])[None]
+    for rule in ("captioned", "all"):
+        result = run_captionqa(JudgeCaller(judge_config(server.base_url)), read_captionqa(
+            _qa_file(tmp_path, ONE_CHOICE_ROWS)), captions, tmp_path / rule, CaptionQASection(shuffle_over=rule))  # fmt: skip
+        assert result.score == 100.0 and result.n_items == 1 and result.metrics["n_asked"] == 1
+        rows = [json.loads(line) for line in (tmp_path / rule / "items.jsonl").read_text().splitlines()]
+        assert [r["options_shown"] for r in rows] == [[q.options[i] for i in first]]
 
 
 def read_captionqa_rows(rows):
