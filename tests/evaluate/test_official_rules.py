@@ -37,6 +37,7 @@ from balcaprl.evaluate.official import (
     load_decapbench_prompts,
 )
 from balcaprl.judge import JudgeCaller
+from balcaprl.judge.protocol import JudgeFailure
 
 # ----------------------------------------------------------------------------------------- DeCapBench file
 
@@ -508,6 +509,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     # the image as the official script sends it: its own bytes (no resize, no re-encoding), detail high
     call = next(c for c in seen if "ours zero" in c.text)
     assert call.images[0] == (images / "test_00000.jpg").read_bytes()
+    # labelled PNG, as the official script labels every image (this one is a JPEG file)
+    assert call.messages[1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert call.messages[1]["content"][0]["image_url"]["detail"] == "high"
     assert call.temperature == 0.1 and call.body["top_p"] == 0.9 and call.max_tokens == 1500
     assert result.settings["images_sent"] == "official" and result.settings["prompts"]["kind"] == "official"
@@ -518,6 +521,40 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
         paraphrase.settings["images_sent"] == "judge"
         and paraphrase.settings["prompts"]["kind"] == "paraphrase"
     )
+
+
+def test_an_http_error_is_one_of_the_five_tries_as_in_the_official_script(tmp_path, eval_server):
+    # The judge answers an HTTP error, then four answers without a verdict, then a win. The official
+    # script spends a try on the error (call_llm answers ""), so its five tries end without a verdict:
+    # the battle is skipped, 0 for every baseline -> 0.0. Retried in the client instead (ours), the
+    # error is no try, the fifth sample is the win: (0.5 + 0 + 0) / 3 = 0.1667.
+    annotations, images, _ = write_caparena(tmp_path, n_per_baseline=1)
+    prompts = load_caparena_prompts(fake_caparena(tmp_path / "CapArena"))
+    ours = {"test_00000.jpg": "ours zero"}
+    calls: Counter = Counter()
+
+    def handler(call):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return JudgeFailure("server_error", "scripted")
+        if calls["n"] <= 5:
+            return "Judgment pending."  # no Reason/Judgment: another try
+        first = _between(call.text, "PLACEHOLDER first:", "second:")
+        return f"Reason: better.\nJudgment: Caption {1 if first == ours['test_00000.jpg'] else 2} is better."
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", ours)])[None]
+
+    def run(rule, max_retries):
+        calls.clear()
+        caller = JudgeCaller(judge_config(server.base_url, max_retries=max_retries))
+        return run_caparena(caller, read_caparena(annotations), captions, tmp_path / rule,
+                            CapArenaSection(images=images, http_errors=rule), prompts=prompts)  # fmt: skip
+
+    official = run("try", 3)  # the judge config's retries do not apply: the error is one try
+    assert official.score == 0.0 and official.failures == {"schema_violation": 1} and calls["n"] == 5
+    ours_rule = run("retry", 3)
+    assert ours_rule.score == pytest.approx(0.5 / 3) and not ours_rule.failures and calls["n"] == 6
 
 
 def test_caparena_refused_entries(tmp_path):

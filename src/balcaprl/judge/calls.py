@@ -288,6 +288,7 @@ class JudgeCaller:
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
         token_field: str = "max_completion_tokens",
+        max_retries: int | None = None,
     ) -> CallResult:
         """A free-text answer (stripped; no ``response_format`` is sent). ``accept(text)`` may raise
         ``ValueError`` to have an unusable answer re-asked once (a ``schema_violation`` if it fails
@@ -298,7 +299,7 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, check=accept, temperature=temperature, max_tokens=max_tokens,
             trial=trial, identity=identity, extra_body=extra_body, truncated_ok=truncated_ok,
-            token_field=token_field,
+            token_field=token_field, max_retries=max_retries,
         )  # fmt: skip
         return self._counted(result)
 
@@ -325,6 +326,7 @@ class JudgeCaller:
         truncated_ok: bool = False,
         stats: JudgeStats | None = None,
         token_field: str = "max_completion_tokens",
+        max_retries: int | None = None,
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
@@ -334,7 +336,9 @@ class JudgeCaller:
         only when a call is made (a cache hit or a shared call never needs the messages).
 
         ``token_field``: the name the answer's token budget goes under; ``max_tokens`` where a
-        benchmark's official request sends that older name (a server may read only one of them)."""
+        benchmark's official request sends that older name (a server may read only one of them).
+        ``max_retries``: this call's retries of a failed attempt (default: the config's); 0 where a
+        benchmark's official script counts every HTTP error as one of its own tries."""
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
@@ -367,14 +371,14 @@ class JudgeCaller:
                 classify, schema=schema, check=check, max_tokens=max_tokens, truncated_ok=truncated_ok,
                 secret=self.endpoint.api_key, where=cfg.base_url,
             )  # fmt: skip
-            answer = await self.endpoint.send(body, stats, read)
+            answer = await self.endpoint.send(body, stats, read, max_retries)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
                 body = {**body, "messages": reask_messages(conversation, answer)}
-                answer = await self.endpoint.send(body, stats, read)
+                answer = await self.endpoint.send(body, stats, read, max_retries)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:
@@ -545,13 +549,16 @@ class Endpoint:
         return approx_prompt_tokens(messages, self.config.max_image_side, self.config.model)
 
     async def send(
-        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer]
-    ) -> CallAnswer:
+        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer],
+        max_retries: int | None = None,
+    ) -> CallAnswer:  # fmt: skip
         """One call of a chat-completions ``body``: the rate limits, the concurrency bound, then
-        attempts until one is final or ``max_retries`` retries are spent; ``read(status, body)``
-        classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
+        attempts until one is final or ``max_retries`` retries (default: the config's) are spent;
+        ``read(status, body)`` classifies an answer (:func:`classify`). Recorded in ``stats``
+        (latency: retries included)."""
         runtime = self.runtime()
         cfg = self.config
+        retries = cfg.max_retries if max_retries is None else max_retries
         max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
         if cfg.stream:  # the first byte is then the first token (tail.py)
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -573,7 +580,7 @@ class Endpoint:
             await runtime.tpm.acquire(min(tokens, cfg.tokens_per_minute))
         async with runtime.semaphore:
             start = time.perf_counter()
-            for retry in range(cfg.max_retries + 1):
+            for retry in range(retries + 1):
                 try:
                     status, raw = await self._attempt_hedged(
                         runtime, payload, max_tokens, body["messages"], stats
@@ -590,7 +597,7 @@ class Endpoint:
                 except aiohttp.ClientError as error:  # refused, reset, dropped mid-body
                     detail = f"{type(error).__name__}: connection failed or dropped ({error})"
                     answer, wait = _fail("server_error", detail, self.api_key), None
-                if retry == cfg.max_retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
+                if retry == retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
                     break
                 await asyncio.sleep(backoff_s(retry, wait))
             latency = time.perf_counter() - start
