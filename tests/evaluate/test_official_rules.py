@@ -147,7 +147,7 @@ class OfficialDCScoreJudge:
 #   every one of the 9 trials is the same -> DCScore(caption 1) = (2/3 + 6/11) / 2 = 20/33 = 0.60606
 #   (if the blank fact were dropped, n = 2: R = 2/3, F1 = 0.8; R_rel = 0.5, F1_rel = 2/3 -> 0.7333)
 # Caption 2: only an inference (no relevant fact) -> the official formula divides by zero: invalid.
-# Caption 3: blank -> no fact -> invalid, without a call.
+# Caption 3: blank -> asked, as the official script asks it; no fact in 5 tries -> invalid.
 CAPTIONS = {
     "aar_test_00001.jpg": "A red door, which looks old; a black cat sits on the step.",
     "aar_test_00003.jpg": "It feels like a quiet morning.",
@@ -177,6 +177,7 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     )
     captions = read_caption_sets([captions_file])["decapbench"]
     captions.captions["blank.jpg"] = "   "
+    handler.facts["   "] = []
     items.append(type(items[0])("blank.jpg", "ref", ("a fact",)))
     cfg = judge_config(server.base_url, cache_path=tmp_path / "cache.sqlite")
     result = run_dcscore(
@@ -189,12 +190,12 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     )
     assert result.metrics["invalid"] == {
         "aar_test_00003.jpg": "no relevant fact",
-        "blank.jpg": "empty caption",
+        "blank.jpg": "no fact",
     }
     assert result.n_scored == 1 and result.metrics["n_invalid"] == 2 and result.complete
-    # extraction: caption 1 twice (the first answer unusable: sampled again), caption 2 five times
-    # (no relevant fact in any sample), the blank caption never; 3 + 3 samples for caption 1
-    assert handler.calls == {"extract": 2 + 5, "match": 3, "verify": 3}
+    # extraction: caption 1 twice (the first answer unusable: tried again), caption 2 and the blank
+    # caption five times (no (relevant) fact in any try); 3 + 3 samples for caption 1's second try
+    assert handler.calls == {"extract": 2 + 5 + 5, "match": 3, "verify": 3}
     assert result.settings["prompts"]["kind"] == "official" and result.settings["images_sent"] == "official"
     rows = {r["key"]: r for r in map(json.loads, (tmp_path / "out" / "items.jsonl").read_text().splitlines())}
     assert (
@@ -702,3 +703,75 @@ def test_dcscore_with_our_prompts_keys_facts_by_text(tmp_path, eval_server):
     # the same answers through the official arithmetic by position would differ:
     by_position = score_trial([True, False, True], [0, None, 1], [True, True, True], 2)
     assert (by_position.recall, by_position.recall_relevant) == (1.0, 1.0)
+
+
+# ----------------------------------------------------------------------------------------- DCScore's tries
+
+
+# The official script tries a whole caption again (a new extraction, matching and verification) when
+# any answer is unusable, up to 5 tries. Oracle: ORACLE (3 facts). Try 1 extracts "A red door" only;
+# its first verification answer is unreadable. Try 2 extracts "A red door" (-> oracle 0) and "A black
+# cat sits on the step" (unmatched); all verified.
+#   official (try 2): P = 1; R = (1 + 1) / (3 + 1) = 0.5; F1 = 2 x 0.5 / 1.5 = 2/3 (relevant: the same)
+#   -> DCScore 66.67.  Redrawing only the bad sample (before) keeps try 1's facts: R = 1/3, F1 = 0.5 -> 50.
+def test_dcscore_retries_the_whole_caption_as_the_official_script(tmp_path, eval_server):
+    annotations, images = write_decap(tmp_path)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    tries = [
+        [("A red door", "door_0", 1)],
+        [("A red door", "door_0", 1), ("A black cat sits on the step", "cat_0", 1)],
+    ]
+    judge = OfficialDCScoreJudge({}, MATCHES, VERIFIED)
+    verify_calls = Counter()
+
+    def handler(call):
+        if call.text.startswith("PLACEHOLDER-EXTRACT"):
+            judge.facts[_between(call.text, "%% PLACEHOLDER caption:", "%% PLACEHOLDER list:")] = tries[
+                judge.calls["extract"]
+            ]
+        if call.text.startswith("PLACEHOLDER-VERIFY"):
+            verify_calls["n"] += 1
+            if verify_calls["n"] == 1:
+                return "I cannot tell."
+        return judge(call)
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", {"aar_test_00001.jpg": "A red door; a cat."})])[
+        None
+    ]
+    result = run_dcscore(JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions,
+                         tmp_path / "out", DCScoreSection(images=images), prompts=prompts)  # fmt: skip
+    assert result.score == pytest.approx(200 / 3, rel=1e-6) and judge.calls["extract"] == 2
+    assert judge.calls["match"] == 3 + 3 and verify_calls["n"] == 3 + 3  # every sample of both tries
+
+
+def test_the_official_parser_alone_reads_an_answer():
+    listed = [{"fact": "A", "matched_oracle_id": None}]
+    fenced = "```json\n" + json.dumps(listed) + "\n```"
+    assert parse_fenced_json(fenced) == listed  # the JSON read of the rest (its third try)
+    assert parse_fenced_json("```json\n[{'fact': 'A', 'verification': 1}]\n```\nDone.") == [
+        {"fact": "A", "verification": 1}
+    ]  # the block's body as a Python literal (its first try)
+    # a JSON block followed by text: the body is never read as JSON officially, and the rest with its
+    # trailing words is neither a literal nor JSON -> unreadable (the caption is tried again)
+    with pytest.raises(ValueError):
+        parse_fenced_json(fenced + "\nDone.")
+
+
+def test_dcscore_sends_the_stored_pixels_as_the_official_script(tmp_path, eval_server):
+    # A JPEG stored 60 x 20 with EXIF orientation 6 (shown turned a quarter, 20 x 60): the official
+    # script never reads EXIF (Image.open(...).convert("RGB")), so the judge gets the 60 x 20 pixels.
+    annotations, images = write_decap(tmp_path)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (60, 20), (10, 200, 10)).save(images / "aar_test_00001.jpg", "JPEG", exif=exif)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    handler = OfficialDCScoreJudge(FACTS, MATCHES, VERIFIED)
+    server = eval_server(handler)
+    captions = read_caption_sets(
+        [_json(tmp_path / "c.json", {"aar_test_00001.jpg": CAPTIONS["aar_test_00001.jpg"]})]
+    )[None]
+    run_dcscore(JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions,
+                tmp_path / "out", DCScoreSection(images=images), prompts=prompts)  # fmt: skip
+    verify = next(c for c in handler.seen if c.text.startswith("PLACEHOLDER-VERIFY"))
+    assert Image.open(io.BytesIO(verify.images[0])).size == (60, 20)
