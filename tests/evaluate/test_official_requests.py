@@ -2,8 +2,10 @@
 to a capture server (a real HTTP server on 127.0.0.1) and its body compared with the body the fake
 official checkout builds when its own request code runs (official_fakes.run_fake): the same JSON value,
 compared as canonical bytes (sorted keys, no spaces), so every text, message shape, field name and
-number (1 is not 1.0) must be equal. Key order and spacing are not compared: they are the HTTP
-library's (the official scripts use the openai client and ``requests``, which lay them out differently).
+number (1 is not 1.0) must be equal; then as the bytes on the wire, against the bytes the official
+client makes of the official body: DeCapBench's through the installed openai client itself (its
+request captured in memory), CapArena's and lmms-eval's as ``requests.post(json=...)`` serialises
+them (``json.dumps`` with its defaults, UTF-8), in the key order of the script's own dict.
 
 The texts carry what the guard would change (surrounding spaces, a control character, ``<`` and
 ``&``), so a cleaned, stripped or escaped text fails the comparison."""
@@ -50,6 +52,36 @@ REFERENCE = " A red door & a cat.\n"
 
 def canonical(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def requests_bytes(body: dict[str, Any]) -> bytes:
+    """What ``requests.post(url, json=body)`` sends: ``json.dumps(body, allow_nan=False)``, UTF-8."""
+    return json.dumps(body, allow_nan=False).encode("utf-8")
+
+
+class OpenAIWire:
+    """The installed openai client on an in-memory transport: ``chat.completions.create`` builds and
+    sends its request as it would to the API; ``raw`` keeps the bytes, the reply is ``answer``."""
+
+    def __init__(self, answer: str = "A"):
+        import httpx
+        import openai
+
+        self.raw: list[bytes] = []
+
+        def reply(request: httpx.Request) -> httpx.Response:
+            self.raw.append(request.read())
+            choice = {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": answer},
+            }
+            return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0,
+                                             "model": "m", "choices": [choice]})  # fmt: skip
+
+        http = httpx.Client(transport=httpx.MockTransport(reply))
+        self.client = openai.OpenAI(api_key="unused", base_url="http://wire.invalid/v1", http_client=http)
+        self.chat = self.client.chat
 
 
 class CaptureServer:
@@ -184,6 +216,20 @@ def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
         assert canonical(_one(ours, step)) == canonical(theirs), step
     assert all("max_tokens" in b and "max_completion_tokens" not in b for b in ours)
 
+    # byte for byte: the same calls through the installed openai client (the official one)
+    wire = OpenAIWire()
+    official["run_gpt_text"](
+        wire, prompt=official["extract_prompt"].format(caption=CAPTION), temperature=1, n=1
+    )
+    official["run_gpt_text"](wire, prompt=matching, temperature=1, n=1)
+    official["run_gpt_multimodal"](wire, prompt=verifying, image_path=str(images / "img.png"), temperature=0.3,
+                                   detail="high", n=1)  # fmt: skip
+    steps = ("PLACEHOLDER-EXTRACT", "PLACEHOLDER-MATCH", "PLACEHOLDER-VERIFY")
+    for step, theirs in zip(steps, wire.raw, strict=True):
+        mine = [raw for raw in server.raw if _user_text(json.loads(raw)).startswith(step)]
+        assert mine and all(raw == theirs for raw in mine), step
+    assert len(server.raw) == 1 + 3 + 3  # 7 of 7 bodies equal as bytes
+
 
 def test_the_guard_is_an_option_recorded_and_not_comparable(tmp_path, capture):
     items, captions, images = _dcscore_setup(tmp_path)
@@ -234,6 +280,7 @@ def test_caparena_requests_are_the_official_scripts(tmp_path, capture):
         run_fake(FAKE_CAPARENA)["mllm_judge_pairs"](str(pairs), str(images))
     (ours,) = server.bodies()
     assert canonical(ours) == canonical(sent.bodies[0])
+    assert server.raw == [requests_bytes(sent.bodies[0])]  # byte for byte, as requests sends it
     assert ours["messages"][0]["content"] == [{"type": "text", "text": prompts.system}]  # a list of one part
 
 
@@ -275,6 +322,8 @@ def test_captionqa_requests_are_the_official_tasks(tmp_path, capture, rules):
             )
     ours = sorted(server.bodies(), key=lambda b: "Is it red" in _user_text(b))
     assert [canonical(b) for b in ours] == [canonical(b) for b in sent.bodies]
+    raw = sorted(server.raw, key=lambda r: "Is it red" in _user_text(json.loads(r)))
+    assert raw == [requests_bytes(b) for b in sent.bodies]  # byte for byte, as requests sends them
     assert all(b["max_tokens"] == 4 and "max_completion_tokens" not in b for b in ours)
 
 

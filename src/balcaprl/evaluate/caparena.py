@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.evaluate.formats import CapArenaItem, CaptionSet, read_caparena
 from balcaprl.evaluate.official import (
+    CAPARENA_BODY,
     OFFICIAL_IMAGE_SIDE,
     CapArenaPrompts,
     load_caparena_prompts,
@@ -263,7 +264,7 @@ def run_caparena(
             result = await caller.call_text(
                 messages, kind="caparena_compare", trial=attempt or None, temperature=settings.temperature,
                 max_tokens=settings.max_tokens, extra_body=extra, truncated_ok=True, token_field="max_tokens",
-                max_retries=0 if as_try else None,
+                max_retries=0 if as_try else None, encode=CAPARENA_BODY,
             )  # fmt: skip
             if result.failure is not None and result.failure.reason != "invalid_json":
                 if not as_try:

@@ -69,6 +69,7 @@ from pydantic import Field
 
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
 from balcaprl.evaluate.official import (
+    CAPTIONQA_BODY,
     CaptionQATask,
     load_captionqa_task,
     official_text,
@@ -333,6 +334,7 @@ def run_captionqa(
                 answer_messages(caption, q, task, settings.guard), kind="captionqa_answer",
                 temperature=settings.temperature, max_tokens=settings.max_tokens, truncated_ok=True,
                 token_field="max_tokens",  # as both official scorers send it
+                encode=None if task is None else CAPTIONQA_BODY,  # lmms-eval's task's bytes
             )  # fmt: skip
             failure = result.failure
         done += 1

@@ -79,6 +79,7 @@ from balcaprl.evaluate.official import (
     DeCapBenchPrompts,
     load_decapbench_prompts,
     official_text,
+    openai_body,
     paraphrase_source,
     unicode_failure,
 )
@@ -464,7 +465,7 @@ class _Run:
         (the caller tries the whole caption again, as the official script does)."""
         result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
             messages, kind=kind, trial=trial or None, temperature=_as_sent(temperature),
-            max_tokens=self.settings.max_tokens, truncated_ok=True, **_OFFICIAL_REQUEST,
+            max_tokens=self.settings.max_tokens, truncated_ok=True, encode=openai_body(), **_OFFICIAL_REQUEST,
         )  # fmt: skip
         if result.failure is not None:
             return None, result.failure

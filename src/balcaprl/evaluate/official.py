@@ -43,8 +43,10 @@ an escaped data block (:func:`balcaprl.judge.prompt.data_block`: the value betwe
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
+import json
 import os
 import string
 import subprocess
@@ -574,6 +576,74 @@ def load_captionqa_task(spec: str | Path) -> CaptionQATask:
         add_cannot_answer=module.add_cannot_answer_option,
         source=_source("captionqa", file, tuple(_CQA_NAMES), version=version),
     )
+
+
+# ----------------------------------------------------------------------------------------- request bytes
+
+
+@dataclass(frozen=True)
+class OfficialBody:
+    """How an official client lays out a request body: its top-level key order and its JSON
+    serialiser. Called on a body, the bytes that client would send for it (keys it does not know go
+    last, in the body's order). A text that is no valid Unicode (a lone surrogate) goes with every
+    non-ASCII character escaped, as :func:`~balcaprl.judge.calls.json_bytes` sends it."""
+
+    client: str  # which client's layout: "requests", "openai 3.57.0"
+    order: tuple[str, ...]
+    ensure_ascii: bool
+    separators: tuple[str, str]
+
+    def __call__(self, body: Mapping[str, Any]) -> bytes:
+        ordered = {k: body[k] for k in self.order if k in body}
+        ordered.update((k, v) for k, v in body.items() if k not in ordered)
+        dump = functools.partial(json.dumps, separators=self.separators, allow_nan=False)
+        try:
+            return dump(ordered, ensure_ascii=self.ensure_ascii).encode("utf-8")
+        except UnicodeEncodeError:
+            return dump(ordered, ensure_ascii=True).encode("ascii")
+
+
+# ``requests.post(url, json=body)`` (CapArena's script, lmms-eval's captionqa task): ``json.dumps`` with
+# its defaults, encoded as UTF-8; the key order is the script's dict literal.
+_REQUESTS_JSON = {"ensure_ascii": True, "separators": (", ", ": ")}
+CAPARENA_BODY = OfficialBody(
+    "requests", ("model", "messages", "max_tokens", "top_p", "temperature"), **_REQUESTS_JSON
+)
+CAPTIONQA_BODY = OfficialBody(
+    "requests", ("model", "messages", "temperature", "max_tokens"), **_REQUESTS_JSON
+)
+
+_PROBE = {"model": "m", "messages": [{"role": "user", "content": "é"}], "max_tokens": 1, "temperature": 1,
+          "n": 1, "top_p": 1}  # fmt: skip
+
+
+@functools.cache
+def openai_body() -> OfficialBody:
+    """The installed openai client's layout of a chat-completions body (DeCapBench's script calls
+    ``client.chat.completions.create``): its key order and serialiser, read from the bytes the client
+    itself builds for a probe request, answered in memory (no network)."""
+    import httpx
+    import openai
+
+    sent: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.read())
+        choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                                         "choices": [choice]})  # fmt: skip
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as http:
+        client = openai.OpenAI(
+            api_key="unused", base_url="http://probe.invalid/v1", http_client=http, max_retries=0
+        )
+        client.chat.completions.create(**_PROBE)
+    value = json.loads(sent[0])
+    for ensure_ascii in (False, True):
+        for separators in ((",", ":"), (", ", ": ")):
+            if json.dumps(value, ensure_ascii=ensure_ascii, separators=separators).encode() == sent[0]:
+                return OfficialBody(f"openai {openai.__version__}", tuple(value), ensure_ascii, separators)
+    raise RuntimeError(f"openai {openai.__version__}: its request bytes match no known JSON layout")
 
 
 # ----------------------------------------------------------------------------------------- comparability

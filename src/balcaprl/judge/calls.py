@@ -289,6 +289,7 @@ class JudgeCaller:
         truncated_ok: bool = False,
         token_field: str = "max_completion_tokens",
         max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallResult:
         """A free-text answer (stripped; no ``response_format`` is sent). ``accept(text)`` may raise
         ``ValueError`` to have an unusable answer re-asked once (a ``schema_violation`` if it fails
@@ -299,7 +300,7 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, check=accept, temperature=temperature, max_tokens=max_tokens,
             trial=trial, identity=identity, extra_body=extra_body, truncated_ok=truncated_ok,
-            token_field=token_field, max_retries=max_retries,
+            token_field=token_field, max_retries=max_retries, encode=encode,
         )  # fmt: skip
         return self._counted(result)
 
@@ -327,6 +328,7 @@ class JudgeCaller:
         stats: JudgeStats | None = None,
         token_field: str = "max_completion_tokens",
         max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
@@ -338,7 +340,9 @@ class JudgeCaller:
         ``token_field``: the name the answer's token budget goes under; ``max_tokens`` where a
         benchmark's official request sends that older name (a server may read only one of them).
         ``max_retries``: this call's retries of a failed attempt (default: the config's); 0 where a
-        benchmark's official script counts every HTTP error as one of its own tries."""
+        benchmark's official script counts every HTTP error as one of its own tries. ``encode``: the
+        body's bytes (default :func:`json_bytes`); a benchmark's official client's layout, where the
+        request must be the official one byte for byte."""
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
@@ -371,14 +375,14 @@ class JudgeCaller:
                 classify, schema=schema, check=check, max_tokens=max_tokens, truncated_ok=truncated_ok,
                 secret=self.endpoint.api_key, where=cfg.base_url,
             )  # fmt: skip
-            answer = await self.endpoint.send(body, stats, read, max_retries)
+            answer = await self.endpoint.send(body, stats, read, max_retries, encode)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
                 body = {**body, "messages": reask_messages(conversation, answer)}
-                answer = await self.endpoint.send(body, stats, read, max_retries)
+                answer = await self.endpoint.send(body, stats, read, max_retries, encode)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:
@@ -551,18 +555,19 @@ class Endpoint:
     async def send(
         self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer],
         max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallAnswer:  # fmt: skip
         """One call of a chat-completions ``body``: the rate limits, the concurrency bound, then
         attempts until one is final or ``max_retries`` retries (default: the config's) are spent;
         ``read(status, body)`` classifies an answer (:func:`classify`). Recorded in ``stats``
-        (latency: retries included)."""
+        (latency: retries included). ``encode``: how the body becomes bytes (default :func:`json_bytes`)."""
         runtime = self.runtime()
         cfg = self.config
         retries = cfg.max_retries if max_retries is None else max_retries
         max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
         if cfg.stream:  # the first byte is then the first token (tail.py)
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        payload = json_bytes(body)  # once, for every attempt
+        payload = (encode or json_bytes)(body)  # once, for every attempt
         # What a call really uses: its prompt at the model's image rate and a realistic answer
         # (reserving the whole max_tokens paced the client at a fraction of its budget).
         tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
