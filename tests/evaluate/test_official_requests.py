@@ -387,3 +387,42 @@ def test_with_the_guard_a_text_that_is_no_valid_unicode_is_refused_as_ours_are(t
     assert {r["detail"] for r in rows} == {
         "the caption of image 'nat_1' is not valid Unicode: a lone surrogate U+D83D at character 7"
     }
+
+
+# ----------------------------------------------------------------------------------------- the rules record
+
+
+def test_every_result_names_its_rules_and_flags_each_deviation(tmp_path):
+    from balcaprl.evaluate.caparena import OFFICIAL_OPTIONS as ARENA
+    from balcaprl.evaluate.captionqa import OFFICIAL_OPTIONS as CQA
+    from balcaprl.evaluate.official import REMAINING_DIFFERENCES, scoring_rules
+    from balcaprl.evaluate.report import build_report
+
+    official = {"kind": "official"}
+    arena = {**CapArenaSection().options(), "images_sent": "official", "prompts": official}
+    assert scoring_rules("caparena", arena, ARENA) == {
+        "rules": "official", "deviations": [], "remaining_differences": list(REMAINING_DIFFERENCES["caparena"])
+    }  # fmt: skip
+    retried = {**arena, "http_errors": "retry", "prompts": {"kind": "paraphrase"}}
+    assert scoring_rules("caparena", retried, ARENA)["deviations"] == [
+        "prompts: paraphrase (not the official ones)", "option http_errors='retry' (official: 'try')"
+    ]  # fmt: skip
+    lmms = {**CaptionQASection(shuffle_over="all", cannot_answer="position", rounding="mean").options(),
+            "prompts": official}  # fmt: skip
+    assert scoring_rules("captionqa", lmms, CQA)["variant"] == "lmms-eval"
+    assert scoring_rules("captionqa", {**lmms, "rounding": "question"}, CQA)["variant"].startswith("mixed")
+
+    # report and inspect read them back from eval.json
+    run = tmp_path / "run"
+    run.mkdir()
+    entry = {"score": 1.0, "complete": True, "comparable_with_paper": False, "not_comparable": ["x"]}
+    record = {"label": "run", "headline": {"caparena": 1.0}, "results": {
+        "caparena": {**entry, "rules": scoring_rules("caparena", retried, ARENA)},
+        "dcscore": {**entry}}}  # fmt: skip
+    (run / "eval.json").write_text(json.dumps(record))
+    markdown = build_report([run], tmp_path / "report").markdown
+    assert (
+        "Scoring rules, run: caparena: official, with deviations; deviations: prompts: paraphrase (not the "
+        "official ones); option http_errors='retry' (official: 'try') | dcscore: scoring rules not recorded"
+        in markdown
+    )

@@ -661,6 +661,60 @@ def departures(settings: Mapping[str, Any], official: Mapping[str, tuple[Any, ..
     return out
 
 
+# What still differs from the official scorer with the official prompts and every option official:
+# balcaprl's fixed choices (docs/evaluation-official.md lists each with its effect).
+REMAINING_DIFFERENCES: dict[str, tuple[str, ...]] = {
+    "dcscore": (
+        "samples: n=1 in each of 3 requests (official: n=3 in one request)",
+        "a failed call (after the client's retries) is a failure asked again by a re-run (official: one of "
+        "the caption's 5 tries)",
+        "matching and verification answers must list exactly the extracted facts (official: the same facts "
+        "in both)",
+    ),
+    "captionqa": (
+        "a failed call is a failure, left out and asked again by a re-run (lmms-eval: scored 0)",
+        "the answer is read stripped (lmms-eval: unstripped)",
+    ),
+    "caparena": ("positions drawn per image from a seeded RNG (official: unseeded)",),
+}
+_CAPTIONQA_VARIANTS = {
+    "qa.py": {"shuffle_over": "captioned", "cannot_answer": "text", "rounding": "question"},
+    "lmms-eval": {"shuffle_over": "all", "cannot_answer": "position", "rounding": "mean"},
+}
+
+
+def scoring_rules(
+    protocol: str, settings: Mapping[str, Any], official: Mapping[str, tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The rules a protocol's number was scored under, for ``eval.json``: ``rules`` (``official`` or
+    ``official, with deviations``; ``ours`` for b-CapScore, which has no official scorer),
+    ``deviations`` from the official rules (prompts not the official ones, options not official) and
+    the ``remaining_differences`` every run keeps (:data:`REMAINING_DIFFERENCES`)."""
+    if protocol not in REMAINING_DIFFERENCES:
+        return {"rules": "ours", "deviations": ["no official scorer: our wording of the paper's prompt"]}
+    kind = (settings.get("prompts") or {}).get("kind") or "not recorded"
+    deviations = [] if kind == "official" else [f"prompts: {kind} (not the official ones)"]
+    deviations += [f"option {d}" for d in departures(settings, official)]
+    out: dict[str, Any] = {"rules": "official" if not deviations else "official, with deviations"}
+    if protocol == "captionqa":
+        out["variant"] = next(
+            (name for name, values in _CAPTIONQA_VARIANTS.items()
+             if all(settings.get(k) == v for k, v in values.items())), "mixed (qa.py and lmms-eval)",
+        )  # fmt: skip
+    return {**out, "deviations": deviations, "remaining_differences": list(REMAINING_DIFFERENCES[protocol])}
+
+
+def rules_line(protocol: str, entry: Mapping[str, Any]) -> str:
+    """One line naming the rules a protocol entry of ``eval.json`` was scored under and each
+    deviation from the official ones (for ``report`` and ``inspect``)."""
+    rules = entry.get("rules")
+    if not isinstance(rules, Mapping):
+        return f"{protocol}: scoring rules not recorded (evaluated by an earlier balcaprl)"
+    name = rules.get("rules", "?") + (f" ({rules['variant']})" if rules.get("variant") else "")
+    deviations = rules.get("deviations") or []
+    return f"{protocol}: {name}" + (f"; deviations: {'; '.join(deviations)}" if deviations else "")
+
+
 def _model_name(model: str) -> str:
     return model.strip().lower().rsplit("/", 1)[-1]
 
