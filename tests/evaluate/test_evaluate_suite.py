@@ -185,7 +185,7 @@ def test_set_up_errors_are_found_before_any_call(tmp_path, world):
     bad.write_text("dcscore: {annotaions: x}\n")
     with pytest.raises(
         ConfigError,
-        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, degenerate_captions, extract_temperature",
+        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, degenerate_captions, empty_captions, extract_temperature",
     ):
         load_evaluation_config(bad)
 
