@@ -96,9 +96,11 @@ class CaptureServer:
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 capture.raw.append(raw)
-                reply = {
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": answer(json.loads(raw))}}],
+                body = json.loads(raw)
+                text = answer(body)
+                reply = {  # as many choices as the body's n asks for
+                    "choices": [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+                                for i in range(body.get("n", 1))],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                 }  # fmt: skip
                 data = json.dumps(reply).encode()
@@ -192,8 +194,8 @@ def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
     assert result.n_scored == 1 and not result.failures
     assert "change" not in result.settings["prompts"] and result.settings["guard"] is False
 
-    # what the official script sends, step by step as its main() calls it (n=1: each of our samples
-    # is its own request, where the script asks for n=3 in one -- the one field that differs)
+    # what the official script sends, step by step as its main() calls it: one extraction (n=1), then
+    # the 3 matching and the 3 verification samples, each step in one request (n=3)
     official = run_fake(FAKE_DECAPBENCH)
     sent = OfficialRecorder()
     listed = official["format_json_input"]
@@ -205,10 +207,10 @@ def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
         predicted_atomic_facts=listed(shown),
         oracle_atomic_facts=listed([{"id": i, "fact": f} for i, f in enumerate(ORACLE)]),
     )
-    official["run_gpt_text"](sent, prompt=matching, temperature=1, n=1)
+    official["run_gpt_text"](sent, prompt=matching, temperature=1, n=3)
     verifying = official["verify_prompt"].format(reference_caption=REFERENCE, atomic_facts=listed(shown))
     official["run_gpt_multimodal"](sent, prompt=verifying, image_path=str(images / "img.png"), temperature=0.3,
-                                   detail="high", n=1)  # fmt: skip
+                                   detail="high", n=3)  # fmt: skip
 
     ours = server.bodies()
     for step, theirs in zip(("PLACEHOLDER-EXTRACT", "PLACEHOLDER-MATCH", "PLACEHOLDER-VERIFY"), sent.bodies,
@@ -221,14 +223,15 @@ def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
     official["run_gpt_text"](
         wire, prompt=official["extract_prompt"].format(caption=CAPTION), temperature=1, n=1
     )
-    official["run_gpt_text"](wire, prompt=matching, temperature=1, n=1)
+    official["run_gpt_text"](wire, prompt=matching, temperature=1, n=3)
     official["run_gpt_multimodal"](wire, prompt=verifying, image_path=str(images / "img.png"), temperature=0.3,
-                                   detail="high", n=1)  # fmt: skip
+                                   detail="high", n=3)  # fmt: skip
     steps = ("PLACEHOLDER-EXTRACT", "PLACEHOLDER-MATCH", "PLACEHOLDER-VERIFY")
     for step, theirs in zip(steps, wire.raw, strict=True):
         mine = [raw for raw in server.raw if _user_text(json.loads(raw)).startswith(step)]
         assert mine and all(raw == theirs for raw in mine), step
-    assert len(server.raw) == 1 + 3 + 3  # 7 of 7 bodies equal as bytes
+    assert len(server.raw) == 3  # 3 of 3 bodies equal as bytes
+    assert result.settings["samples_sent"] == "one"
 
 
 def test_the_guard_is_an_option_recorded_and_not_comparable(tmp_path, capture):

@@ -197,6 +197,8 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     # caption five times (no (relevant) fact in any try); 3 + 3 samples for caption 1's second try
     assert handler.calls == {"extract": 2 + 5 + 5, "match": 3, "verify": 3}
     assert result.settings["prompts"]["kind"] == "official" and result.settings["images_sent"] == "official"
+    # this server answers one choice whatever n asks: the other samples went one by one, and it says so
+    assert result.settings["samples_sent"] == "each" and result.settings["sample_requests"] == "one"
     rows = {r["key"]: r for r in map(json.loads, (tmp_path / "out" / "items.jsonl").read_text().splitlines())}
     assert (
         rows["aar_test_00001.jpg"]["n_oracle_facts"] == 3

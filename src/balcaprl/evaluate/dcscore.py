@@ -122,6 +122,12 @@ class DCScoreSection(OfficialPromptSection):
         description="Tries of a whole caption (a new extraction, matching and verification) while its "
         "answers are unusable or its facts leave the formulas undefined (official: 5).",
     )
+    sample_requests: Literal["one", "each"] = Field(
+        "one",
+        description="With the official prompts, a step's matching or verification samples: 'one' (official: "
+        "one request with n set to n_match / n_verify; an endpoint that ignores n gets the rest one by one, "
+        "recorded as samples_sent: each) or 'each' (one request per sample, n: 1).",
+    )
     empty_captions: Literal["ask", "invalid"] = Field(
         "ask",
         description="An empty caption: 'ask' (official: the judge is asked to extract its facts, like any "
@@ -139,6 +145,7 @@ OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
     "n_match": (3,), "n_verify": (3,), "extract_temperature": (1.0,), "match_temperature": (1.0,),
     "verify_temperature": (0.3,), "max_tokens": (2000,), "degenerate_captions": ("invalid",),
     "max_attempts": (5,), "empty_captions": ("ask",), "images_sent": ("official",), "guard": (False,),
+    "samples_sent": ("one",),
 }  # fmt: skip
 
 
@@ -405,13 +412,21 @@ def _oracle_id(value: Any) -> Hashable | None:
 # ----------------------------------------------------------------------------------------- protocol
 
 
+def _read(answer: str, read: Callable[[str], Any]) -> tuple[Any, JudgeFailure | None]:
+    """An official answer read by ``read``; unreadable: a ``schema_violation`` (the try ends)."""
+    try:
+        return read(answer), None
+    except ValueError as error:
+        return None, JudgeFailure("schema_violation", str(error)[:300])
+
+
 def _as_sent(temperature: float | None) -> float | int | None:
     """A temperature as the official script writes it: ``temperature=1`` goes as the JSON integer 1."""
     return int(temperature) if temperature is not None and float(temperature).is_integer() else temperature
 
 
-# Each official request as the script sends it (besides its texts): `max_tokens`, and `n` (1 here:
-# each sample is its own request, where the script asks for n=3 in one).
+# An official request of one sample, as the script sends its extraction (besides its texts):
+# `max_tokens` and `n: 1` (matching and verification ask for their samples in one request).
 _OFFICIAL_REQUEST = {"token_field": "max_tokens", "extra_body": {"n": 1}}
 
 
@@ -450,6 +465,9 @@ class _Run:
             settings.image_mode == "auto" and prompts is not None
         )
         self.images_sent = "official" if official_images else "judge"
+        # n samples in one request, as the official script asks (a stream carries one answer)
+        self.one_request = settings.sample_requests == "one" and not caller.config.stream
+        self.samples_sent = "one" if self.one_request else "each"
         self.detail = "high" if official_images else None
         self.images = (
             ImageLoader(
@@ -467,12 +485,27 @@ class _Run:
             messages, kind=kind, trial=trial or None, temperature=_as_sent(temperature),
             max_tokens=self.settings.max_tokens, truncated_ok=True, encode=openai_body(), **_OFFICIAL_REQUEST,
         )  # fmt: skip
-        if result.failure is not None:
-            return None, result.failure
-        try:
-            return read(result.value), None
-        except ValueError as error:
-            return None, JudgeFailure("schema_violation", str(error)[:300])
+        return (None, result.failure) if result.failure is not None else _read(result.value, read)
+
+    async def _samples(self, messages: list[dict[str, Any]], kind: str, n: int, attempt: int,
+                       temperature: float | None, read: Callable[[str], Any]) -> list[tuple[Any, JudgeFailure | None]]:  # fmt: skip
+        """A step's ``n`` official samples of one try: in one request with ``n``, as the script asks for
+        them (``sample_requests: one``), the samples an endpoint did not give asked one by one; or one
+        request per sample (``each``, and always with a streaming judge)."""
+        trials = [t + n * attempt for t in range(n)]
+        out: list[tuple[Any, JudgeFailure | None]] = []
+        if self.one_request:
+            result = await self.caller.call_texts(
+                messages, n, kind=kind, trial=attempt or None, temperature=_as_sent(temperature),
+                max_tokens=self.settings.max_tokens, token_field="max_tokens", encode=openai_body(),
+            )  # fmt: skip
+            if result.failure is not None:
+                return [(None, result.failure)] * n
+            out = [_read(text, read) for text in result.value[:n]]
+            if len(out) < n:  # the endpoint ignores n: the rest one by one, and the run says so
+                self.samples_sent = "each"
+        rest = [self._text(messages, kind, t, temperature, read) for t in trials[len(out) :]]
+        return out + list(await asyncio.gather(*rest))
 
     # --------------------------------------------------------------------- extraction
 
@@ -554,7 +587,8 @@ class _Run:
             verify(t + n_verify * attempt) for t in range(n_verify)
         ]
 
-    def _official_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str, attempt: int) -> list[Any]:
+    async def _official_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str, attempt: int
+                              ) -> list[tuple[Any, JudgeFailure | None]]:  # fmt: skip
         prompts = self.prompts
         assert prompts is not None
         known, guard = set(facts.keys), self.settings.guard
@@ -575,16 +609,14 @@ class _Run:
             _same_facts([text for text, _ in verdicts], known, "verification")
             return verdicts
 
-        n_match, n_verify = self.settings.n_match, self.settings.n_verify
-        return [
-            self._text(match_messages_, "dcscore_match", t + n_match * attempt, self.settings.match_temperature,
-                       read_matches)
-            for t in range(n_match)
-        ] + [
-            self._text(verify_messages_, "dcscore_verify", t + n_verify * attempt,
-                       self.settings.verify_temperature, read_verdicts)
-            for t in range(n_verify)
-        ]  # fmt: skip
+        settings = self.settings
+        steps = await asyncio.gather(
+            self._samples(match_messages_, "dcscore_match", settings.n_match, attempt, settings.match_temperature,
+                          read_matches),
+            self._samples(verify_messages_, "dcscore_verify", settings.n_verify, attempt,
+                          settings.verify_temperature, read_verdicts),
+        )  # fmt: skip
+        return steps[0] + steps[1]
 
     # --------------------------------------------------------------------- one caption
 
@@ -641,10 +673,10 @@ class _Run:
                 image = await asyncio.to_thread(self.images.load, item.key)
             except ImageError as error:
                 return fail(JudgeFailure("bad_input", str(error)), "image")
-            calls = (self._paraphrase_calls if self.prompts is None else self._official_calls)(
-                facts, item, image.data_url, attempt
-            )
-            results = await asyncio.gather(*calls)
+            if self.prompts is None:
+                results = await asyncio.gather(*self._paraphrase_calls(facts, item, image.data_url, attempt))
+            else:
+                results = await self._official_calls(facts, item, image.data_url, attempt)
             steps = ["match"] * settings.n_match + ["verify"] * settings.n_verify
             unusable = None
             for step, (_, failure) in zip(steps, results, strict=True):
@@ -756,7 +788,12 @@ def run_dcscore(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings={**settings.options(), "images_sent": run.images_sent, "prompts": source.as_dict()},
+        settings={
+            **settings.options(),
+            "images_sent": run.images_sent,
+            "prompts": source.as_dict(),
+            "samples_sent": run.samples_sent if prompts is not None else "each",
+        },
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="DCScore x100 = mean over valid captions of (F1 + F1 relevant) / 2; components x100; "

@@ -304,6 +304,54 @@ class JudgeCaller:
         )  # fmt: skip
         return self._counted(result)
 
+    async def call_texts(
+        self,
+        messages: list[dict[str, Any]],
+        n: int,
+        *,
+        kind: str,
+        temperature: float | None,
+        max_tokens: int | None = None,
+        trial: int | None = None,
+        token_field: str = "max_completion_tokens",
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
+    ) -> CallResult:
+        """``n`` free-text samples in one request (``"n": n`` in the body, as a benchmark's official
+        script asks for them): ``value`` is the list of the answer's choices' texts, stripped, a choice
+        without text as ``""`` (a cut-off choice is kept); an endpoint that ignores ``n`` gives fewer.
+        No re-ask. Counted as one request in :attr:`stats`."""
+        cfg = self.config
+        max_tokens = max_tokens or cfg.max_tokens
+        key = self.key(kind, messages=messages, temperature=temperature, max_tokens=max_tokens, trial=trial,
+                       extra_body={"n": n})  # fmt: skip
+
+        async def compute() -> CallResult:
+            stored = self.cache.get(key) if self.cache is not None else None
+            texts = stored.get("texts") if isinstance(stored, dict) else None
+            if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+                return CallResult(texts, None, key, cached=True)
+            body: dict[str, Any] = {"model": cfg.model, "messages": messages, token_field: max_tokens}
+            if temperature is not None:
+                body["temperature"] = temperature
+            body["n"] = n
+            read = functools.partial(_choice_texts, secret=self.endpoint.api_key, where=cfg.base_url)
+            answer = await self.endpoint.send(body, self.stats, read, None, encode)
+            paid = {
+                "calls": 1,
+                "prompt_tokens": answer.prompt_tokens,
+                "completion_tokens": answer.completion_tokens,
+            }
+            if answer.failure is not None:
+                return CallResult(None, answer.failure, key, **paid)
+            if self.cache is not None:
+                self.cache.put(key, {"texts": answer.parsed, "kind": kind, "model": cfg.model})
+            return CallResult(answer.parsed, None, key, **paid)
+
+        result, shared = await self.endpoint.coalesce(key, compute)
+        if shared:
+            result = CallResult(result.value, result.failure, key, cached=result.cached, shared=True)
+        return self._counted(result)
+
     def _counted(self, result: CallResult) -> CallResult:
         stats = self.stats
         stats.requests += 1
@@ -564,7 +612,8 @@ class Endpoint:
         runtime = self.runtime()
         cfg = self.config
         retries = cfg.max_retries if max_retries is None else max_retries
-        max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
+        # n answers in one (a benchmark's official `n`): n times the tokens and bytes of one
+        max_tokens = (body.get("max_completion_tokens") or body["max_tokens"]) * int(body.get("n") or 1)
         if cfg.stream:  # the first byte is then the first token (tail.py)
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         payload = (encode or json_bytes)(body)  # once, for every attempt
@@ -834,6 +883,23 @@ def _completion_fields(raw: bytes) -> tuple[Any, str | None, str | None, dict[st
     message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
     fields = (message.get("content"), message.get("refusal"), choices[0].get("finish_reason"))
     return (*(v if isinstance(v, str) else None for v in fields), tokens)
+
+
+def _choice_texts(status: int, raw: bytes, *, secret: str | None, where: str) -> CallAnswer:
+    """A chat completion with several choices (``n``): ``parsed`` is each choice's text, stripped
+    (``""`` for a choice without text); a body without choices is ``invalid_json``."""
+    if status >= 400:
+        return status_failure(status, raw, secret, where)
+    fields = _completion_fields(raw)
+    if fields is None or fields[0] is _NO_CHOICE:
+        return _fail("invalid_json", "the answer has no choices", secret, **(fields[3] if fields else {}))
+    choices = json.loads(raw)["choices"]
+    texts = []
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        texts.append(content.strip() if isinstance(content, str) else "")
+    return CallAnswer(texts, None, None, **fields[3])
 
 
 def _schema_failure(error: ValidationError) -> tuple[FailureReason, str]:
