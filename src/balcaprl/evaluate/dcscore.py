@@ -47,13 +47,14 @@ the prompts).
 
 Where we still differ from the official script, and why: a call that fails (server errors after the
 client's retries, refusals) is reported as a failure (never scored, asked again by a re-run: each
-sample is cached) rather than spending one of the caption's tries; samples are separate requests
-(``n``: 1 in each, where the script asks for ``n=3`` in one request: the judge client reads one
-choice per answer); a matching or verification answer must list exactly the extracted facts (the
+answer is cached) rather than spending one of the caption's tries; a matching or verification answer must list exactly the extracted facts (the
 script only requires the two answers to list the same facts), so that every trial's arithmetic is
 defined; a try whose facts are degenerate makes no matching and verification calls (the script makes
 them, then fails on the division: the same number, fewer calls). Otherwise each request is the
-script's, text for text (the caption and the reference as they are, ``max_tokens``); the ``guard``
+script's, byte for byte (the caption and the reference as they are, ``max_tokens``, a step's samples
+in one request with ``n`` as ``sample_requests: one`` asks, the installed openai client's key order
+and serialisation; an endpoint that ignores ``n`` gets the other samples one by one, recorded as
+``samples_sent: each``); the ``guard``
 option (:mod:`~balcaprl.evaluate.official`) escapes and cleans the texts instead. The judge model is
 whatever the judge config names (the benchmark used gpt-4o-2024-05-13).
 """

@@ -665,7 +665,6 @@ def departures(settings: Mapping[str, Any], official: Mapping[str, tuple[Any, ..
 # balcaprl's fixed choices (docs/evaluation-official.md lists each with its effect).
 REMAINING_DIFFERENCES: dict[str, tuple[str, ...]] = {
     "dcscore": (
-        "samples: n=1 in each of 3 requests (official: n=3 in one request)",
         "a failed call (after the client's retries) is a failure asked again by a re-run (official: one of "
         "the caption's 5 tries)",
         "matching and verification answers must list exactly the extracted facts (official: the same facts "
