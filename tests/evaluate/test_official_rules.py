@@ -549,12 +549,13 @@ def test_an_http_error_is_one_of_the_five_tries_as_in_the_official_script(tmp_pa
     captions = read_caption_sets([_json(tmp_path / "c.json", ours)])[None]
 
     def run(rule, max_retries):
+        options = {} if rule == "try" else {"http_errors": rule}
         calls.clear()
         caller = JudgeCaller(judge_config(server.base_url, max_retries=max_retries))
         return run_caparena(caller, read_caparena(annotations), captions, tmp_path / rule,
-                            CapArenaSection(images=images, http_errors=rule), prompts=prompts)  # fmt: skip
+                            CapArenaSection(images=images, **options), prompts=prompts)  # fmt: skip
 
-    official = run("try", 3)  # the judge config's retries do not apply: the error is one try
+    official = run("try", 3)  # the default  # the judge config's retries do not apply: the error is one try
     assert official.score == 0.0 and official.failures == {"schema_violation": 1} and calls["n"] == 5
     ours_rule = run("retry", 3)
     assert ours_rule.score == pytest.approx(0.5 / 3) and not ours_rule.failures and calls["n"] == 6
