@@ -469,6 +469,8 @@ class _Run:
         # n samples in one request, as the official script asks (a stream carries one answer)
         self.one_request = settings.sample_requests == "one" and not caller.config.stream
         self.samples_sent = "one" if self.one_request else "each"
+        # the official client's body layout, read before any call (openai_body probes the client once)
+        self.encode = openai_body() if prompts is not None else None
         self.detail = "high" if official_images else None
         self.images = (
             ImageLoader(
@@ -484,7 +486,7 @@ class _Run:
         (the caller tries the whole caption again, as the official script does)."""
         result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
             messages, kind=kind, trial=trial or None, temperature=_as_sent(temperature),
-            max_tokens=self.settings.max_tokens, truncated_ok=True, encode=openai_body(), **_OFFICIAL_REQUEST,
+            max_tokens=self.settings.max_tokens, truncated_ok=True, encode=self.encode, **_OFFICIAL_REQUEST,
         )  # fmt: skip
         return (None, result.failure) if result.failure is not None else _read(result.value, read)
 
@@ -498,7 +500,7 @@ class _Run:
         if self.one_request:
             result = await self.caller.call_texts(
                 messages, n, kind=kind, trial=attempt or None, temperature=_as_sent(temperature),
-                max_tokens=self.settings.max_tokens, token_field="max_tokens", encode=openai_body(),
+                max_tokens=self.settings.max_tokens, token_field="max_tokens", encode=self.encode,
             )  # fmt: skip
             if result.failure is not None:
                 return [(None, result.failure)] * n

@@ -33,7 +33,10 @@ which one.
 
 The requests go as the official code sends them: the official texts with each slot filled with
 the value as it is (captions, references, facts neither cleaned nor stripped), the message shapes
-and the token field (``max_tokens``) of the official request. The one option, ``guard`` (off by
+and the token field (``max_tokens``) of the official request, in the official key order and
+serialised as the official client serialises them (:class:`OfficialBody`), so the bytes are the
+official ones for a given client version. :func:`scoring_rules` records the rules each number was
+scored under and every deviation from the official ones. The one option, ``guard`` (off by
 default, recorded in the summary's settings when on, and then not comparable), fills every slot with
 an escaped data block (:func:`balcaprl.judge.prompt.data_block`: the value between ``<slot>`` and
 ``</slot>`` lines, with ``&``, ``<`` and ``>`` HTML-escaped) and cleans each text first
