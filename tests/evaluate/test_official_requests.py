@@ -426,6 +426,5 @@ def test_every_result_names_its_rules_and_flags_each_deviation(tmp_path):
     markdown = build_report([run], tmp_path / "report").markdown
     assert (
         "Scoring rules, run: caparena: official, with deviations; deviations: prompts: paraphrase (not the "
-        "official ones); option http_errors='retry' (official: 'try') | dcscore: scoring rules not recorded"
-        in markdown
+        "official ones); option http_errors='retry' (official: 'try') | dcscore: not recorded" in markdown
     )

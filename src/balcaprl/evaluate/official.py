@@ -711,7 +711,7 @@ def rules_line(protocol: str, entry: Mapping[str, Any]) -> str:
     deviation from the official ones (for ``report`` and ``inspect``)."""
     rules = entry.get("rules")
     if not isinstance(rules, Mapping):
-        return f"{protocol}: scoring rules not recorded (evaluated by an earlier balcaprl)"
+        return f"{protocol}: not recorded (evaluated by an earlier balcaprl)"
     name = rules.get("rules", "?") + (f" ({rules['variant']})" if rules.get("variant") else "")
     deviations = rules.get("deviations") or []
     return f"{protocol}: {name}" + (f"; deviations: {'; '.join(deviations)}" if deviations else "")
