@@ -97,10 +97,11 @@ class CaptureServer:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 capture.raw.append(raw)
                 body = json.loads(raw)
-                text = answer(body)
-                reply = {  # as many choices as the body's n asks for
-                    "choices": [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
-                                for i in range(body.get("n", 1))],
+                text = answer(body)  # one text for as many choices as n asks, or a list: the choices
+                texts = text if isinstance(text, list) else [text] * body.get("n", 1)
+                reply = {
+                    "choices": [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": t}}
+                                for i, t in enumerate(texts)],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                 }  # fmt: skip
                 data = json.dumps(reply).encode()
@@ -428,3 +429,23 @@ def test_every_result_names_its_rules_and_flags_each_deviation(tmp_path):
         "Scoring rules, run: caparena: official, with deviations; deviations: prompts: paraphrase (not the "
         "official ones); option http_errors='retry' (official: 'try') | dcscore: not recorded" in markdown
     )
+
+
+def test_several_samples_in_one_request(tmp_path, capture):
+    import asyncio
+
+    server = capture(lambda body: [" one ", None, "three"])  # the second choice has no text
+    caller = JudgeCaller(judge_config(server.base_url, cache_path=tmp_path / "cache.sqlite"))
+    messages = [{"role": "user", "content": "x"}]
+
+    async def ask():
+        return await caller.call_texts(
+            messages, 3, kind="k", temperature=1, max_tokens=5, token_field="max_tokens"
+        )
+
+    first = asyncio.run(ask())
+    assert first.value == ["one", "", "three"] and not first.cached
+    assert json.loads(server.raw[0])["n"] == 3 and json.loads(server.raw[0])["max_tokens"] == 5
+    again = asyncio.run(ask())  # from the cache: no second request
+    assert again.value == first.value and again.cached and len(server.raw) == 1
+    asyncio.run(caller.aclose())
