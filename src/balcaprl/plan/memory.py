@@ -90,18 +90,26 @@ class Stack:
         """Width of K (and of V): kv_heads x head_dim."""
         return self.kv_heads * self.head_dim
 
-    def layer_activation_bytes(self) -> int:
-        """Bytes one layer keeps per token for the backward pass (module docstring, 16-bit)."""
-        mlp = 4 * self.intermediate if self.mlp == "swiglu" else 2 * self.intermediate
-        return BF16 * (6 * self.hidden + 2 * self.kv + mlp)
+    def layer_activation_bytes(self, mask_width: int = 0) -> int:
+        """Bytes one layer keeps per token for the backward pass, 16-bit weights (module docstring).
 
-    def activation_bytes(self, tokens: int, checkpointing: bool, kept: int = 0) -> int:
-        """Activations of ``tokens`` tokens through the whole stack; with checkpointing, ``kept`` layers
-        keep all theirs (selective checkpointing) and the others their input, plus one recomputed layer."""
-        if checkpointing and kept < self.layers:
-            recomputed = self.layers - kept
-            return tokens * (recomputed * BF16 * self.hidden + (kept + 1) * self.layer_activation_bytes())
-        return tokens * self.layers * self.layer_activation_bytes()
+        ``mask_width``: the width of the dense attention mask the layer gets (a padded micro-batch under
+        sdpa: the padded length), 0 when it gets none (causal attention, or packed rows through a
+        variable-length kernel)."""
+        h, kv, inter = self.hidden, self.kv, self.intermediate
+        if self.mlp == "gelu":  # CLIP (LayerNorm, GELU): the textbook count, not measured (an estimate)
+            return BF16 * (6 * h + 2 * kv + 2 * inter)
+        # RMSNorm x 2: its fp32 input, 1/rms (fp32), the normalised bf16 before the weight, its output
+        # (the next linear layers' input).
+        norms = 2 * (FP32 * h + FP32 + BF16 * h + BF16 * h)
+        # q, k, v after rotary embedding, the output (o_proj's input, same storage), log-sum-exp (fp32).
+        attention = BF16 * (h + 2 * kv + h) + FP32 * self.heads
+        if mask_width:
+            # transformers expands k and v to all heads when a mask is passed (no GQA in sdpa then), and
+            # the mask is converted for sdpa in every layer: 16-bit, one row per token.
+            attention += 2 * BF16 * (h - kv) + BF16 * mask_width
+        mlp = 4 * BF16 * inter  # SwiGLU: gate, act(gate), up, act(gate) * up
+        return norms + attention + mlp
 
     def kv_bytes_per_token(self, dtype_bytes: int = BF16) -> int:
         return self.layers * 2 * self.kv * dtype_bytes
