@@ -53,6 +53,10 @@ def text_model(widths: LayerWidths, layers: int = 2, attn: str = "sdpa", dtype=t
         from transformers import LlamaConfig, LlamaModel
 
         config, model_class = LlamaConfig(**common), LlamaModel
+    if attn == "balcaprl_varlen":
+        from balcaprl.train.varlen_attention import register
+
+        register()
     config._attn_implementation = attn
     torch.manual_seed(0)
     model = model_class(config).to(dtype)

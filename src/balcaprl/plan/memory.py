@@ -64,7 +64,8 @@ TRL_LOGPROB_TILE = (
 )  # trl.kernels.chunked_logprob: TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE
 VERL_FUSED_CHUNK = 512  # verl.utils.experimental.torch_functional.FusedLinearForPPO's chunk_size (tokens)
 TOKEN_BUDGET_STEP = 1024  # verl's token budget is rounded down to a multiple of this
-ACTIVATION_SHARE = 0.9  # of the memory left for activations (verl's token budget, layers kept): a margin
+ACTIVATION_SHARE = 0.9  # of the memory left for activations (verl's token budget): a margin
+HEADROOM_GIB = 6.0  # free memory the TRL recipes' kept layers leave on the card beyond the plan's peak
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -110,6 +111,15 @@ class Stack:
             attention += 2 * BF16 * (h - kv) + BF16 * mask_width
         mlp = 4 * BF16 * inter  # SwiGLU: gate, act(gate), up, act(gate) * up
         return norms + attention + mlp
+
+    def activation_bytes(self, tokens: int, checkpointing: bool, kept: int = 0, mask_width: int = 0) -> int:
+        """Activations of ``tokens`` tokens through the whole stack; with checkpointing, ``kept`` layers
+        keep all theirs (selective checkpointing) and the others their input, plus one recomputed layer."""
+        layer = self.layer_activation_bytes(mask_width)
+        if checkpointing and kept < self.layers:
+            recomputed = self.layers - kept
+            return tokens * (recomputed * BF16 * self.hidden + (kept + 1) * layer)
+        return tokens * self.layers * layer
 
     def kv_bytes_per_token(self, dtype_bytes: int = BF16) -> int:
         return self.layers * 2 * self.kv * dtype_bytes
@@ -589,9 +599,23 @@ def plan_memory(
         micro = t.per_device_batch_size
         shown = f"{micro} x {sequence} tokens"
         vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
+        # A padded micro-batch under sdpa passes a dense mask of the padded width to every layer; packed rows
+        # (train.padding_free, Qwen2/2.5-VL) take the variable-length route and none.
+        packed = t.padding_free and shape.kind == "qwen2_vl"
+        mask_width = sequence if not packed and m.attn_implementation in (None, "sdpa") else 0
+        notes.append(
+            "language model attention: "
+            + (
+                "packed rows, variable-length kernel, no mask"
+                if packed
+                else f"padded rows, {sequence}-wide mask"
+            )
+            + f" ({shape.text.layer_activation_bytes(mask_width):,} bytes per token per kept layer, measured "
+            "arithmetic: autograd's saved tensors, tests)"
+        )
 
         def micro_batch(checkpointing: bool, kept: int = 0) -> int:
-            return shape.text.activation_bytes(micro * sequence, checkpointing, kept) + (
+            return shape.text.activation_bytes(micro * sequence, checkpointing, kept, mask_width) + (
                 shape.vision.activation_bytes(vision_tokens, checkpointing)
             )
 
@@ -665,10 +689,14 @@ def plan_memory(
     rollout["CUDA context, NCCL, fragmentation (reserve)"] = reserve
     most_kept = None
     if m.gradient_checkpointing and not verl:
-        # Selective checkpointing: the most decoder layers whose activations fit the share of what is left.
-        left = gpu_bytes - sum(v for k, v in update.items() if not k.startswith("activations ("))
+        # Selective checkpointing: the most decoder layers whose activations leave HEADROOM_GIB free.
+        left = (
+            gpu_bytes
+            - HEADROOM_GIB * GiB
+            - sum(v for k, v in update.items() if not k.startswith("activations ("))
+        )
         most_kept = next(
-            (n for n in range(shape.text.layers, -1, -1) if micro_batch(True, n) <= ACTIVATION_SHARE * left),
+            (n for n in range(shape.text.layers, -1, -1) if micro_batch(True, n) <= left),
             None,
         )
         if most_kept is None:
@@ -676,7 +704,8 @@ def plan_memory(
         else:
             notes.append(
                 f"selective checkpointing: up to {most_kept} of the {shape.text.layers} decoder layers can keep "
-                f"their activations at {shown} (model.layers_without_recompute={most_kept}; the recipe has {kept})"
+                f"their activations at {shown} with {HEADROOM_GIB:g} GiB free "
+                f"(model.layers_without_recompute={most_kept}; the recipe has {kept})"
             )
     checkpoint, final, form = checkpoint_disk(shape, recipe, launcher)
     limit = recipe.run.save_total_limit
