@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from balcaprl.plan.memory import BF16, KNOWN_MODELS, model_shape
 from balcaprl.plan.measured import LayerWidths, saved_bytes_per_layer, text_model
+from balcaprl.plan.memory import BF16, KNOWN_MODELS, model_shape
 from balcaprl.train.varlen_attention import VARLEN
 
 TOLERANCE = 0.05  # the bound on plan against measurement

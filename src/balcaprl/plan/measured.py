@@ -47,7 +47,9 @@ def text_model(widths: LayerWidths, layers: int = 2, attn: str = "sdpa", dtype=t
         from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
 
-        config = Qwen2_5_VLTextConfig(**common, rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]})
+        config = Qwen2_5_VLTextConfig(
+            **common, rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]}
+        )
         model_class = Qwen2_5_VLTextModel
     else:
         from transformers import LlamaConfig, LlamaModel

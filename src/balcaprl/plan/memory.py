@@ -488,21 +488,33 @@ class MemoryPlan:
         gib = self.gpu_bytes / GiB
         lines = [
             f"memory plan for {self.model.name} ({self.model.params / 1e9:.2f} B parameters), "
-            f"{self.launcher.description}, {gib:g} GiB per GPU (estimates, GiB per GPU)",
+            f"{self.launcher.description}, {gib:g} GiB per GPU (GiB per GPU; counted: sizes of known tensors; "
+            "measured: bytes per token held to autograd's saved tensors by tests; estimate: not measured)",
         ]
         for phase, parts in (("update", self.update), ("rollout", self.rollout)):
             lines.append(f"  {phase} phase")
             for name, value in parts.items():
-                lines.append(f"    {name:<52} {value / GiB:8.1f}")
+                lines.append(f"    {name:<52} {value / GiB:8.1f}  {basis(name, self.model)}")
             lines.append(f"    {'total':<52} {sum(parts.values()) / GiB:8.1f}")
         lines.append("  activations of one micro-batch, both ways")
         for name, value in self.activations.items():
-            lines.append(f"    {name:<52} {value / GiB:8.1f}")
+            lines.append(f"    {name:<52} {value / GiB:8.1f}  {basis(name, self.model)}")
         verdict = "fits" if self.fits else "DOES NOT FIT"
         lines.append(f"  peak {self.peak / GiB:.1f} of {gib:g} GiB: {verdict}")
         lines.extend(f"  note: {note}" for note in self.notes)
         lines.extend(f"  warning: {warning}" for warning in self.warnings)
         return "\n".join(lines)
+
+
+def basis(component: str, shape: ModelShape) -> str:
+    """How a plan line's figure is known: counted (sizes of known tensors), measured (per-token bytes held
+    to autograd's count by tests: the decoder layers) or estimate."""
+    if component.startswith(("activations", "with", "without")):
+        vision = "CLIP" if shape.kind == "llava" else "vision tower"
+        return f"measured (decoder layers); {vision}: estimate"
+    if component.startswith(("CUDA context", "vLLM engine", "prefill")):
+        return "estimate"
+    return "counted"
 
 
 def plan_memory(

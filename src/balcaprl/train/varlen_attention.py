@@ -76,7 +76,7 @@ def packed_attention(
                 query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True, scale=scaling,
                 enable_gqa=key.shape[1] != query.shape[1],
             )
-            for s, e in zip(bounds[:-1], bounds[1:])
+            for s, e in zip(bounds[:-1], bounds[1:], strict=False)
         ]  # fmt: skip
         return torch.cat(outs, dim=2).transpose(1, 2)
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [tokens, heads, d]
