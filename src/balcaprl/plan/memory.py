@@ -719,6 +719,8 @@ def plan_memory(
                 f"their activations at {shown} with {HEADROOM_GIB:g} GiB free "
                 f"(model.layers_without_recompute={most_kept}; the recipe has {kept})"
             )
+    if not verl and (Path(recipe.data.path) / "dataset.json").is_file():
+        notes.append(real_token_note(recipe, gpus))
     checkpoint, final, form = checkpoint_disk(shape, recipe, launcher)
     limit = recipe.run.save_total_limit
     kept = (
@@ -752,6 +754,18 @@ def plan_memory(
                 f"the largest part is {biggest} ({parts[biggest] / GiB:.1f} GiB)"
             )
     return plan
+
+
+def real_token_note(recipe: Recipe, gpus: int) -> str:
+    """The real-token share of the update's micro-batches on the recipe's prepared data."""
+    from balcaprl.plan.token_share import expected_share
+
+    share = expected_share(recipe.data.path, recipe, gpus)
+    source = "reference_tokens" if share.counted else "reference words x 4/3, an estimate"
+    padded = f"padded rows would hold {share.share:.0%} real tokens"
+    if recipe.train.padding_free:
+        return f"real tokens on {recipe.data.path}: packed rows, 100%; {padded} (caption lengths: {source})"
+    return f"real tokens on {recipe.data.path}: {padded}; packed rows (train.padding_free) 100% (caption lengths: {source})"
 
 
 def checkpoint_disk(shape: ModelShape, recipe: Recipe, launcher: Launcher) -> tuple[float, float, str]:
