@@ -21,26 +21,32 @@ def test_cumulative_lengths_by_hand():
     assert cumulative_lengths(torch.arange(4)[None]).tolist() == [0, 4]  # one sample
 
 
-def block_diagonal_reference(query, key, value, lengths, scale):
-    """One SDPA call with the dense block-diagonal causal mask transformers builds under sdpa."""
+def block_diagonal_reference(query, key, value, lengths, scale, causal=True):
+    """One SDPA call with the dense block-diagonal (causal) mask transformers builds under sdpa."""
     sample = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     place = torch.arange(sum(lengths))
-    mask = (sample[:, None] == sample[None, :]) & (place[:, None] >= place[None, :])
+    mask = sample[:, None] == sample[None, :]
+    if causal:
+        mask &= place[:, None] >= place[None, :]
     groups = query.shape[1] // key.shape[1]
     key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale).transpose(1, 2)
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(1, 9), min_size=2, max_size=5), kv_heads=st.sampled_from([1, 2, 4]))
-def test_per_sample_attention_equals_the_block_diagonal_mask(lengths, kv_heads):
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=2, max_size=5),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    causal=st.booleans(),  # the language model's samples, or the vision tower's windows
+)
+def test_per_sample_attention_equals_the_block_diagonal_mask(lengths, kv_heads, causal):
     torch.manual_seed(len(lengths))
     heads, dim, tokens = 4, 8, sum(lengths)
     query = torch.randn(1, heads, tokens, dim, dtype=torch.float64)
     key, value = (torch.randn(1, kv_heads, tokens, dim, dtype=torch.float64) for _ in range(2))
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
-    got = packed_attention(query, key, value, cumulative_lengths(positions), scaling=0.3)
-    torch.testing.assert_close(got, block_diagonal_reference(query, key, value, lengths, 0.3))
+    got = packed_attention(query, key, value, cumulative_lengths(positions), scaling=0.3, causal=causal)
+    torch.testing.assert_close(got, block_diagonal_reference(query, key, value, lengths, 0.3, causal))
 
 
 def qwen_text_model():

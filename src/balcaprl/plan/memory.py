@@ -46,11 +46,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from balcaprl.config import parse_yaml
 from balcaprl.errors import ConfigError, InputError
-from balcaprl.recipe import Recipe
+
+if TYPE_CHECKING:  # the shapes and per-layer bytes need neither (the GPU check imports them bare)
+    from balcaprl.recipe import Recipe
 
 GiB = 2**30
 BF16 = 2
@@ -412,6 +413,8 @@ class Launcher:
 def launcher_from_accelerate(path: str | Path, gpus: int | None = None) -> Launcher:
     """A :class:`Launcher` from an accelerate config file (``configs/accelerate/*.yaml``)."""
     try:
+        from balcaprl.config import parse_yaml
+
         config = parse_yaml(Path(path).read_text(encoding="utf-8")) or {}  # bounded, no duplicate keys
     except (OSError, ValueError) as error:
         raise InputError(f"--launcher {path}: cannot read it as an accelerate config ({error})") from None

@@ -63,17 +63,23 @@ def varlen_route(device: torch.device) -> str:
 
 
 def packed_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, scaling: float | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    scaling: float | None,
+    causal: bool = True,
 ) -> torch.Tensor:
-    """Causal attention within each ``cu`` segment. ``query [1, heads, tokens, d]``, ``key``/``value``
-    ``[1, kv_heads, tokens, d]``; returns ``[1, tokens, heads, d]`` (what transformers' sdpa returns)."""
+    """Attention within each ``cu`` segment (causal, or full for the vision tower's windows).
+    ``query [1, heads, tokens, d]``, ``key``/``value`` ``[1, kv_heads, tokens, d]``; returns
+    ``[1, tokens, heads, d]`` (what transformers' sdpa returns)."""
     route = varlen_route(query.device)
     longest = int((cu[1:] - cu[:-1]).max())
     if route == "loop":
         bounds = cu.tolist()
         outs = [
             F.scaled_dot_product_attention(
-                query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True, scale=scaling,
+                query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=causal, scale=scaling,
                 enable_gqa=key.shape[1] != query.shape[1],
             )
             for s, e in zip(bounds[:-1], bounds[1:], strict=False)
@@ -82,11 +88,14 @@ def packed_attention(
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [tokens, heads, d]
     name, kernel = _kernel()
     if name == "flash_attn":
-        out = kernel(q, k, v, cu, cu, longest, longest, softmax_scale=scaling, causal=True)
+        out = kernel(q, k, v, cu, cu, longest, longest, softmax_scale=scaling, causal=causal)
     else:
         params = inspect.signature(kernel).parameters
         kwargs: dict[str, Any] = {"scale": scaling}
-        kwargs.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
+        if "window_size" in params:
+            kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            kwargs["is_causal"] = causal
         if k.shape[1] != q.shape[1]:
             if "enable_gqa" in params:
                 kwargs["enable_gqa"] = True
