@@ -32,6 +32,14 @@ class LayerWidths:
     intermediate: int
 
 
+def mrope_sections(widths: LayerWidths) -> list[int]:
+    """Qwen2.5-VL's split of the rotary frequencies over time, height and width ([16, 24, 24] at head
+    size 128), scaled to ``widths``' head size."""
+    half = widths.hidden // widths.heads // 2
+    time = half // 4
+    return [time, (half - time) // 2, half - time - (half - time) // 2]
+
+
 def text_model(widths: LayerWidths, layers: int = 2, attn: str = "sdpa", dtype=torch.bfloat16) -> Any:
     """The real transformers language model at ``widths`` with ``layers`` layers (random init, small vocab)."""
     common = dict(
@@ -48,7 +56,7 @@ def text_model(widths: LayerWidths, layers: int = 2, attn: str = "sdpa", dtype=t
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLTextModel
 
         config = Qwen2_5_VLTextConfig(
-            **common, rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]}
+            **common, rope_parameters={"rope_type": "default", "mrope_section": mrope_sections(widths)}
         )
         model_class = Qwen2_5_VLTextModel
     else:

@@ -1,0 +1,36 @@
+"""The GPU check's tiny CPU mode, as a real process: every section runs and its JSON holds the figures
+the GPU run reports (the equalities checked here are exact on CPU in float32)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_check_runs_tiny_on_cpu_and_writes_one_json(tmp_path):
+    out = tmp_path / "check.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"driver", "vision", "layer_bytes", "packing", "update"} <= report.keys()
+    assert not any(
+        "error" in report[name] for name in ("driver", "vision", "layer_bytes", "packing", "update")
+    )
+    assert report["driver"]["refused"] is False and report["driver"]["seen"]
+    assert report["vision"]["equal"] and report["vision"]["route"] == "loop"
+    layer = report["layer_bytes"]
+    assert layer["within_5_percent"]
+    for case in ("no_mask", "padding_mask", "packed"):
+        assert layer[case]["measured"] == layer[case]["plan"]  # the plan's arithmetic, byte for byte
+    packing = report["packing"]
+    assert 0 < packing["real_token_share"] < 1 and packing["real_tokens"] < packing["padded_tokens"]
+    assert packing["max_abs_diff"] < 1e-4  # packed rows give the padded rows' outputs
+    update = report["update"]
+    assert update["model_tflop"] > 0 and update["layers_kept"] == 1 and update["mfu"] is None
