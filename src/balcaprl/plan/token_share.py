@@ -92,3 +92,28 @@ def expected_share(dataset_dir: Path | str, recipe, gpus: int) -> TokenShare:
     per_process = max(1, recipe.train.prompts_per_batch // gpus)
     share = padded_batches(lengths, per_process, recipe.rollout.rollouts_per_prompt)
     return TokenShare(share.real, share.padded, share.rows, counted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m balcaprl.plan.token_share DATA RECIPE OUT.json``: the prepared data's
+    ``[[prompt, caption], ...]`` token counts (the length mix ``benchmarks/gpu_check.py --lengths`` and
+    ``benchmarks/gpu_step.py --lengths`` take)."""
+    import json
+    import sys
+
+    from balcaprl.recipe import load_recipe
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print(main.__doc__.split("\n")[0].strip(), file=sys.stderr)
+        return 2
+    lengths, counted = dataset_lengths(args[0], load_recipe(args[1]))
+    Path(args[2]).write_text(json.dumps([[s.prompt, s.caption] for s in lengths]) + "\n", encoding="utf-8")
+    print(
+        f"wrote {len(lengths)} samples' lengths to {args[2]} (captions {'counted' if counted else 'estimated'})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
