@@ -12,18 +12,25 @@ Two phases, each GPU's peak being the larger:
   each GPU and the KV cache of every caption of the GPU's generation batch at once (TRL generates the
   local generation batch in one ``generate`` call).
 
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-Sec. 4: a GPT layer keeps ``34 h`` bytes per token without the attention scores; written here for the
-layers these models have, 16-bit activations, SDPA/flash attention so no ``s x s`` scores). Per token
-and layer, the tensors saved for the backward pass are: the two norm inputs and outputs (4h), Q (h), K
-and V (2 kv), the attention output (h), and the MLP's intermediate tensors, four of width I for SwiGLU
-(gate, up, act(gate), product) or two for GELU (fc1 output, its GELU):
+Activations: the bytes autograd keeps per token and decoder layer, as counted on the real transformers
+layers (``balcaprl.plan.measured``; ``tests/train/test_memory_measured.py`` holds this arithmetic to the
+count within 5% at each recipe model's widths). With ``h`` the width, ``kv`` K's (and V's) width, ``I``
+the MLP's and ``a`` the heads, 16-bit weights and SDPA (no ``s x s`` scores kept):
 
-    a_layer = 2 bytes x (6 h + 2 kv + 4 I)     (SwiGLU)        2 bytes x (6 h + 2 kv + 2 I)     (GELU)
+    a_layer = 20 h + 4 kv + 8 I + 4 a + 8                        (no mask: causal, or packed varlen)
+    a_layer + 4 (h - kv) + 2 L                                   (a padding mask of width L under sdpa)
+
+Each RMSNorm keeps its input in fp32, 1/rms, the normalised bf16 and its output (8h + 4); attention
+keeps q, k, v after rotary embedding, its output and the fp32 log-sum-exp (4h + 4kv + 4a); the SwiGLU
+keeps gate, act(gate), up and their product (8I). With a mask transformers expands k and v to every head
+and each layer converts and keeps the mask. (Korthikanti et al. 2022's ``34 h`` per token is the same
+kind of count for a GPT layer; the textbook ``2 (6h + 2kv + 4I)`` missed the fp32 norms and the mask.)
+CLIP's layers (LLaVA's vision tower) keep the textbook count, an estimate.
 
 With per-layer gradient checkpointing only each layer's input stays (2 h bytes per token and layer)
 and one layer is recomputed at a time (``a_layer`` once). The vision tower is counted the same way on
-its patches (Qwen2.5-VL: 4 patches per image token; LLaVA-1.5: 577 CLIP tokens per image).
+its patches (Qwen2.5-VL: 4 patches per image token; LLaVA-1.5: 577 CLIP tokens per image), an estimate:
+its attention route differs from the language model's.
 
 KV cache per token: ``layers x 2 (K, V) x kv_heads x head_dim x bytes``. Logits: TRL 1.16 computes the
 completion tokens' log-probs with a fused, tiled LM head (``trl.kernels.ChunkedLogProbFunction``: tiles
@@ -35,9 +42,10 @@ verl's micro-batches are token-balanced (``use_dynamic_bsz``): the plan gives th
 memory left after the static state holds (:attr:`MemoryPlan.token_budget`, rendered as
 ``ppo_max_token_len_per_gpu``), instead of ``train.per_device_batch_size`` captions.
 
-These are estimates: allocator fragmentation, NCCL buffers and the CUDA context come on top, and a
-fixed reserve (:data:`RUNTIME_RESERVE_GIB`) stands in for them. Check them against a measured step
-(``benchmarks/gpu_step.py``).
+Allocator fragmentation, NCCL buffers and the CUDA context come on top, and a fixed reserve
+(:data:`RUNTIME_RESERVE_GIB`) stands in for them; TRL's kept layers leave :data:`HEADROOM_GIB` of the card
+free beyond the peak. ``--plan`` marks each figure counted, measured or estimated (:func:`basis`). Check
+them against a GPU (``benchmarks/gpu_check.py``, ``benchmarks/gpu_step.py``).
 """
 
 from __future__ import annotations
