@@ -92,3 +92,53 @@ def test_other_implementations_are_left_alone(implementation):
     model.config._attn_implementation = implementation
     assert not varlen_attention.use_varlen_text_attention(model)
     assert model.config._attn_implementation == implementation
+
+
+def fake_varlen_kernel(newer: bool):
+    """A stand-in for torch's CUDA-only ``varlen_attn`` with its [tokens, heads, d] layout: the current
+    signature (scale, window_size, enable_gqa) or an older one (is_causal only)."""
+
+    def attend(q, k, v, cu, causal, scale):
+        groups = q.shape[1] // k.shape[1]
+        k, v = (x.repeat_interleave(groups, dim=1) for x in (k, v))
+        bounds = cu.tolist()
+        outs = [
+            F.scaled_dot_product_attention(
+                *(x[s:e].transpose(0, 1) for x in (q, k, v)), is_causal=causal, scale=scale
+            ).transpose(0, 1)
+            for s, e in zip(bounds[:-1], bounds[1:], strict=False)
+        ]
+        return torch.cat(outs)
+
+    if newer:
+
+        def varlen_attn(
+            q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False
+        ):
+            assert enable_gqa or q.shape[1] == k.shape[1]
+            return attend(q, k, v, cu_q, window_size == (-1, 0), scale)
+
+    else:
+
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+            assert q.shape[1] == k.shape[1]  # no GQA: k and v come expanded
+            return attend(q, k, v, cu_q, is_causal, None)
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("newer", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_cuda_kernel_gets_its_layout_and_arguments(monkeypatch, newer, causal):
+    """The kernel route (CUDA) against the per-sample reference, with torch's kernel replaced by a
+    stand-in of the same signature: layout, causality, GQA and the scale are passed as it takes them."""
+    monkeypatch.setattr(varlen_attention, "varlen_route", lambda device: "torch")
+    monkeypatch.setattr(varlen_attention, "_kernel", lambda: ("torch", fake_varlen_kernel(newer)))
+    torch.manual_seed(3)
+    lengths = [4, 7, 2]
+    query = torch.randn(1, 4, 13, 8, dtype=torch.float64)
+    key, value = (torch.randn(1, 2, 13, 8, dtype=torch.float64) for _ in range(2))
+    cu = torch.tensor([0, 4, 11, 13], dtype=torch.int32)
+    got = packed_attention(query, key, value, cu, scaling=0.2, causal=causal)
+    expected = block_diagonal_reference(query, key, value, lengths, 0.2, causal)
+    torch.testing.assert_close(got, expected)

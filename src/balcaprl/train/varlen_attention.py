@@ -91,7 +91,11 @@ def packed_attention(
         out = kernel(q, k, v, cu, cu, longest, longest, softmax_scale=scaling, causal=causal)
     else:
         params = inspect.signature(kernel).parameters
-        kwargs: dict[str, Any] = {"scale": scaling}
+        kwargs: dict[str, Any] = {}
+        if "scale" in params:
+            kwargs["scale"] = scaling
+        elif scaling is not None:  # an older torch without ``scale``: its default is 1/sqrt(d)
+            q = q * (scaling * q.shape[-1] ** 0.5)
         if "window_size" in params:
             kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
         else:
