@@ -51,6 +51,7 @@ from balcaprl.train.varlen_attention import VARLEN, varlen_route  # noqa: E402
 MODEL_ID = "Qwen/Qwen2.5-VL-3B-Instruct"
 RECIPE = ROOT / "configs" / "qwen2_5_vl_3b.yaml"
 IMAGE = (1148, 840)  # a ShareGPT4V-sized image within the recipe's max_pixels (41 x 30 = 1230 tokens)
+GENERATION_PROMPTS, MICRO_ROWS = 32, 16  # the 3B recipe on 8 GPUs: 256 prompts / 8, 16 captions a micro-batch
 PROMPT_TEXT = 64  # the chat template around the image (balcaprl.plan.memory.PROMPT_TEXT_TOKENS)
 # Stand-in length mix when no --lengths file is given: captions of 80-1024 tokens (about 250 typical,
 # a few at the cap), images of 300-1280 tokens. Replace it with the prepared data's (docs/gpu.md).
@@ -253,8 +254,14 @@ def section_packing(tiny: bool, lengths: list[tuple[int, int]]) -> dict[str, Any
         widths = LayerWidths("qwen2_5_vl", 64, 4, 2, 128)
         lengths = [(max(2, p // 40), max(1, c // 40)) for p, c in lengths]
     model = text_model(widths, layers=2 if tiny else 4, attn=VARLEN, dtype=dtype).to(device)
-    rows = [p + c for p, c in lengths]
-    width = max(p for p, _ in lengths) + max(c for _, c in lengths)  # TRL: longest prompt + longest caption
+    from balcaprl.plan.token_share import Lengths, padded_batches
+
+    # TRL pads a GPU's generation batch (the recipe: 256 captions, 32 prompts x 8) to its longest prompt
+    # + longest caption; one micro-batch (16 captions) of it runs here, one caption per prompt.
+    generation = lengths[:GENERATION_PROMPTS]
+    width = max(p for p, _ in generation) + max(c for _, c in generation)
+    rows = [p + c for p, c in generation[:MICRO_ROWS]]
+    whole = padded_batches([Lengths(p, c) for p, c in lengths], GENERATION_PROMPTS, rollouts=8)
     torch.manual_seed(1)
     ids = torch.randint(0, 256, (len(rows), width), device=device)
     mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -283,6 +290,8 @@ def section_packing(tiny: bool, lengths: list[tuple[int, int]]) -> dict[str, Any
         "real_tokens": sum(rows),
         "padded_tokens": len(rows) * width,
         "real_token_share": sum(rows) / (len(rows) * width),
+        "real_token_share_whole_mix": whole.share,
+        "samples_in_mix": len(lengths),
         "lengths": source,
         "seconds_fwd_bwd": {"padded_sdpa": t_padded, "packed_varlen": t_packed},
         "speedup": t_padded / t_packed,
