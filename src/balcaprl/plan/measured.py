@@ -68,8 +68,26 @@ def text_model(widths: LayerWidths, layers: int = 2, attn: str = "sdpa", dtype=t
 
         register()
     config._attn_implementation = attn
-    torch.manual_seed(0)
-    model = model_class(config).to(dtype)
+    from transformers.initialization import no_init_weights
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # allocated in dtype at once (a 7B-wide fp32 copy costs seconds)
+    try:
+        with no_init_weights():  # allocation only: transformers' initialisation of 7B widths takes ~20 s
+            model = model_class(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to(dtype)
+    # Our own random weights, cheaply: norms at 1, the rest from 2^20 N(0, 0.02) values, repeated in
+    # tensors larger than that (byte counts do not depend on values).
+    base = (0.02 * torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))).to(dtype)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.fill_(1.0)
+            else:
+                n = parameter.numel()
+                parameter.view(-1).copy_(base.repeat(n // base.numel() + 1)[:n])
     model.train()
     return model
 
