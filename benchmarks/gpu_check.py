@@ -351,11 +351,12 @@ def section_update(tiny: bool, peak_tflops: float) -> dict[str, Any]:
     labels[:, : -knobs["caption"]] = -100
     labels = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), -100)], dim=1).reshape(-1)
     weight = model.lm_head.weight
+    scored = labels >= 0
 
     def step():
         model.zero_grad(set_to_none=True)
         out = inner(**packed, pixel_values=pixels, image_grid_thw=grid).last_hidden_state[0]
-        loss = chunked_logprob_loss(out, weight, labels, 4096)
+        loss = chunked_logprob_loss(out[scored], weight, labels[scored], 4096)  # caption tokens only, as TRL
         loss.backward()
         return loss.detach()
 
