@@ -17,7 +17,7 @@ STAMP       = $(VENV)/.balcaprl-installed
 VERL_VENV  ?= .venv-verl
 VERL_STAMP  = $(VERL_VENV)/.balcaprl-installed
 
-.PHONY: setup setup-verl test test-verl check-gpu-pins demo ablation bench lint clean
+.PHONY: setup setup-verl test test-verl check-gpu-pins gpu-check demo ablation bench lint clean
 
 setup: $(STAMP)
 
@@ -50,6 +50,12 @@ test-verl: setup-verl
 # CUDA wheel is downloaded); says "not checked" instead of failing when the registry cannot answer.
 check-gpu-pins:
 	python3 scripts/check_gpu_pins.py
+
+# The GPU check (docs/gpu.md): one GPU, torch + transformers only, a few minutes, one JSON under
+# benchmarks/results/. Runs with whatever python3 holds torch (GPU machines: not the CPU venv).
+GPU_CHECK_PYTHON ?= python3
+gpu-check:
+	$(GPU_CHECK_PYTHON) benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json
 
 # The offline main job: synthetic world -> SFT -> c-GDPO with the oracle judge -> held-out report
 # (about 11 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
