@@ -39,8 +39,11 @@ its 4 full-attention layers). ``--variants before,after,padded`` adds ``after`` 
 Each variant records the memory plan of what it runs (its kept layers, packed or padded rows) beside
 its measured peak. ``--lengths FILE`` (``[[prompt, caption], ...]`` token counts, written from a
 prepared dataset by ``python -m balcaprl.plan.token_share``) sizes the images so the prompts follow
-that mix; a random model's captions still run to the cap, so the real caption mix is measured by
-``benchmarks/gpu_check.py`` (its ``packing`` section). The loopback judge needs the ``[serve]`` extra.
+that mix. A random model's captions all run to the cap; the ``mix`` variant (``after``'s settings, run
+by default beside it) cuts each generated caption to a length drawn from the mix's caption lengths
+(seeded; the file's, else the shipped stand-in mix ``STAND_IN_CAPTION_MIX``), so its update sees the
+padding and the token count of real data, while ``after`` measures the all-at-the-cap batch. The
+loopback judge needs the ``[serve]`` extra.
 
 The update time is the step's wall time less generation and scoring (judge, old log-probs,
 advantages); with 4 updates per batch only a batch's first step generates and judges. With a random
@@ -303,10 +306,44 @@ def loopback_judge(latency_s: float):
 # ------------------------------------------------------------------------------- the measurement
 
 
+# Caption lengths (tokens) for the ``mix`` variant when no ``--lengths`` file is given: the 1,024-token
+# cap's realistic spread is unknown without prepared data, so a stand-in that the docs call one: most
+# captions between a third and two thirds of the cap, a few at it (scaled to the tiny run's cap).
+STAND_IN_CAPTION_MIX = (300, 380, 450, 520, 600, 680, 760, 1024)
+
+
+def cut_to_mix(completion_ids, logprobs, lengths, eos_id: int, seed: int = 0):
+    """Each caption cut to a length drawn (seeded) from ``lengths``, ending in ``eos_id`` as a caption
+    the policy finished there would; a caption already shorter is kept. ``logprobs`` (vLLM's, or None)
+    are cut alike."""
+    rng = random.Random(seed)
+    cut_ids, cut_logprobs = [], None if logprobs is None else []
+    for i, ids in enumerate(completion_ids):
+        n = max(1, rng.choice(lengths))
+        ids = list(ids)
+        if len(ids) > n:
+            ids = [*ids[: n - 1], eos_id]
+        cut_ids.append(ids)
+        if cut_logprobs is not None:
+            cut_logprobs.append(list(logprobs[i])[: len(ids)])
+    return cut_ids, cut_logprobs
+
+
 class StepClock:
     """Times each optimizer step's phases by wrapping the trainer's own methods for the run."""
 
-    def __init__(self, weights, eps, model_info=None, updates_per_batch=1, profile_step=None, peak=None):
+    def __init__(
+        self,
+        weights,
+        eps,
+        model_info=None,
+        updates_per_batch=1,
+        profile_step=None,
+        peak=None,
+        caption_mix=None,
+    ):
+        self.caption_mix = caption_mix  # lengths the captions are cut to (the ``mix`` variant), or None
+        self._batches_cut = 0
         self.weights, self.eps = list(weights), eps
         self.phase: dict[str, float] = defaultdict(float)
         self.steps: list[dict] = []
@@ -346,6 +383,12 @@ class StepClock:
                 finally:
                     clock._sync()
                     clock.phase[bucket] += time.perf_counter() - start
+                if name == "_generate_single_turn" and clock.caption_mix:
+                    # generation is timed at the cap; what follows (judge, update) sees the mix
+                    clock._batches_cut += 1
+                    result = cut_to_mix(
+                        *result, clock.caption_mix, trainer.eos_token_ids[0], clock._batches_cut
+                    )
                 if name == "_generate_and_score_completions":
                     clock._check_advantages(trainer, args[0], result)
                 return result
@@ -562,14 +605,15 @@ def choose_batch(
     raise SystemExit(f"not even one prompt fits {gpu_gib:g} GiB by the memory plan")
 
 
-VARIANTS = ("before", "after", "padded")  # the default runs the first two
+VARIANTS = ("before", "after", "padded", "mix")  # the default runs before, after and mix
 
 
 def variant_overrides(name: str, layers_without_recompute: int) -> list[str]:
     """``before``: transformers' per-window vision attention, every layer recomputed, padded rows;
     ``after``: the recipe's settings (the vision windows in one variable-length call per layer, the
     plan's layers kept, packed rows through the variable-length attention); ``padded``: ``after`` on
-    padded rows (sdpa with a padding mask)."""
+    padded rows (sdpa with a padding mask); ``mix``: ``after``'s settings, its captions cut to a
+    realistic length mix (:func:`cut_to_mix`)."""
     if name == "before":
         return [
             "model.vision_attention=default",
@@ -580,7 +624,7 @@ def variant_overrides(name: str, layers_without_recompute: int) -> list[str]:
         "model.vision_attention=varlen_sdpa",
         f"model.layers_without_recompute={layers_without_recompute}",
     ]
-    return [*after, f"train.padding_free={str(name == 'after').lower()}"]
+    return [*after, f"train.padding_free={str(name != 'padded').lower()}"]
 
 
 def image_sizes(lengths_file: Path) -> list[tuple[int, int]]:
@@ -664,8 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, help="prompts per batch (default: the largest the plan fits)")
     parser.add_argument(
         "--variants",
-        default="before,after",
-        help="comma-separated: before, after, padded (default before,after)",
+        default="before,after,mix",
+        help="comma-separated: before, after, padded, mix (default before,after,mix)",
     )
     parser.add_argument(
         "--peak-tflops", type=float, help="the GPU's bf16 dense peak (default: H100/H200 989.4)"
@@ -766,6 +810,13 @@ def main(argv: list[str] | None = None) -> int:
             "profile_step": steps,  # the last update: no generation in it when updates > 1
             "peak": peak,
         }
+        cap_mix = [int(c) for _, c in json.loads(args.lengths.read_text())] if args.lengths else None
+        scale = caption_tokens / 1024
+        caption_mix = (
+            [max(2, min(caption_tokens, n)) for n in cap_mix]
+            if cap_mix
+            else [max(2, round(n * scale)) for n in STAND_IN_CAPTION_MIX]
+        )
         results, commands = {}, {}
         with loopback_judge(args.latency) as base_url:
             judge_file = work / "judge.yaml"
@@ -785,7 +836,16 @@ def main(argv: list[str] | None = None) -> int:
             for name in variants:
                 print(f"--- {name}", flush=True)
                 extra = [*overrides, *variant_overrides(name, kept)]
-                results[name], argv_train = run_variant(name, extra, judge_file, clock_args, work)
+                variant_clock = {**clock_args, "caption_mix": caption_mix if name == "mix" else None}
+                results[name], argv_train = run_variant(name, extra, judge_file, variant_clock, work)
+                if name == "mix":
+                    results[name]["caption_mix"] = {
+                        "source": str(args.lengths)
+                        if args.lengths
+                        else "STAND_IN_CAPTION_MIX (an assumption)",
+                        "mean_tokens": sum(caption_mix) / len(caption_mix),
+                        "cap": caption_tokens,
+                    }
                 # the plan of what this variant runs (its kept layers, packed or padded rows)
                 variant_plan = _plan(extra, PAPER_RECIPE, gpu_gib, prompts, micro)
                 results[name]["plan_predicted_peak_gib"] = variant_plan.peak / 2**30 if cuda else None
@@ -841,6 +901,14 @@ def main(argv: list[str] | None = None) -> int:
         "plan_layers_without_recompute": kept,
         "variants": results,
     }
+    if "after" in results and "mix" in results:
+        at_cap, mix = results["after"], results["mix"]
+        figures["mix_vs_all_at_the_cap"] = {
+            "update_s": mix["update_s_mean"] / at_cap["update_s_mean"] if at_cap["update_s_mean"] else None,
+            "update_mfu": mix["update_mfu_mean"] / at_cap["update_mfu_mean"]
+            if at_cap["update_mfu_mean"] and mix["update_mfu_mean"]
+            else None,
+        }
     if "before" in results and "after" in results:
         before, after = results["before"], results["after"]
         figures["after_vs_before"] = {
