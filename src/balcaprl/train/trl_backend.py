@@ -79,6 +79,16 @@ from balcaprl.train.modeling import (
 )
 from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.rollout_engine import (
+    RENAMED_TOWERS,
+    banned_tokens,
+    check_completions,
+    engine_kwargs,
+    sampling_ban,
+    server_command,
+    stop_token_ids,
+    vllm_param_name,
+)
 from balcaprl.train.step import BatchStep, StepResult
 from balcaprl.train.trl_overrides import apply_trl_overrides
 from balcaprl.train.vision_attention import use_varlen_vision_attention
@@ -160,6 +170,37 @@ def vllm_engine_kwargs(**kwargs: Any) -> Iterator[None]:
         vllm_generation.LLM = original
 
 
+def precision_of(args: GRPOConfig) -> str:
+    """The recipe's ``train.precision`` as ``grpo_config`` set it."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def _tokenizer_of(processor: Any) -> Any:
+    return getattr(processor, "tokenizer", processor)
+
+
+def _checkpoint_model_type(path: str | None) -> str | None:
+    """``model_type`` of the checkpoint's config.json (a local folder), else None."""
+    config = Path(path).expanduser() / "config.json" if path else None
+    if config is None or not config.is_file():
+        return None
+    return json.loads(config.read_text(encoding="utf-8")).get("model_type")
+
+
+def _stop_tokens(path: str | None, processor: Any) -> frozenset[int]:
+    """The tokens that end a caption, as TRL counts them: the tokenizer's EOS and the checkpoint's
+    ``generation_config.eos_token_id``."""
+    generation_eos = None
+    if path is not None:
+        try:
+            from transformers import GenerationConfig
+
+            generation_eos = GenerationConfig.from_pretrained(path).eos_token_id
+        except OSError:  # no generation_config.json
+            pass
+    return stop_token_ids(_tokenizer_of(processor), generation_eos)
+
+
 def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]:
     """Lengths of the runs of ``image_token_id`` in a prompt: one run per image, its image-token count."""
     runs, length = [], 0
@@ -212,12 +253,44 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
         self._gathered_rewards = torch.zeros(0, len(REWARD_NAMES))
         self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
         self._ratio_statistics = RatioStatistics()
-        engine = {"mm_processor_kwargs": image_grid.processor_kwargs()} if image_grid is not None else {}
+        grpo_args: GRPOConfig = kwargs["args"]
+        model_path = kwargs["model"] if isinstance(kwargs.get("model"), str) else None
+        model_type = _checkpoint_model_type(model_path)
+        # Captions are plain text: every special token but the stop tokens is masked at sampling.
+        self.banned_tokens = banned_tokens(
+            _tokenizer_of(kwargs["processing_class"]), _stop_tokens(model_path, kwargs["processing_class"])
+        )
+        ban = sampling_ban(self.banned_tokens, "vllm" if grpo_args.use_vllm else "transformers")
+        grpo_args.generation_kwargs = {**(grpo_args.generation_kwargs or {}), **ban}
+        engine = engine_kwargs(
+            precision_of(grpo_args),
+            image_grid.processor_kwargs() if image_grid is not None else None,
+            model_type=model_type,
+        )
         with vllm_engine_kwargs(**engine):
             super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
         self._install_judge_overlap(judge_overlap)  # judging started as soon as the captions exist
+        if self.use_vllm and model_type in RENAMED_TOWERS:
+            self._sync_under_vllm_names()
         if self.use_vllm and self.vllm_mode == "server":
             self._check_served_image_tokens()
+
+    def _sync_under_vllm_names(self) -> None:
+        """TRL's weight sync sends each parameter under the name vLLM's model loads it by (LLaVA's CLIP tower:
+        ``rollout_engine.vllm_param_name``); TRL's own prefix fixes first."""
+        generation = self.vllm_generation
+        fix = generation._fix_param_name_to_vllm
+
+        def fixed(name: str, extra_prefixes: list[str] | None = None) -> str:
+            return vllm_param_name(fix(name, extra_prefixes))
+
+        generation._fix_param_name_to_vllm = fixed
+
+    # 1b. Every batch's completions: refused when one holds a masked special token (see rollout_engine).
+    def _generate(self, prompts):
+        output = super()._generate(prompts)
+        check_completions(output[1], self.banned_tokens)  # (prompt_ids, completion_ids, ...)
+        return output
 
     # 1. Rollouts: TRL samples the captions; a vLLM server must count image tokens as the trainer does.
     def _check_served_image_tokens(self) -> None:
@@ -227,18 +300,20 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
         generation = self.vllm_generation
         place = generation._place_features
         image_token_id = self.processing_class.image_token_id
-        limits = json.dumps(self.image_grid.processor_kwargs()) if self.image_grid is not None else None
+        command = server_command(
+            self.model.name_or_path,
+            precision_of(self.args),
+            self.image_grid.processor_kwargs() if self.image_grid is not None else None,
+        )
 
         def checked(features, prompt_ids):
             if features is not None:
                 served = [int(p["length"]) for p in features["mm_placeholders"]["image"]]
                 ours = image_token_runs(prompt_ids, image_token_id)
                 if served != ours:
-                    hint = f" --mm-processor-kwargs '{limits}'" if limits else ""
                     raise ConfigError(
                         f"the vLLM server made {served} image tokens where the trainer's processor made {ours}: "
-                        f"its image processor has other pixel limits. Restart it with the trainer's: "
-                        f"trl vllm-serve --model {self.model.name_or_path}{hint}"
+                        f"its image processor has other pixel limits. Restart it with the trainer's: {command}"
                     )
             return place(features, prompt_ids)
 
