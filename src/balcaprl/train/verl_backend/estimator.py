@@ -44,7 +44,7 @@ import torch
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
 from balcaprl.train.advantages import ESTIMATORS as ESTIMATOR_NAMES
 from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
-from balcaprl.train.judge_overlap import judge_stage_metrics
+from balcaprl.train.early_judge import judge_stage_metrics
 from balcaprl.train.step import BatchStep, reward_table
 
 # verl estimator name -> the recipe's advantage.estimator

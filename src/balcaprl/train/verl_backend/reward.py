@@ -59,7 +59,7 @@ from balcaprl.config import Section, load_config
 from balcaprl.files import unicode_refusal
 from balcaprl.judge.protocol import Judge
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout
-from balcaprl.train.judge_overlap import stamped
+from balcaprl.train.early_judge import stamped
 from balcaprl.train.judging import (
     JUDGE_EXCEPTION,
     RolloutToJudge,
@@ -247,7 +247,7 @@ async def compute_score(
         failed = failed_rollout(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}", settings.rewards, *counts,
                                 id=row_id, caption=caption)  # fmt: skip
         return stamped(_result(failed, settings), started)
-    (record,) = await judge_rollouts(judge, [rollout], settings.rewards)
+    (record,) = (await judge_rollouts(judge, [rollout], settings.rewards)).records
     if record.failure == JUDGE_EXCEPTION:
         logger.warning("judge raised for row %s: %s", row_id, record.failure_detail)
     return stamped(_result(record, settings), started)
