@@ -130,3 +130,15 @@ def test_judging_starts_while_the_engine_is_still_generating(trained):
     shares = [row["judge/started_early_share"] for row in read_jsonl(trained["out"] / "metrics.jsonl")
               if "judge/started_early_share" in row]  # fmt: skip
     assert len(shares) == 2 and all(0 < share <= 1 for share in shares)
+
+
+def test_every_private_name_the_backend_relies_on_exists_in_the_installed_libraries(trained):
+    """The one list (train/trl_seams.py) against the installed TRL, transformers and vLLM, instance
+    attributes on the trained trainer; the runs above used them (judging during generation is the
+    engine's add_request/step wrapped; the exact sync is _fix_param_name_to_vllm for LLaVA)."""
+    from balcaprl.train.trl_seams import PRIVATE_NAMES, PrivateName, missing
+
+    assert missing(trained["trainer"]) == []
+    assert {entry.owner.split(":")[0].split(".")[0] for entry in PRIVATE_NAMES} == {"trl", "vllm"}
+    moved = PrivateName("vllm.v1.engine.llm_engine:LLMEngine", "step_v2", "a renamed method")
+    assert missing(trained["trainer"], (moved,)) == ["vllm.v1.engine.llm_engine:LLMEngine.step_v2"]

