@@ -58,12 +58,27 @@ CHAT_TEMPLATE = (
 )
 
 
+def word_level_tokenizer(specials: Sequence[str]) -> tuple[Any, dict[str, int]]:
+    """The tests' word-level tokenizer (WORDS, then ``specials`` as special tokens) and its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    for token in specials:
+        vocab[token] = len(vocab)
+    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
+    return tokenizer, vocab
+
+
 def build_tiny_qwen2_5_vl(out: Path) -> Path:
     """Random-init Qwen2.5-VL (2 layers, hidden 64, vision depth 2), word-level tokenizer, saved to ``out``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5_VLProcessor,
@@ -72,15 +87,7 @@ def build_tiny_qwen2_5_vl(out: Path) -> Path:
 
     from balcaprl.train.modeling import image_only_processor_class
 
-    vocab = {w: i for i, w in enumerate(WORDS)}
-    for token in SPECIALS:
-        vocab[token] = len(vocab)
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
+    tokenizer, vocab = word_level_tokenizer(SPECIALS)
     image_processor = Qwen2VLImageProcessor(min_pixels=SIDE * SIDE, max_pixels=SIDE * SIDE)
     # Image-only: a video processor needs torchvision, which has no CPU wheel on PyPI (balcaprl.train.modeling).
     processor_class = image_only_processor_class(Qwen2_5_VLProcessor)
@@ -132,28 +139,18 @@ LLAVA_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|visi
 
 def build_tiny_llava(out: Path) -> Path:
     """Random-init LLaVA (CLIP vision 2 layers, Qwen2 text 2 layers): the synthetic demo's policy shape."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPVisionConfig,
         GenerationConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
-        PreTrainedTokenizerFast,
         Qwen2Config,
     )
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"]
-    vocab = {w: i for i, w in enumerate(WORDS)}
-    for token in specials:
-        vocab[token] = len(vocab)
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer, vocab = word_level_tokenizer(specials)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE}
     )

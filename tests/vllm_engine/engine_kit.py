@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from train_testkit import CHAT_TEMPLATE, SIDE, SPECIALS, WORDS
+from train_testkit import CHAT_TEMPLATE, SIDE, SPECIALS, ScriptedJudge, word_level_tokenizer
 
 from balcaprl.train.rollout_engine import engine_kwargs
 
@@ -22,10 +23,8 @@ KV_CACHE_BYTES = 64 << 20
 
 def build_tiny_qwen2_vl(out: Path) -> Path:
     """Random-init Qwen2-VL (2 layers, hidden 64, vision depth 2), the test vocabulary, saved to ``out``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
         Qwen2VLProcessor,
@@ -34,15 +33,7 @@ def build_tiny_qwen2_vl(out: Path) -> Path:
 
     from balcaprl.train.modeling import image_only_processor_class
 
-    vocab = {w: i for i, w in enumerate(WORDS)}
-    for token in SPECIALS:
-        vocab[token] = len(vocab)
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
+    tokenizer, vocab = word_level_tokenizer(SPECIALS)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=SIDE * SIDE, max_pixels=SIDE * SIDE)
     processor = image_only_processor_class(Qwen2VLProcessor)(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
@@ -77,6 +68,18 @@ def build_tiny_qwen2_vl(out: Path) -> Path:
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
+
+
+class StampedJudge(ScriptedJudge):
+    """The scripted judge (no failures), stamping when each request reached it (``time.perf_counter``)."""
+
+    def __init__(self):
+        super().__init__(fail_every=None)
+        self.arrived: list[float] = []
+
+    async def judge_batch(self, requests):
+        self.arrived.extend([time.perf_counter()] * len(requests))
+        return await super().judge_batch(requests)
 
 
 def small_engine_args(**extra: Any) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch  # noqa: E402
-from engine_kit import free_engine, small_engine_args  # noqa: E402
-from train_testkit import ScriptedJudge, tiny_recipe_dict  # noqa: E402
+from engine_kit import StampedJudge, free_engine, small_engine_args  # noqa: E402
+from train_testkit import tiny_recipe_dict  # noqa: E402
 
 from balcaprl.recipe import recipe_from_dict  # noqa: E402
 from balcaprl.train.metrics import read_jsonl  # noqa: E402
@@ -22,18 +22,6 @@ from balcaprl.train.rollout_engine import vllm_param_name  # noqa: E402
 # vLLM fuses some of the trainer's projections into one parameter (rows stacked in this order).
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 LEVELS = {"model", "language_model"}  # where the trainer and vLLM nest the same modules differently
-
-
-class StampedJudge(ScriptedJudge):
-    """The scripted judge, stamping when each request reached it (``time.perf_counter``)."""
-
-    def __init__(self):
-        super().__init__(fail_every=None)
-        self.arrived: list[float] = []
-
-    async def judge_batch(self, requests):
-        self.arrived.extend([time.perf_counter()] * len(requests))
-        return await super().judge_batch(requests)
 
 
 def _key(name: str) -> str:

@@ -24,7 +24,8 @@ import pytest
 pytest.importorskip("vllm")
 
 import requests  # noqa: E402
-from train_testkit import ScriptedJudge, tiny_recipe_dict  # noqa: E402
+from engine_kit import StampedJudge  # noqa: E402
+from train_testkit import tiny_recipe_dict  # noqa: E402
 
 from balcaprl.recipe import recipe_from_dict  # noqa: E402
 from balcaprl.train.metrics import read_jsonl  # noqa: E402
@@ -76,16 +77,6 @@ def server(tiny_qwen2_5_vl, tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-class StampedJudge(ScriptedJudge):
-    def __init__(self):
-        super().__init__(fail_every=None)
-        self.arrived: list[float] = []
-
-    async def judge_batch(self, requests):
-        self.arrived.extend([time.perf_counter()] * len(requests))
-        return await super().judge_batch(requests)
 
 
 @pytest.fixture(scope="module")
