@@ -362,7 +362,7 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
 
     from transformers import AutoTokenizer
 
-    from balcaprl.train.judge_overlap import JudgeOverlapMixin
+    from balcaprl.train.judge_overlap import TrlJudgeOverlap
     from balcaprl.train.rewards import SharedVerdictScorer
 
     processor = AutoTokenizer.from_pretrained(tiny_policy)  # what the processor's batch_decode uses
@@ -371,8 +371,6 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
     client = ScriptedServerClient(prompts, n, vocab)
     started: list[dict[int, JudgeRequest]] = []
     trainer = SimpleNamespace(
-        judge_overlap="per_rollout",
-        early_judge=SimpleNamespace(start_rollouts=started.append),
         use_vllm=True,
         vllm_mode="server",
         vllm_generation=SimpleNamespace(vllm_client=client),
@@ -380,14 +378,15 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
         num_generations=n,
         processing_class=processor,
         scorer=SharedVerdictScorer(ScriptedJudge(), image_column="image", reference_column="reference"),
-        _decoding=threading.Lock(),
     )
-    trainer._judge_finished = lambda *a: JudgeOverlapMixin._judge_finished(trainer, *a)
     inputs = [{"image": f"/img/{i // n}.png", "reference": "a red door", "reference_tokens": 3}
               for i in range(prompts * n)]  # fmt: skip
     chat = [[{"role": "user", "content": "describe"}]] * len(inputs)
     prompt_ids = [[j, 7, 7] for j in range(prompts)]
-    with JudgeOverlapMixin._watching_rollouts(trainer, chat, inputs):
+    overlap = TrlJudgeOverlap(trainer, "off")  # no reward loop here: the early judge is a recorder
+    overlap.begin_batch(inputs)
+    overlap.mode, overlap.early_judge = "per_rollout", SimpleNamespace(start_rollouts=started.append)
+    with overlap.watching(chat):
         output = client._generate_from_features(prompt_ids, [None] * prompts, {"n": n})
     assert client.order == [2, 1, 0]
     assert "_post" not in vars(client) and "_generate_from_features" not in vars(client)

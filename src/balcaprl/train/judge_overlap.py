@@ -127,91 +127,83 @@ def _wrapped(target: Any, **methods: Callable[..., Any]) -> Iterator[None]:
                 delattr(target, name)
 
 
-class JudgeOverlapMixin:
-    """Judging overlapped with TRL's generation, and the judge's share of each step in the metrics.
+class TrlJudgeOverlap:
+    """Judging overlapped with one TRL trainer's generation, and the judge's share of each step.
 
-    ``judge_overlap`` (:data:`OverlapMode`): with ``batch`` the scorer's judge is wrapped in an
-    :class:`EarlyJudge` and the batch's judge calls start as soon as ``_generate`` returns the
-    completions: before the old-log-prob forward, the reference model and the padding that
-    ``_generate_and_score_completions`` does next. ``per_rollout`` also starts each rollout's call as
-    colocated vLLM finishes it (:func:`watching_finishes`), or as a vLLM server answers its prompt
-    (:func:`watching_prompt_responses`; the main process's rollouts), with the caption decoded as
-    TRL's ``_generate`` decodes it; when ``_generate`` returns, :meth:`EarlyJudge.settle` keeps each
-    early call whose request is the one TRL built for that rollout and starts the rest. Where no
-    finish can be seen (no vLLM, tensor parallelism, a text-only server batch, tool calls, a
-    response parser), ``per_rollout`` is ``batch``. ``off``: nothing changes but the metrics. Each step logs
-    ``judge/wall_s`` (first call started to rewards ready) and ``judge/exposed_s`` (reward functions
-    called to rewards ready).
+    The trainer (``trl_backend.BalancedGRPOTrainer``) calls it at four points of its step, in order:
+    :meth:`begin_batch` (the batch's rows), :meth:`watching` around TRL's generation, :meth:`settle`
+    with the completions TRL decoded, :meth:`stage_metrics` once the rewards are in.
+
+    ``mode`` (:data:`OverlapMode`): with ``batch`` the scorer's judge is wrapped in an
+    :class:`EarlyJudge` and the batch's judge calls start as soon as generation returns the
+    completions: before the old-log-prob forward, the reference model and the padding that TRL does
+    next. ``per_rollout`` also starts each rollout's call as colocated vLLM finishes it
+    (:func:`watching_finishes`), or as a vLLM server answers its prompt (:func:`watching_prompt_responses`;
+    the main process's rollouts), with the caption decoded as TRL decodes it; :meth:`settle` keeps each
+    early call whose request is the one TRL built for that rollout and starts the rest. Where no finish
+    can be seen (no vLLM, tensor parallelism, a text-only server batch, tool calls, a response parser),
+    ``per_rollout`` is ``batch``. ``off``: nothing changes but the metrics.
     """
 
-    scorer: Any
-    _judge_inputs: Sequence[Mapping[str, Any]] | None = None
-    early_judge: EarlyJudge | None = None
-    judge_overlap: OverlapMode = "off"
-    _decoding = threading.Lock()
-    _watched = False  # whether this batch's rollouts could be seen finishing (per_rollout applies)
-    _warned_not_early = False
-
-    def _install_judge_overlap(self, mode: OverlapMode) -> None:
-        """Call after ``GRPOTrainer.__init__`` (it starts the reward event loop)."""
+    def __init__(self, trainer: Any, mode: OverlapMode):
+        """Call after ``GRPOTrainer.__init__`` (it starts the reward event loop, ``async_loop``)."""
         if mode not in ("per_rollout", "batch", "off"):
             raise ValueError(f"judge_overlap: {mode!r} is not one of per_rollout, batch, off")
-        loop = getattr(self, "async_loop", None)
+        self.trainer = trainer
+        self.mode: OverlapMode = "off"
+        self.early_judge: EarlyJudge | None = None
+        loop = getattr(trainer, "async_loop", None)
         if mode != "off" and loop is not None:
-            self.judge_overlap = mode
-            self.early_judge = EarlyJudge(self.scorer.judge, loop)
-            self.scorer.judge = self.early_judge
+            self.mode = mode
+            self.early_judge = EarlyJudge(trainer.scorer.judge, loop)
+            trainer.scorer.judge = self.early_judge
+        self._inputs: Sequence[Mapping[str, Any]] | None = None
+        self._decoding = threading.Lock()  # server mode: responses arrive on TRL's client threads
+        self._watched = False  # whether this batch's rollouts could be seen finishing
+        self._warned_not_early = False
 
-    def _generate_and_score_completions(self, inputs):
-        if self.early_judge is not None:
+    def begin_batch(self, inputs: Sequence[Mapping[str, Any]] | None) -> None:
+        """A new batch's rows (``None``: the batch is over); calls started for an earlier one are dropped."""
+        if inputs is not None and self.early_judge is not None:
             dropped = self.early_judge.forget_started()
             if dropped:
                 logger.warning(
                     "judge overlap: %d calls started for the previous batch were never used", dropped
                 )
-        self._judge_inputs = inputs
-        try:
-            return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
-        finally:
-            self._judge_inputs = None
+        self._inputs = inputs
 
-    def _generate(self, prompts):
-        inputs = self._judge_inputs
-        watcher = self._watching_rollouts(prompts, inputs)
-        self._watched = not isinstance(watcher, nullcontext)
-        with watcher:
-            output = super()._generate(prompts)  # type: ignore[misc]
-        completions = output[3]
-        if self.early_judge is not None and inputs is not None and len(inputs) == len(completions):
-            self.early_judge.settle(requests_for(self.scorer, inputs, completions))
-        return output
-
-    def _watching_rollouts(self, prompts, inputs) -> AbstractContextManager:
+    def watching(self, prompts: Sequence[Any]) -> AbstractContextManager:
         """While TRL generates this batch: each rollout judged as the vLLM engine finishes it (colocate:
         request ``i`` is rollout ``i``; server: prompt ``j``'s response holds rollouts ``j*n`` to
         ``j*n+n-1``, of which the main process's share is its own), where that applies; else nothing."""
+        watcher = self._watcher(prompts, self._inputs)
+        self._watched = not isinstance(watcher, nullcontext)
+        return watcher
+
+    def _watcher(self, prompts, inputs) -> AbstractContextManager:
+        trainer = self.trainer
         if (
-            self.judge_overlap != "per_rollout"
+            self.mode != "per_rollout"
             or self.early_judge is None
             or inputs is None
             or len(inputs) != len(prompts)
-            or not getattr(self, "use_vllm", False)
-            or getattr(self, "rollout_func", None) is not None
-            or getattr(self, "tools", None)  # completions rewritten by the tool loop
-            or _parses_responses(self)
+            or not getattr(trainer, "use_vllm", False)
+            or getattr(trainer, "rollout_func", None) is not None
+            or getattr(trainer, "tools", None)  # completions rewritten by the tool loop
+            or _parses_responses(trainer)
         ):
             return nullcontext()
-        generation = getattr(self, "vllm_generation", None)
-        mode = getattr(self, "vllm_mode", None)
-        judged = functools.partial(self._judge_finished, prompts, inputs)
+        generation = getattr(trainer, "vllm_generation", None)
+        mode = getattr(trainer, "vllm_mode", None)
+        judged = functools.partial(self.judge_finished, prompts, inputs)
         if mode == "colocate" and getattr(generation, "tensor_parallel_size", 1) == 1:
             engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
             if engine is not None:  # (with tensor parallelism the engine runs the group's prompts)
                 return watching_finishes(
                     engine, lambda finished: judged([(i, out.outputs[0].token_ids) for i, out in finished])
                 )
-        if mode == "server" and self.accelerator.is_main_process:  # type: ignore[attr-defined]
-            client, n = getattr(generation, "vllm_client", None), self.num_generations  # type: ignore[attr-defined]
+        if mode == "server" and trainer.accelerator.is_main_process:
+            client, n = getattr(generation, "vllm_client", None), trainer.num_generations
             if client is not None:
                 return watching_prompt_responses(
                     client,
@@ -221,39 +213,42 @@ class JudgeOverlapMixin:
                 )
         return nullcontext()
 
-    def _judge_finished(self, prompts, inputs, finished: Sequence[tuple[int, Sequence[int]]]) -> None:
+    def judge_finished(self, prompts, inputs, finished: Sequence[tuple[int, Sequence[int]]]) -> None:
         """Start the calls of finished rollouts ``(index in this process's batch, completion token
         ids)``, their captions decoded as TRL's ``_generate`` will decode them (``batch_decode(...,
         skip_special_tokens=True)``; one sequence decodes the same alone as in a batch). Rollouts
         beyond this process's batch are another process's."""
-        from trl.data_utils import is_conversational  # TRL only here: verl's reward imports this module
+        from trl.data_utils import is_conversational
 
         conversational = is_conversational({"prompt": prompts[0]})
         by_index = {}
-        with self._decoding:  # server mode: responses arrive on TRL's client threads
+        with self._decoding:
             for index, token_ids in finished:
                 if not 0 <= index < len(inputs):
                     continue
-                (text,) = self.processing_class.batch_decode(  # type: ignore[attr-defined]
+                (text,) = self.trainer.processing_class.batch_decode(
                     [list(token_ids)], skip_special_tokens=True
                 )
                 completion = [{"role": "assistant", "content": text}] if conversational else text
-                (by_index[index],) = requests_for(self.scorer, [inputs[index]], [completion])
+                (by_index[index],) = requests_for(self.trainer.scorer, [inputs[index]], [completion])
         self.early_judge.start_rollouts(by_index)  # type: ignore[union-attr]
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        asked = time.perf_counter()
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+    def settle(self, completions: Sequence[Any]) -> None:
+        """The completions TRL decoded, in rollout order: every rollout's call is started now (the early
+        ones kept where they were started for exactly that request)."""
+        inputs = self._inputs
+        if self.early_judge is not None and inputs is not None and len(inputs) == len(completions):
+            self.early_judge.settle(requests_for(self.trainer.scorer, inputs, completions))
+
+    def stage_metrics(self, asked: float) -> dict[str, float]:
+        """The judge's share of the step once the rewards are in (``asked``: when TRL asked for them,
+        ``time.perf_counter``): ``judge/wall_s``, ``judge/exposed_s``, ``judge/started_early_share``.
+        Warns once per run when ``per_rollout`` applied and no rollout was judged while generated."""
         if self.early_judge is not None:
-            times = self.early_judge.step_times()
+            times, share = self.early_judge.step_times(), self.early_judge.started_early_share()
         else:
             elapsed = time.perf_counter() - asked
-            times = StepTimes(elapsed, elapsed)
-        metrics = self._metrics["train" if self.model.training else "eval"]  # type: ignore[attr-defined]
-        metrics["judge/wall_s"].append(times.wall_s)
-        metrics["judge/exposed_s"].append(times.exposed_s)
-        share = self.early_judge.started_early_share() if self.early_judge is not None else 0.0
-        metrics["judge/started_early_share"].append(share)
+            times, share = StepTimes(elapsed, elapsed), 0.0
         if self._watched and share == 0.0 and not self._warned_not_early:
             self._warned_not_early = True  # once per run
             logger.warning(
@@ -262,7 +257,11 @@ class JudgeOverlapMixin:
                 "so the judge waits for the whole batch. Rewards are unchanged; the step is slower. The TRL and "
                 "vLLM names this relies on are in balcaprl/train/trl_seams.py"
             )
-        return rewards
+        return {
+            "judge/wall_s": times.wall_s,
+            "judge/exposed_s": times.exposed_s,
+            "judge/started_early_share": share,
+        }
 
 
 def _parses_responses(trainer: Any) -> bool:

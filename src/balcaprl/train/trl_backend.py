@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ from balcaprl.train.checkpointing import (
 )
 from balcaprl.train.data import prepare_train_dataset
 from balcaprl.train.driver import check_driver
-from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
+from balcaprl.train.judge_overlap import OverlapMode, TrlJudgeOverlap
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog
 from balcaprl.train.model_card import ModelCardCallback, write_model_card
@@ -218,7 +219,7 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
+class BalancedGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
 
     Args:
@@ -269,7 +270,7 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
         )
         with vllm_engine_kwargs(**engine):
             super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
-        self._install_judge_overlap(judge_overlap)  # judging started as soon as the captions exist
+        self.judge_overlap = TrlJudgeOverlap(self, judge_overlap)  # judging started as captions exist
         if self.use_vllm and model_type in RENAMED_TOWERS:
             self._sync_under_vllm_names()
         if self.use_vllm and self.vllm_mode == "server":
@@ -286,10 +287,13 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
 
         generation._fix_param_name_to_vllm = fixed
 
-    # 1b. Every batch's completions: refused when one holds a masked special token (see rollout_engine).
+    # 1b. Generation: each rollout's judge call started as the engine finishes it (judge_overlap), the
+    # completions refused when one holds a masked special token (rollout_engine), the rest started.
     def _generate(self, prompts):
-        output = super()._generate(prompts)
-        check_completions(output[1], self.banned_tokens)  # (prompt_ids, completion_ids, ...)
+        with self.judge_overlap.watching(prompts):
+            output = super()._generate(prompts)  # (prompt_ids, completion_ids, _, completions, ...)
+        check_completions(output[1], self.banned_tokens)
+        self.judge_overlap.settle(output[3])
         return output
 
     # 1. Rollouts: TRL samples the captions; a vLLM server must count image tokens as the trainer does.
@@ -340,14 +344,22 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
 
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        asked = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge; checked against the records
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for key, value in self.judge_overlap.stage_metrics(asked).items():  # judge/wall_s, ...
+            metrics[key].append(value)
         return rewards
 
     # 3. Advantages and metrics: the batch step (train/step.py) on every process's rollout records.
     def _generate_and_score_completions(self, inputs):
         self.scorer.begin_batch()
-        output = super()._generate_and_score_completions(inputs)  # steps 1 and 2, and TRL's advantages
+        self.judge_overlap.begin_batch(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)  # steps 1 and 2, TRL's advantages
+        finally:
+            self.judge_overlap.begin_batch(None)
         if self.scorer.last_batch is None:
             raise RuntimeError("internal: the reward functions were not called for this batch")
         parts = gather_object([self.scorer.last_batch])  # in the order TRL gathered the rewards

@@ -42,7 +42,7 @@ _GENERATION = "trl.generation.vllm_generation:VLLMGeneration"
 _CLIENT = "trl.generation.vllm_client:VLLMClient"
 
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
-    # -- TRL's GRPOTrainer (trl_backend.BalancedGRPOTrainer, judge_overlap.JudgeOverlapMixin)
+    # -- TRL's GRPOTrainer (trl_backend.BalancedGRPOTrainer)
     PrivateName(_TRAINER, "_generate_and_score_completions",
                 "overridden: the batch step's advantages replace TRL's (trl_backend); the overlap's batch scope"),
     PrivateName(_TRAINER, "_calculate_rewards", "overridden: the gathered (N, 3) rewards; judge stage metrics"),
