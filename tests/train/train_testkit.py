@@ -75,6 +75,24 @@ def word_level_tokenizer(specials: Sequence[str]) -> tuple[Any, dict[str, int]]:
     return tokenizer, vocab
 
 
+def qwen_vl_text_config(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+    """The tiny Qwen2/2.5-VL language model: 2 layers, hidden 64, multimodal rope."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        # mrope_section must sum to head_dim / 2 = 16 (a wrong one is accepted silently).
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4]},
+        bos_token_id=None,
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+
+
 def build_tiny_qwen2_5_vl(out: Path) -> Path:
     """Random-init Qwen2.5-VL (2 layers, hidden 64, vision depth 2), word-level tokenizer, saved to ``out``."""
     from transformers import (
@@ -96,20 +114,7 @@ def build_tiny_qwen2_5_vl(out: Path) -> Path:
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=len(vocab),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=512,
-            # mrope_section must sum to head_dim / 2 = 16 (a wrong one is accepted silently).
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4]},
-            bos_token_id=None,
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
+        text_config=qwen_vl_text_config(len(vocab), ids),
         vision_config=dict(
             depth=2,
             hidden_size=32,

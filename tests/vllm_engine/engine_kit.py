@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from train_testkit import CHAT_TEMPLATE, SIDE, SPECIALS, ScriptedJudge, word_level_tokenizer
+from train_testkit import (
+    CHAT_TEMPLATE,
+    SIDE,
+    SPECIALS,
+    ScriptedJudge,
+    qwen_vl_text_config,
+    word_level_tokenizer,
+)
 
 from balcaprl.train.rollout_engine import engine_kwargs
 
@@ -40,19 +47,7 @@ def build_tiny_qwen2_vl(out: Path) -> Path:
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
     config = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(vocab),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=512,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4]},
-            bos_token_id=None,
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
+        text_config=qwen_vl_text_config(len(vocab), ids),
         vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],

@@ -103,6 +103,10 @@ def test_two_steps_train_and_the_engine_holds_the_trainers_weights_after_a_sync(
     trainer = trained["trainer"]
     assert trainer.state.global_step == 2 and len(trained["generated"]) == 2
     llm, model = trainer.vllm_generation.llm, trainer.accelerator.unwrap_model(trainer.model)
+    # the engine was built with balcaprl's arguments (through TRL's module global: trl_seams.py)
+    config = llm.llm_engine.model_config
+    assert config.dtype == torch.float32  # the recipe's fp32, not the checkpoint's or TRL's default
+    assert [config.multimodal_config.get_limit_per_prompt(m) for m in ("image", "video")] == [1, 0]
     before = engine_vs_trainer(llm, model)  # the engine holds step 1's weights, the trainer step 2's
     assert max(before.values()) > 1e-4, "training did not move the weights: the check below cannot fail"
     trainer.vllm_generation.sync_weights()
