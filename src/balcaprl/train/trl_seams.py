@@ -12,6 +12,10 @@ run show it in a run as well.
 
 Public seams used instead of private ones where TRL 1.16 has them: ``GRPOConfig.generation_kwargs``
 (the special-token mask at sampling, both engines), the reward functions (``reward_funcs``), callbacks.
+``rollout_func`` is not used: TRL 1.16 marks it experimental ("may change or be removed at any time
+without prior notice"), and with it TRL no longer runs its own vLLM generation (image features,
+placement, sleep mode, tensor parallelism, weight sync timing), so balcaprl would re-implement those
+on the same private names (``_tokenize_prompts``, the engine's loop) rather than drop any.
 """
 
 from __future__ import annotations
