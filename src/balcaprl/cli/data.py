@@ -248,7 +248,9 @@ def recaption(
         f"{report.from_progress} finished by an earlier run, {report.from_cache} from the cache"
     )
     reasons = ", ".join(f"{k} {v}" for k, v in report.failed.most_common()) or "none"
-    console.print(f"failed (kept the original reference): {failed} ({reasons})")
+    console.print(f"failed (kept the original reference): {failed} ({reasons})", markup=False)
+    for reason, detail in report.failure_details.items():  # the cause, e.g. a name that does not resolve
+        console.print(f"  {reason}, e.g.: {detail}", markup=False, soft_wrap=True)
     cost = "" if report.cost_usd is None else f", ~${report.cost_usd:.4f}"
     total = "" if report.total_cost_usd is None else f", ~${report.total_cost_usd:.4f}"
     console.print(
