@@ -38,6 +38,9 @@ def dead_hub(request, monkeypatch, tmp_path):
 
 
 def _recipe(tmp_path):
+    built = CliRunner().invoke(app, ["synthetic", "build", "--out", str(tmp_path / "data"), "--n-train", "2",
+                                     "--n-eval", "2"])  # fmt: skip
+    assert built.exit_code == 0, built.output
     (tmp_path / "judge.yaml").write_text("base_url: http://127.0.0.1:9/v1\nmodel: m\napi_key_env: null\n")
     (tmp_path / "recipe.yaml").write_text(
         f"model: {{path: {HUB_ID}}}\ndata: {{path: data}}\njudge: judge.yaml\n"
@@ -58,7 +61,10 @@ def test_train_fails_at_once_with_a_local_cache_message_and_writes_nothing(dead_
 
 def test_caption_fails_at_once_with_a_local_cache_message(dead_hub, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    from PIL import Image
+
     (tmp_path / "images").mkdir()
+    Image.new("RGB", (32, 32), "red").save(tmp_path / "images" / "a.png")
     result = CliRunner().invoke(
         app, ["caption", "--model", HUB_ID, "--images", "images", "--out", "captions.jsonl"]
     )

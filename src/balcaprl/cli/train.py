@@ -101,7 +101,6 @@ def train(
     # Before any model is loaded: the model's path, the data, and a run folder that may be written.
     from balcaprl.model_paths import check_model_path
 
-    check_model_path(recipe.model.path, "model.path")
     try:
         read_card(Path(recipe.data.path).expanduser())
     except UserError as error:
@@ -113,6 +112,7 @@ def train(
         replace_run(output_dir, processes)
     else:
         resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
+    check_model_path(recipe.model.path, "model.path")  # a hub that cannot be reached: the cache or exit 2
     ensure_writable_dir(output_dir, "run.output_dir")
 
     from balcaprl.train.trl_backend import train as train_with_trl
