@@ -301,7 +301,7 @@ def test_the_guides_recaption_flow_works_as_written(dataset, recaption_server, t
     model = ScriptedCaptioner()
     config = tmp_path / "judge.yaml"
     config.write_text(yaml.safe_dump({**judge_config(recaption_server(model)).model_dump(mode="json")}))
-    mine = {"--data": str(dataset), "--judge-config": str(config)}
+    mine = {"--data": str(dataset), "--judge": str(config)}
     for command in commands:
         args = [mine.get(previous, arg) for previous, arg in zip(["", *command], command, strict=False)]
         result = CliRunner(env={"COLUMNS": "120"}).invoke(app, [*args[1:], "--no-progress"])

@@ -30,6 +30,7 @@ from balcaprl.cli.common import (
     INTERRUPTED_STATUS,
     SYSTEM_ERROR_STATUS,
     interrupted_line,
+    plain_help_types,
     quiet_abandoned_tasks,
     system_error,
     system_error_line,
@@ -46,6 +47,10 @@ PANELS = ("Demo", "Data", "Judge", "Train", "Evaluate", "Paper")  # the help's s
 class RootGroup(TyperGroup):
     """The root command group: the error boundary (every command runs inside :meth:`invoke`) and the
     order of the help's activity panels (typer would list plain commands before groups)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        plain_help_types(self)  # FILE, TEXT, INTEGER in the help, not <list[str]>
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         rank = {panel: i for i, panel in enumerate(PANELS)}

@@ -63,7 +63,7 @@ def caption(
     ),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP + " (OUT, or OUT.part of an unfinished run)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT and discard an unfinished run's OUT.part."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Report progress on stderr."),
     threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:  # fmt: skip
     """Caption images with a model; resumable (--resume); writes JSONL and the benchmark's own input format."""
@@ -313,7 +313,7 @@ def evaluate(
         False, "--overwrite", help="Replace the suite's results in OUT (other protocols' results are kept)."
     ),
     min_scored: float = typer.Option(1.0, "--min-scored", min=0.0, max=1.0, help=MIN_SCORED_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Report progress on stderr."),
 ) -> None:  # fmt: skip
     """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable (--resume)."""
     from balcaprl.evaluate.config import PROTOCOLS, load_evaluation_config
@@ -430,7 +430,7 @@ def report(
     human_ranking: Path | None = typer.Option(
         None, "--human-ranking", help="Human ranking (models best first, or CSV model,score) for Spearman."
     ),
-    title: str = typer.Option("Caption evaluation", "--title"),
+    title: str = typer.Option("Caption evaluation", "--title", help="Heading of report.md and report.png."),
 ) -> None:  # fmt: skip
     """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
     from balcaprl.evaluate.report import build_report
@@ -452,7 +452,7 @@ def evaluate_general(
         "qwen2_5_vl", "--model-type", help="lmms-eval --model: qwen2_5_vl, llava_hf, llava_onevision, ..."
     ),
     model_args: str | None = typer.Option(None, "--model-args", help="Extra model_args, e.g. max_pixels=12845056."),
-    batch_size: int = typer.Option(1, "--batch-size", min=1),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="lmms-eval --batch_size."),
     num_processes: int = typer.Option(1, "--num-processes", min=1, help="GPUs, through accelerate launch."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="lmms-eval --limit (smoke tests)."),
     extra: list[str] = typer.Option([], "--lmms-eval-arg", help="More lmms-eval arguments (repeatable)."),

@@ -289,7 +289,7 @@ class VLLMCaptioner:
             from vllm import LLM
         except ImportError as error:
             raise InputError(
-                f"the vllm backend needs vLLM ({error}); install it with `pip install 'balcaprl[vllm]'` "
+                f"the vllm backend needs vLLM ({error}); install it with `pip install -e '.[trl,vllm]' -c constraints/gpu-one-node.txt` "
                 "on a GPU machine, or use --backend transformers"
             ) from None
         self.model_id = check_model_path(model, "--model")
