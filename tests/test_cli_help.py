@@ -91,3 +91,14 @@ def test_judge_serve_stops_on_ctrl_c_without_resume_advice():
             server.communicate()
     assert server.returncode == 0, stderr
     assert "--resume" not in stderr and "stopped" in stderr
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_every_help_screen_ends_with_an_example_of_that_command(path):
+    from test_docs import check_commands
+
+    help_text = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "60"}).output
+    assert "Example:" in help_text
+    example = help_text.split("Example:", 1)[1].strip()
+    problems, found = check_commands(f"`{example}`", get_command(app), "help")
+    assert not problems and path in found, (example, problems, found)
