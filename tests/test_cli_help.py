@@ -99,6 +99,6 @@ def test_every_help_screen_ends_with_an_example_of_that_command(path):
 
     help_text = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "60"}).output
     assert "Example:" in help_text
-    example = help_text.split("Example:", 1)[1].strip()
+    example = " ".join(help_text.split("Example:", 1)[1].replace("\\\n", " ").split())
     problems, found = check_commands(f"`{example}`", get_command(app), "help")
     assert not problems and path in found, (example, problems, found)

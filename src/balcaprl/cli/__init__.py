@@ -21,6 +21,8 @@ show local variables, which may hold API keys.
 
 from __future__ import annotations
 
+import textwrap
+
 import typer
 from typer.core import TyperGroup
 
@@ -133,7 +135,12 @@ EXAMPLES = {
 
 
 def _example(path: str) -> str:
-    return f"\b\nExample:\n  {EXAMPLES[path]}"  # \b: click keeps the line as written
+    """The example as shell lines of at most 54 characters (help screens fit 60 columns), continued
+    with a backslash; ``\b`` keeps click from re-wrapping them."""
+    lines = textwrap.wrap(EXAMPLES[path], 50, break_long_words=False, break_on_hyphens=False)
+    return "\b\nExample:\n" + " \\\n".join(
+        f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(lines)
+    )
 
 
 def _group(help: str) -> typer.Typer:
