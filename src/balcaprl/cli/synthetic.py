@@ -168,9 +168,9 @@ def show(
     if isinstance(outcome, Judgement):
         r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)
         typer.echo(json.dumps(outcome.verdict.model_dump(), indent=2))
-        typer.echo(
-            f"precision {r.precision:.3f}  recall {r.recall:.3f}  linguistic {r.linguistic:.3f}  "
-            f"b-CapScore {b_capscore(r.precision, r.recall, r.linguistic):.3f}"
+        typer.echo(  # x100 with one decimal, as score, evaluate and inspect print them
+            f"precision {100 * r.precision:.1f}  recall {100 * r.recall:.1f}  linguistic {100 * r.linguistic:.1f}  "
+            f"b-CapScore {100 * b_capscore(r.precision, r.recall, r.linguistic):.1f}  (x100)"
         )
     else:
         typer.echo(f"judge failure: {outcome.reason}: {outcome.detail}")
