@@ -122,13 +122,16 @@ def add_training_run(
             f"{_ranges(logged)} (recipe run.log_rollouts_every)"
         )
     step_rows = [m for m in metrics if m.get("kind", "step") == "step"]
+    # A batch's later updates reuse its rollouts and log no rewards: the header's figures come from
+    # the last step that judged a batch.
+    judged = [m for m in step_rows if finite_number(m.get("rewards/precision/mean")) is not None]
     found.runs.append(
         RunView(
             label=label,
             curves_png=_curves(metrics, label),
             steps_logged=logged,
             steps_shown=[s for s in chosen if s in logged],
-            last_metrics=step_rows[-1] if step_rows else {},
+            last_metrics=(judged or step_rows or [{}])[-1],
         )
     )
     if not rollouts:
