@@ -175,5 +175,5 @@ def test_the_formatter_takes_a_prefix_for_a_section_of_a_larger_config():
     text = format_validation_error(info.value, Top, "demo.yaml", "recipe", prefix="recipe.")
     assert text.splitlines() == [
         "invalid recipe (demo.yaml):",
-        "  recipe.outer.inner.alhpa: unknown key; allowed here: alpha, beta",
+        "  recipe.outer.inner.alhpa: unknown key; allowed here: alpha, beta; did you mean 'alpha'?",
     ]
