@@ -390,9 +390,10 @@ class RunConfig(Section):
     run_name: str | None = Field(None, description="Name shown in TensorBoard / W&B.")
     progress: bool = Field(True, description="Rich progress bar and a one-line summary per step.")
     log_rollouts_every: int = Field(
-        0,
+        100,
         ge=0,
-        description="Write every rollout (caption, rewards, advantage) of every Nth step to rollouts.jsonl.",
+        description="Write every rollout (caption, rewards, advantage) of the first and every Nth step to "
+        "rollouts.jsonl (0: none).",
     )
 
 
@@ -675,7 +676,10 @@ PROVENANCE: dict[str, Provenance] = {
     "run.report_to": _choice("TensorBoard next to metrics.jsonl in the paper recipe; none in the schema"),
     "run.run_name": _choice("the recipe's name"),
     "run.progress": _choice("a progress bar and one line per step"),
-    "run.log_rollouts_every": _choice("every rollout of one optimizer step in 100 (0 in the schema: none)"),
+    "run.log_rollouts_every": _choice(
+        "every rollout of the first step and of one step in 100: about 1% of a run's captions, enough for "
+        "`balcaprl inspect` to show each stage of a run (0: none)"
+    ),
     # judge
     "judge": _paper(f"GPT-4o-mini judges the main results ({_A1}); null in the schema: pass a Judge in code"),
 }

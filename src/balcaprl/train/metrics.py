@@ -192,7 +192,8 @@ class RolloutLog:
     """``rollouts.jsonl``: every rollout of every Nth step (caption, rewards, failure, advantage).
 
     One generation batch feeds ``span`` optimizer steps (updates per batch x PPO epochs); it is
-    logged, under the first step it feeds, when one of those steps is a multiple of N.
+    logged, under the first step it feeds, when one of those steps is a multiple of N, and so is a
+    run's first batch (the captions before RL, and something to inspect in a run shorter than N).
     """
 
     def __init__(self, path: Path, every: int):
@@ -201,7 +202,9 @@ class RolloutLog:
 
     def wants(self, first_step: int, span: int = 1) -> bool:
         """Whether the batch feeding steps ``first_step .. first_step + span - 1`` is logged."""
-        return self.every > 0 and (first_step + span - 1) // self.every > (first_step - 1) // self.every
+        if self.every <= 0:
+            return False
+        return first_step == 1 or (first_step + span - 1) // self.every > (first_step - 1) // self.every
 
     def write(
         self, step: int, rollouts: Sequence[RolloutRecord], advantages: torch.Tensor, groups: torch.Tensor
@@ -234,7 +237,9 @@ STEP_LINE_LEGEND = (
     "  masked = share of judged captions whose L the length mask zeroed; fail = judge failures;",
     "  loss = the policy loss summed over each caption's tokens (token-sum-sequence-mean): it grows",
     "  with caption length and is negative when longer captions get the positive advantages, so",
-    "  values like -6 are expected, not a divergence.",
+    "  values like -6 are expected, not a divergence;",
+    "  'same batch as step N': a later update on the batch judged at step N (train.updates_per_batch",
+    "  updates a batch; only its first judges captions, so the later ones log no rewards).",
 )
 
 
@@ -245,6 +250,7 @@ class RichProgressCallback(TrainerCallback):
     def __init__(self, **progress_options: Any):
         self.progress_options = {"stream": sys.stdout, "interval_s": 60, **progress_options}  # a test's clock
         self.progress = None
+        self.judged_step: int | None = None  # the last step that judged a batch
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -264,6 +270,15 @@ class RichProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs or "train_runtime" in logs:
             return
+        if "rewards/precision/mean" not in logs and self.judged_step is not None:
+            update = state.global_step - self.judged_step + 1
+            self.progress.log(
+                f"step {state.global_step:>5}  same batch as step {self.judged_step} (update {update}, no new "
+                f"rewards)  loss {_fmt(logs, 'loss', '.4f')}  {self.progress.timing()}"
+            )
+            return
+        if "rewards/precision/mean" in logs:
+            self.judged_step = state.global_step
         line = (
             f"step {state.global_step:>5}  "
             f"P {_fmt(logs, 'rewards/precision/mean')}  R {_fmt(logs, 'rewards/recall/mean')}  "
