@@ -6,6 +6,7 @@ trainer leaves those to it), and the loss, clip ratios and completion lengths. T
 
     rewards/{precision,recall,linguistic}/{mean,std}   over judged rollouts; linguistic after the mask
     rewards/linguistic_unmasked/mean   the judge's linguistic score before the length mask
+    rewards/total/mean                 sum_k w_k r_k over judged rollouts (eq. 2.5's weights), when given
     length/caption_tokens_mean         caption length in the policy's tokens
     length/reference_tokens_mean
     length/ratio_mean                  rho = caption / reference tokens
@@ -73,8 +74,10 @@ def batch_metrics(
     length_mode: LengthMode,
     judge_calls: int | None = None,
     usage: Mapping[str, float] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, float]:
-    """Metrics of one batch (all processes gathered). NaN where undefined (the loggers drop NaN)."""
+    """Metrics of one batch (all processes gathered). NaN where undefined (the loggers drop NaN).
+    ``weights``: (w_prec, w_rec, w_ling), for the total reward the advantages weigh."""
     judged = [r for r in rollouts if r.judged]
     n = len(rollouts)
     metrics: dict[str, float] = {}
@@ -82,6 +85,11 @@ def batch_metrics(
         values = [getattr(r, name) for r in judged]
         metrics[f"rewards/{name}/mean"] = _mean(values)
         metrics[f"rewards/{name}/std"] = _std(values)
+    if weights is not None:  # eq. 2.5: sum_k w_k r_k, per judged rollout
+        totals = [
+            sum(w * getattr(r, name) for w, name in zip(weights, REWARD_NAMES, strict=True)) for r in judged
+        ]
+        metrics["rewards/total/mean"] = _mean(totals)
     metrics |= {
         "rewards/linguistic_unmasked/mean": _mean([r.linguistic_raw for r in judged]),
         "length/caption_tokens_mean": _mean([r.caption_tokens for r in rollouts]),
