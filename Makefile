@@ -17,7 +17,7 @@ STAMP       = $(VENV)/.balcaprl-installed
 VERL_VENV  ?= .venv-verl
 VERL_STAMP  = $(VERL_VENV)/.balcaprl-installed
 
-.PHONY: setup setup-verl test test-verl check-gpu-pins demo ablation bench lint clean
+.PHONY: setup setup-verl test test-verl check-gpu-pins demo ablation bench lint docs-figures clean
 
 setup: $(STAMP)
 
@@ -65,6 +65,13 @@ ablation: setup
 bench: setup
 	$(PY) benchmarks/bench_advantages.py
 	@for b in benchmarks/bench_*.py; do [ "$$b" = benchmarks/bench_advantages.py ] || $(PY) $$b; done
+
+# Every figure block in README.md and docs/ (<!-- figures:NAME -->) measured again and rewritten from
+# its record in docs/figures/ (commit, load, CPU-minutes, wall time): FIGURES="offline-walk" for some.
+# The demo measurement runs the demo (about 10 CPU-minutes).
+FIGURES ?=
+docs-figures: setup
+	$(PY) scripts/docs_figures.py run $(FIGURES)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -18,7 +18,7 @@ GUIDE = REPO / "docs" / "offline.md"
 
 
 def steps():
-    return guide_steps(block_after(GUIDE.read_text(encoding="utf-8"), "(`tests/test_offline_guide.py`"))
+    return guide_steps(block_after(GUIDE.read_text(encoding="utf-8"), "The walk:\n"))
 
 
 def test_the_guide_lists_every_protocol_and_command():
