@@ -141,6 +141,7 @@ def _git(*args: str) -> str:
 def measure(name: str, records: Path = RECORDS) -> Path:
     """Run measurement ``name`` and write its record (commit, cores, load, wall and CPU time, results)."""
     spec = MEASUREMENTS[name]
+    commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain", "--untracked-files=no"))
     load_before = os.getloadavg()[0]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
@@ -152,8 +153,8 @@ def measure(name: str, records: Path = RECORDS) -> Path:
     record = {
         "name": name,
         "command": " ".join(spec.command[1:] if spec.command[0] == sys.executable else spec.command),
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "commit": commit,  # what ran: the tree before the command
+        "dirty": dirty,
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": os.cpu_count(),
         "load_before": round(load_before, 2),
