@@ -77,6 +77,10 @@ def render_demo(record: dict[str, Any]) -> str:
     )
 
 
+def render_test_suite(record: dict[str, Any]) -> str:
+    return f"Measured: {record['results']['summary']} in {_measured(record)}.\n"
+
+
 MEASUREMENTS: dict[str, Measurement] = {
     "offline-walk": Measurement(
         (
@@ -91,6 +95,20 @@ MEASUREMENTS: dict[str, Measurement] = {
             "runs_as_written",
         ),  # fmt: skip
         render_offline_walk,
+    ),
+    "test-suite": Measurement(
+        (
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            "runs/docs-figures-tests.xml",
+        ),
+        render_test_suite,
+        results="runs/docs-figures-tests.xml",
     ),
     "demo": Measurement(
         (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
@@ -138,6 +156,19 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def _results(path: Path) -> dict[str, Any]:
+    """A run's results: its JSON, or from a JUnit XML file the counts of a test run."""
+    if path.suffix != ".xml":
+        return json.loads(path.read_text(encoding="utf-8"))
+    import xml.etree.ElementTree as ElementTree
+
+    suite = ElementTree.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {**counts, "summary": f"{passed:,} tests passed, {counts['skipped']} skipped"}
+
+
 def measure(name: str, records: Path = RECORDS) -> Path:
     """Run measurement ``name`` and write its record (commit, cores, load, wall and CPU time, results)."""
     spec = MEASUREMENTS[name]
@@ -161,7 +192,7 @@ def measure(name: str, records: Path = RECORDS) -> Path:
         "load_after": round(os.getloadavg()[0], 2),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
-        "results": json.loads((REPO / spec.results).read_text(encoding="utf-8")) if spec.results else None,
+        "results": _results(REPO / spec.results) if spec.results else None,
     }
     records.mkdir(parents=True, exist_ok=True)
     path = records / f"{name}.json"

@@ -61,3 +61,9 @@ def test_the_demo_record_renders_its_held_out_change(tmp_path):
 def test_an_unknown_block_name_is_refused():
     with pytest.raises(KeyError, match="no such measurement"):
         docs_figures.rendered("<!-- figures:nope -->\n<!-- /figures -->\n")
+
+
+def test_a_test_runs_counts_come_from_its_junit_file(tmp_path):
+    junit = tmp_path / "t.xml"
+    junit.write_text('<testsuites><testsuite tests="1440" failures="0" errors="0" skipped="3"/></testsuites>')
+    assert docs_figures._results(junit)["summary"] == "1,437 tests passed, 3 skipped"
