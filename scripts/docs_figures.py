@@ -81,32 +81,13 @@ def render_test_suite(record: dict[str, Any]) -> str:
     return f"Measured: {record['results']['summary']} in {_measured(record)}.\n"
 
 
+PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 MEASUREMENTS: dict[str, Measurement] = {
     "offline-walk": Measurement(
-        (
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_offline_guide.py",
-            "-k",
-            "runs_as_written",
-        ),  # fmt: skip
-        render_offline_walk,
+        (*PYTEST, "tests/test_offline_guide.py", "-k", "runs_as_written"), render_offline_walk
     ),
     "test-suite": Measurement(
-        (
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--junitxml",
-            "runs/docs-figures-tests.xml",
-        ),
+        (*PYTEST, "--junitxml", "runs/docs-figures-tests.xml"),
         render_test_suite,
         results="runs/docs-figures-tests.xml",
     ),
