@@ -7,7 +7,7 @@ RPM cap; streamed answers trickled in pieces). A simulated generator plays a ste
 finishes its rollouts at staggered times (longer captions later), its generation ends, then its
 old-log-prob forward runs ``--logprob-s``. The project's real judge client
 (:class:`~balcaprl.judge.client.OpenAICompatibleJudge`, one per process with its share of the
-limits, through :class:`~balcaprl.train.judge_overlap.EarlyJudge` as the trainer uses it) scores the
+limits, through :class:`~balcaprl.train.early_judge.EarlyJudge` as the trainer uses it) scores the
 rollouts under each schedule:
 
 - ``today``: judging starts after generation and the old-log-prob forward (TRL 1.16);
@@ -62,7 +62,7 @@ from balcaprl.judge.client import build_judge
 from balcaprl.judge.outcomes import rewards_tensor
 from balcaprl.testing.compare_modes import _png
 from balcaprl.testing.judge_server import LatencyModel
-from balcaprl.train.judge_overlap import EarlyJudge
+from balcaprl.train.early_judge import EarlyJudge
 
 RESULTS = Path(__file__).parent / "results" / "judge_stage.json"  # the --paper run
 QUICK_RESULTS = RESULTS.with_name("judge_stage_quick.json")

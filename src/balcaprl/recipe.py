@@ -338,8 +338,8 @@ class TrainConfig(Section):
     padding_free: bool = Field(
         False,
         description="TRL: run the policy's log-prob passes on packed rows (each micro-batch's real tokens in one "
-        "row, per-sample positions) instead of the padded width; Qwen2/2.5-VL only, same results. Pays off with a "
-        "varlen attention (flash-attention): with sdpa the packed row's block-diagonal mask is dense.",
+        "row, per-sample positions) instead of the padded width; Qwen2/2.5-VL only, same results. The language "
+        "model's sdpa attention becomes a variable-length one for packed rows (no dense mask).",
     )
 
     @property
@@ -555,7 +555,7 @@ PROVENANCE: dict[str, Provenance] = {
         "default in the schema (transformers' own)"
     ),
     "model.layers_without_recompute": _choice(
-        "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs at the recipe's micro-batch "
+        "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs with 6 GiB left free at the recipe's micro-batch "
         "(balcaprl train --plan); 0 in the schema (every layer recomputed, as plain gradient checkpointing)"
     ),
     # data
@@ -658,8 +658,8 @@ PROVENANCE: dict[str, Provenance] = {
     "train.stop_after_step": _choice("none: run to the end"),
     "train.trl_overrides": _choice("none: every GRPOConfig value comes from the recipe"),
     "train.padding_free": _choice(
-        "off: equal results either way (tests), but with sdpa, the GPU recipes' attention, a packed row's "
-        "block-diagonal mask is dense and costs more than the padding it saves"
+        "on in the Qwen2.5-VL recipes (LLaVA: padded rows): equal results either way (tests); packed rows take "
+        "a variable-length attention, no dense mask, and the update computes real tokens only"
     ),
     "train.judge_overlap": _choice(
         "each rollout's judge call starts when its caption exists: same calls, less waiting"

@@ -62,7 +62,9 @@ PAPER = {
     "trainer.v1.trainer_mode": "balcaprl_sync",
     "reward.custom_reward_function.path": "pkg://balcaprl.train.verl_backend.reward",
     "reward.custom_reward_function.name": "compute_score",
-    "reward.reward_manager.name": "naive",
+    "reward.reward_manager.source": "importlib",
+    "reward.reward_manager.name": "BalcaprlRewardManager",
+    "reward.reward_manager.module.path": "pkg://balcaprl.train.verl_backend.reward_manager",
     "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "balcaprl.train.verl_backend.plugin",
 }
 

@@ -70,6 +70,7 @@ from balcaprl.rewards import REWARD_NAMES
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
 POLICY_LOSS = "balcaprl_dual_clip"  # registered by policy_loss.py (imported by the plugin)
 REWARD_FUNCTION = "pkg://balcaprl.train.verl_backend.reward"
+REWARD_MANAGER = "pkg://balcaprl.train.verl_backend.reward_manager"
 REWARD_KWARGS = "reward.custom_reward_function.reward_kwargs"
 ESTIMATOR_NAMES = {"c_gdpo": "balcaprl_c_gdpo", "grpo": "balcaprl_grpo"}
 LOSS_AGG_MODES = {
@@ -486,8 +487,10 @@ def render_verl(
         "workers": reward_workers,
     }
     reward = [
-        _set("reward.reward_manager.source", "register"),
-        _set("reward.reward_manager.name", "naive"),
+        # verl's naive manager, handing compute_score the generated ids (caption length as TRL counts it)
+        _set("reward.reward_manager.source", "importlib"),
+        _set("reward.reward_manager.name", "BalcaprlRewardManager"),
+        _set("reward.reward_manager.module.path", REWARD_MANAGER),
         _set("reward.num_workers", reward_workers),
         _set("reward.custom_reward_function.path", REWARD_FUNCTION),
         _set("reward.custom_reward_function.name", "compute_score"),
