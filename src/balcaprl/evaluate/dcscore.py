@@ -85,6 +85,7 @@ from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 F1_EPS = 1e-8  # the official script's F1 denominator guard
 _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample (empty, unreadable)
@@ -703,7 +704,7 @@ def run_dcscore(
         return row
 
     path = Path(out_dir) / "items.jsonl"
-    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(path, todo, one, span=span_rows(caller.config), close=caller.aclose)
     # the figures below read each row's scores, never its facts and trials (the bulk of a row)
     rows = [{k: v for k, v in r.items() if k not in ("facts", "trials")} for r in read_items(path)]
     ok = [r for r in rows if r["valid"]]
