@@ -110,7 +110,7 @@ def test_processes_of_one_launch_share_the_judge_limits():
     assert JudgeConfig(concurrency=3, tokens_per_minute=5000).shared_by(8).model_dump(
         include={"concurrency", "tokens_per_minute"}
     ) == {"concurrency": 1, "tokens_per_minute": 625}
-    assert one_of_eight.model_copy(update={"concurrency": 256}) == config.model_copy(
+    assert one_of_eight.model_copy(update={"concurrency": 256, "auto_max_concurrency": 2048}) == config.model_copy(
         update={"requests_per_minute": 125}
     )  # nothing else changes
     # What `balcaprl train` does on each of 8 processes (no cache, no key needed for this check).

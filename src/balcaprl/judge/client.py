@@ -32,9 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache
@@ -58,6 +56,9 @@ from balcaprl.judge.schemas import (
 )
 from balcaprl.rewards import Verdict
 
+if TYPE_CHECKING:  # torch only for BatchResult.rewards: the judge's path never imports it
+    import torch
+
 log = logging.getLogger("balcaprl.judge")
 
 _REFERENCE_MEMO_SIZE = 65536  # reference decompositions kept in memory (cached-reference mode)
@@ -70,7 +71,7 @@ class BatchResult:
     outcomes: list[JudgeOutcome]
     stats: JudgeStats
 
-    def rewards(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def rewards(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """``(N, 3)`` precision/recall/linguistic, NaN rows for failures (see :func:`rewards_tensor`)."""
         return rewards_tensor(self.outcomes, dtype=dtype)
 

@@ -158,6 +158,9 @@ class ServerCounters:
     by_kind: Counter = field(default_factory=Counter)
     by_text: Counter = field(default_factory=Counter)
     followup_ids: list[list[int]] = field(default_factory=list)  # what each coverage follow-up asked for
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each chat request's arrival
+    # requests that had arrived when the first 401/403 was answered (None: none answered yet)
+    arrived_before_rejection: int | None = None
 
 
 @dataclass(frozen=True)
@@ -408,10 +411,14 @@ def create_app(
     # of this server's Python time per call in a profile) would only be overhead.
     async def chat_completions(request: Request) -> Response:
         counters.total += 1
+        counters.arrivals.append(time.monotonic())
         counters.in_flight += 1
         counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
         try:
-            return await _handle(request)
+            response = await _handle(request)
+            if response.status_code in (401, 403) and counters.arrived_before_rejection is None:
+                counters.arrived_before_rejection = counters.total
+            return response
         finally:
             counters.in_flight -= 1
 
