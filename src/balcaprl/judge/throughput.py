@@ -139,8 +139,9 @@ def announce(cfg: JudgeConfig, calls: int, tokens_per_call: int | None = None) -
 class RateWindow:
     """At most ``capacity`` units (requests, tokens) started in any ``window_s`` seconds."""
 
-    def __init__(self, capacity: int, window_s: float = RATE_WINDOW_S):
-        self.capacity, self.window_s = capacity, window_s
+    def __init__(self, capacity: int, window_s: float | None = None):
+        self.capacity = capacity
+        self.window_s = RATE_WINDOW_S if window_s is None else window_s
         self._started: deque[tuple[float, int]] = deque()
         self._used = 0
         self._lock = asyncio.Lock()  # first come, first admitted

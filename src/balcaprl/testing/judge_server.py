@@ -65,7 +65,7 @@ from balcaprl.testing.rubrics import packaged_rubric_name
 
 FAULTS = (
     "ok",
-    "rate_limit",  # 429 with retry-after (seconds)
+    "rate_limit",  # 429 with retry-after (seconds); "rate_limit:<seconds>" after that long
     "server_error",  # 500
     "unavailable",  # 503
     "slow",  # sleep FaultScript.slow_s (or "slow:<seconds>") before answering
@@ -526,7 +526,8 @@ def create_app(
         """The response for a fault that replaces the answer (None: answer, then maybe spoil it)."""
         # retry-after on 5xx too, so the SDK's retries in tests wait milliseconds, not its 0.5 s backoff
         wait = {"retry-after-ms": str(max(1, int(faults.retry_after_s * 1000)))}
-        if name == "rate_limit":
+        if name == "rate_limit":  # "rate_limit:<seconds>": an endpoint that takes that long to refuse
+            await asyncio.sleep(float(arg) if arg else 0.0)
             return _error(
                 429,
                 "rate limited (fault injection)",
