@@ -80,9 +80,12 @@ def test_retries_are_admitted_by_the_request_rate(monkeypatch):
 
 
 def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
-    calm, storm = _captions("calm", 48), _captions("storm", 48)
-    rules = {c: ["slow:0.1"] for c in calm}
-    rules |= {c: ["rate_limit:0.1", "rate_limit:0.1", "slow:0.1"] for c in storm}  # slow refusals
+    # Batches one after another, as training steps: three calm ones (0.1 s answers), then three
+    # in a storm (every call refused twice, slowly, with retry-after 0.3 s, then answered).
+    calm = [_captions(f"calm {b}", 48) for b in range(3)]
+    storm = [_captions(f"storm {b}", 48) for b in range(3)]
+    rules = {c: ["slow:0.1"] for batch in calm for c in batch}
+    rules |= {c: ["rate_limit:0.1", "rate_limit:0.1", "slow:0.1"] for batch in storm for c in batch}
     server = _server(rules, retry_after_s=0.3)
     peaks = []
     try:
@@ -92,7 +95,7 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
 
         async def go():
             try:
-                for batch in (calm, storm):
+                for batch in calm + storm:
                     server.counters.max_in_flight = 0
                     outcomes = await judge.judge_batch([request(caption=c) for c in batch])
                     assert all(isinstance(o, Judgement) for o in outcomes)
@@ -103,11 +106,11 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
         asyncio.run(asyncio.wait_for(go(), 120))
     finally:
         server.stop()
-    assert server.counters.total == 48 + 3 * 48
-    calm_peak, storm_peak = peaks
-    # Retries' waits are not latency (auto would have grown with them), and each 429 halves what
-    # is in flight: the storm meets fewer requests than the calm did.
-    assert storm_peak <= calm_peak, peaks
+    assert server.counters.total == 3 * 48 + 3 * 3 * 48
+    # The first calm batch goes in flight whole (no latency seen yet); from then on auto sizes from
+    # the latency seen. A retry's wait is not the endpoint's latency (counted, auto would grow with
+    # it) and each 429 halves what is in flight: the storm meets no more requests than the calm did.
+    assert max(peaks[3:]) <= max(peaks[1:3]), peaks
 
 
 # ------------------------------------------------------------------------------ 2. calls in flight
@@ -211,7 +214,7 @@ def test_a_quiet_stretch_saves_no_hedges_for_a_slow_batch():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(0, 2999), unique=True, max_size=300))
+@given(st.lists(st.integers(0, 2999), unique=True, min_size=200, max_size=400))
 def test_the_hedge_cap_holds_in_every_window_of_1000_calls(wanted):
     hedging = Hedging(quantile=0.5, floor_s=1.0, max_share=0.05)
     hedging.started = 3000
@@ -241,6 +244,30 @@ def test_a_rejected_key_stops_score_with_at_most_the_calls_in_flight_paid(tmp_pa
     assert "rejected the request with HTTP 401" in " ".join(out.output.split())
     before = server.counters.arrived_before_rejection
     assert before is not None and server.counters.total - before <= 31  # the others in flight
+
+
+def test_a_rejected_key_stops_calls_of_every_batch_at_once():
+    # As in training with judging overlapped: each rollout its own batch (its own task), 32 in flight.
+    # One batch's error cancels nothing in the others; the endpoint must refuse to send them.
+    captions = _captions("rollout", 300)
+    server = _server({captions[40]: ["unauthorized"]}, always="slow", slow_s=0.1)
+    try:
+        judge = OpenAICompatibleJudge(config(server.base_url, concurrency=32, hedge=False))
+
+        async def go():
+            try:
+                return await asyncio.gather(
+                    *(judge.judge_batch([request(caption=c)]) for c in captions), return_exceptions=True
+                )
+            finally:
+                await judge.aclose()
+
+        results = asyncio.run(asyncio.wait_for(go(), 120))
+    finally:
+        server.stop()
+    assert any(isinstance(r, Exception) and "HTTP 401" in str(r) for r in results)
+    before = server.counters.arrived_before_rejection
+    assert before is not None and server.counters.total - before <= 31
 
 
 # ------------------------------------------------------------------------------ 5. safe defaults

@@ -25,6 +25,7 @@ completion it stands for, so everything after the HTTP exchange is the same for 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import contextvars
 import json
@@ -75,7 +76,7 @@ class Hedging:
         self.waiting: dict[int, float] = {}  # attempts without a first byte yet: when each started
         self.started = 0  # calls started (duplicates not counted): the next call's position
         self.hedges = 0
-        self._hedged: deque[int] = deque()  # positions of the recent calls that got a duplicate
+        self._hedged: list[int] = []  # positions of the calls that got a duplicate, sorted
 
     def observe(self, seconds: float) -> None:
         self._seen.append(seconds)
@@ -114,7 +115,12 @@ class Hedging:
     def window_peak(self, position: int) -> int:
         """The most duplicates already sent in any :data:`WINDOW_CALLS` consecutive calls that hold
         ``position`` (the busiest window starts at a hedged call, or at ``position`` itself)."""
-        near = sorted(p for p in self._hedged if abs(p - position) < WINDOW_CALLS)
+        hedged = self._hedged
+        near = hedged[
+            bisect.bisect_right(hedged, position - WINDOW_CALLS) : bisect.bisect_left(
+                hedged, position + WINDOW_CALLS
+            )
+        ]
         starts = [p for p in near if p <= position] + [position]
         return max(sum(1 for p in near if start <= p < start + WINDOW_CALLS) for start in starts)
 
@@ -123,9 +129,9 @@ class Hedging:
         self.hedges += 1
         if batch is not None:
             batch.hedges += 1
-        self._hedged.append(position)
-        while self._hedged and self._hedged[0] <= self.started - 2 * WINDOW_CALLS:
-            self._hedged.popleft()
+        bisect.insort(self._hedged, position)
+        if len(self._hedged) > 8 * WINDOW_CALLS:  # the oldest are far behind any call still in flight
+            del self._hedged[: 4 * WINDOW_CALLS]
 
 
 async def first_answer(
