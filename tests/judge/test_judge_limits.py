@@ -23,8 +23,7 @@ from judge_testkit import REFERENCE, config, png_bytes, request
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
-from balcaprl.judge import JudgeConfig, Judgement, OpenAICompatibleJudge
-from balcaprl.judge import throughput
+from balcaprl.judge import JudgeConfig, Judgement, OpenAICompatibleJudge, throughput
 from balcaprl.judge.tail import WINDOW_CALLS, Hedging, first_answer, hedge_batch
 from balcaprl.judge.throughput import open_file_bound, span_rows
 from balcaprl.testing.judge_server import FaultScript, JudgeServer

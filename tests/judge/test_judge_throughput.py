@@ -55,7 +55,11 @@ def test_concurrency_auto_in_a_config_and_shared_by_processes():
     cfg = load_judge_config({"concurrency": "auto", "requests_per_minute": 8000})
     assert (cfg.concurrency, cfg.concurrency_auto, cfg.auto_max_concurrency) == ("auto", True, 2048)
     shared = cfg.shared_by(8)
-    assert (shared.concurrency, shared.auto_max_concurrency, shared.requests_per_minute) == ("auto", 256, 1000)
+    assert (shared.concurrency, shared.auto_max_concurrency, shared.requests_per_minute) == (
+        "auto",
+        256,
+        1000,
+    )
     assert not load_judge_config({"concurrency": 64}).concurrency_auto
 
 

@@ -46,8 +46,8 @@ from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
-from balcaprl.judge.throughput import announce, span_rows
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
+from balcaprl.judge.throughput import announce, span_rows
 from balcaprl.outputs import ensure_writable_dir
 from balcaprl.rewards import BCAPSCORE_REWARDS, Verdict, failed_rollout, score_rollout
 
