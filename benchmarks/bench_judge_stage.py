@@ -86,7 +86,8 @@ IDEAL = (
     "each taking its first attempt's latency, stalls included (a stalled or slower first attempt: the "
     "hedge floor plus its second attempt's latency)"
 )
-CPU_BOUND = 0.8  # the client's event loop busy this share of the stage: its CPU, not latency, bounds it
+# CPU bounds a step when the client and the loopback server need more CPU than the step's ideal leaves
+# them: on C cores at load average L a runnable process gets about C / L cores.
 
 _SERVER = (
     "import json, sys; from balcaprl.testing.judge_server import LatencyModel, serve_forever; "
@@ -203,6 +204,12 @@ class StepResult:
     def cpu_busy(self) -> float:
         """The share of the step the client's CPU was busy (one event loop: at most 1)."""
         return self.client_cpu_s / self.rewards_ready_s
+
+    @property
+    def cpu_vs_ideal(self) -> float:
+        """Client and server CPU of the step, over its ideal stage: above the cores they can get, the
+        stage is bound by CPU, not by the judge's latency."""
+        return (self.client_cpu_s + self.server_cpu_s) / self.ideal_stage_s
 
     @property
     def server_busy(self) -> float:
@@ -329,7 +336,13 @@ def _start_server(model: LatencyModel) -> tuple[subprocess.Popen, str]:
     return process, line.split()[-1]
 
 
-def summarise(results: list[StepResult]) -> dict[str, Any]:
+def cores_available() -> float:
+    """About what a runnable process gets of this machine now: C cores / load average (at most C)."""
+    cpus = os.cpu_count() or 1
+    return min(cpus, cpus / max(1.0, os.getloadavg()[0]))
+
+
+def summarise(results: list[StepResult], cores: float) -> dict[str, Any]:
     by: dict[str, list[StepResult]] = {}
     for r in results:
         by.setdefault(r.schedule, []).append(r)
@@ -343,6 +356,7 @@ def summarise(results: list[StepResult]) -> dict[str, Any]:
     for schedule, rows in by.items():
         calls = sum(r.calls for r in rows)
         cpu_busy = statistics.median(r.cpu_busy for r in rows)
+        cpu_vs_ideal = statistics.median(r.cpu_vs_ideal for r in rows)
         summary[schedule] = {
             "steps": len(rows),
             "median_exposed_s": statistics.median(r.exposed_s for r in rows),
@@ -359,7 +373,9 @@ def summarise(results: list[StepResult]) -> dict[str, Any]:
             "max_stage_vs_ideal": max(r.stage_s / r.ideal_stage_s for r in rows),
             "client_cpu_per_call_ms": 1000 * sum(r.client_cpu_s for r in rows) / calls if calls else 0.0,
             "median_client_cpu_busy": cpu_busy,
-            "client_cpu_bound": cpu_busy > CPU_BOUND,
+            "median_cpu_vs_ideal": cpu_vs_ideal,
+            "cores_available": cores,
+            "client_cpu_bound": cpu_vs_ideal > cores,
             "median_server_cpu_busy": statistics.median(r.server_busy for r in rows),
             "calls": calls,
             "hedges": sum(r.hedges for r in rows),
@@ -511,17 +527,22 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
-    summary = summarise(results)
+    summary = summarise(results, cores_available())
     print(json.dumps(summary, indent=2))
     print(IDEAL)
     for schedule in schedules:
         row = summary[schedule]
-        bound = "client-CPU-bound" if row["client_cpu_bound"] else "latency-bound"
+        bound = (
+            f"CPU-bound: client+server CPU {row['median_cpu_vs_ideal']:.2f}x the ideal stage, "
+            f"{row['cores_available']:.2f} cores available"
+            if row["client_cpu_bound"]
+            else "latency-bound"
+        )
         print(
             f"{schedule:19s} stage/ideal {row['median_stage_vs_ideal']:.2f} (median; max {row['max_stage_vs_ideal']:.2f})  "
             f"exposed vs {BASELINE} {row[f'median_exposed_vs_{BASELINE}']:.2f}  client CPU "
-            f"{row['client_cpu_per_call_ms']:.2f} ms/call, busy {row['median_client_cpu_busy']:.0%} ({bound}); "
-            f"loopback server busy {row['median_server_cpu_busy']:.0%}"
+            f"{row['client_cpu_per_call_ms']:.2f} ms/call, busy {row['median_client_cpu_busy']:.0%}; "
+            f"loopback server busy {row['median_server_cpu_busy']:.0%} ({bound})"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {

@@ -25,6 +25,7 @@ whose field descriptions agree with its text (:mod:`balcaprl.judge.schemas`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import traceback
@@ -54,6 +55,7 @@ from balcaprl.judge.schemas import (
     to_verdict,
     verdict_schema,
 )
+from balcaprl.judge.tail import hedge_batch
 from balcaprl.rewards import Verdict
 
 if TYPE_CHECKING:  # torch only for BatchResult.rewards: the judge's path never imports it
@@ -146,11 +148,15 @@ class OpenAICompatibleJudge:
             if on_outcome is not None:
                 on_outcome(i, outcome)
 
+        # The batch's calls are one batch for the hedge cap (tail.py), unless an outer one is open;
+        # a batch of one call (a rollout judged as it finishes) is held by the cap's other windows.
+        batch = hedge_batch() if len(requests) > 1 else contextlib.nullcontext()
         try:
-            async with asyncio.TaskGroup() as group:
-                for i, request in enumerate(requests):
-                    if outcomes[i] is None:  # not answered from the cache above
-                        group.create_task(run(i, request))
+            with batch:
+                async with asyncio.TaskGroup() as group:
+                    for i, request in enumerate(requests):
+                        if outcomes[i] is None:  # not answered from the cache above
+                            group.create_task(run(i, request))
         except* JudgeConfigError as errors:
             raise errors.exceptions[0] from None
         self.stats.merge(stats)

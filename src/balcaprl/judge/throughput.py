@@ -54,11 +54,12 @@ def auto_concurrency(
     headroom: float = 1.25,
 ) -> int:
     """Calls in flight that keep the rate limits busy: ``rate x latency x headroom``, in [1, upper]."""
+    minute = RATE_WINDOW_S  # the limits' window: 60 s (a benchmark at 10x speed shortens it)
     rates = []
     if requests_per_minute:
-        rates.append(requests_per_minute / 60)
+        rates.append(requests_per_minute / minute)
     if tokens_per_minute:
-        rates.append(tokens_per_minute / 60 / max(1, tokens_per_call))
+        rates.append(tokens_per_minute / minute / max(1, tokens_per_call))
     if not rates:
         return upper
     return max(1, min(upper, math.ceil(min(rates) * latency_s * headroom)))
@@ -106,9 +107,9 @@ def forecast_s(cfg: JudgeConfig, calls: int, tokens_per_call: int) -> tuple[floa
     None without stated limits."""
     bounds = []
     if cfg.requests_per_minute:
-        bounds.append((60.0 * calls / cfg.requests_per_minute, "requests_per_minute"))
+        bounds.append((RATE_WINDOW_S * calls / cfg.requests_per_minute, "requests_per_minute"))
     if cfg.tokens_per_minute:
-        bounds.append((60.0 * calls * tokens_per_call / cfg.tokens_per_minute, "tokens_per_minute"))
+        bounds.append((RATE_WINDOW_S * calls * tokens_per_call / cfg.tokens_per_minute, "tokens_per_minute"))
     return max(bounds) if bounds else None
 
 
