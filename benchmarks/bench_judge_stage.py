@@ -42,8 +42,9 @@ Two sizes:
 
 Run: ``nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py [--paper]``; ``--steps``,
 ``--rollouts`` and the limits override either size. Not a timed test: every figure is a ratio
-against a baseline of the same run, or a count. Where the client's CPU, not latency, bounds a run
-(its event loop busy most of the stage), the summary says so and gives the client CPU per call.
+against a baseline of the same run, or a count. Where CPU, not latency, bounds a run (the client
+and the loopback server need more CPU in a step than its ideal stage leaves the cores they can get:
+C cores / load average), the summary says so and gives the client CPU per call.
 """
 
 from __future__ import annotations
@@ -411,7 +412,98 @@ def sized(args: argparse.Namespace) -> None:
         args.out = RESULTS if args.paper else QUICK_RESULTS
 
 
+DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
+SECTION = "## The judge stage of a training step"
+
+
+def docs_section(paper: dict[str, Any], quick: dict[str, Any] | None) -> str:
+    """The judge-stage section of docs/measurements.md, from the results of a ``--paper`` run (and of a
+    quick one): every figure with its definition."""
+
+    def table(record: dict[str, Any]) -> list[str]:
+        rows = [
+            f"| schedule | exposed judge time, median | vs {BASELINE}, median | stage vs ideal, median (max) "
+            "| hedged calls | client CPU per call | bound by |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for schedule in SCHEDULES:
+            row = record["summary"].get(schedule)
+            if row is None:
+                continue
+            bound = (
+                f"CPU ({row['median_cpu_vs_ideal']:.2f}x the ideal in CPU-seconds, "
+                f"{row['cores_available']:.2f} cores free)"
+                if row["client_cpu_bound"]
+                else "latency"
+            )
+            rows.append(
+                f"| {schedule} | {row['median_exposed_s']:.2f} s | {row[f'median_exposed_vs_{BASELINE}']:.2f} "
+                f"| {row['median_stage_vs_ideal']:.2f} ({row['max_stage_vs_ideal']:.2f}) "
+                f"| {row['hedges']} of {row['calls']:,} ({row['hedged_share']:.1%}) "
+                f"| {row['client_cpu_per_call_ms']:.2f} ms | {bound} |"
+            )
+        same = all(
+            row["rewards_identical_to_today"] and row["advantages_identical_to_today"]
+            for name, row in record["summary"].items()
+            if name != "ideal"
+        )
+        settings = record["settings"]
+        rows.append("")
+        rows.append(
+            f"{settings['steps']} steps of {settings['rollouts']} rollouts over {settings['processes']} processes, "
+            f"concurrency {settings['concurrency']} (auto's bound {settings['auto_max']}), requests_per_minute "
+            f"{settings['rpm_cap']} (the server's cap), streamed {settings['stream']}; load average "
+            f"{record.get('load_average_1m', float('nan')):.1f} on {record.get('cpus', '?')} cores at the end of "
+            f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}."
+        )
+        return rows
+
+    lines = [
+        SECTION,
+        "",
+        "```bash",
+        "PYTHONPATH=src nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py --paper --steps N",
+        "PYTHONPATH=src .venv/bin/python benchmarks/bench_judge_stage.py --write-docs   # this section",
+        "```",
+        "",
+        "A step of 2,048 rollouts over 8 GPU processes (groups of 8) against a loopback judge at a hosted "
+        "judge's speed (`LatencyModel`: median call about 6 s, p99 about 30 s, the heavy tail in the time to "
+        "first token; 0.3% of attempts stall past any timeout; everything 10x faster here), with the project's "
+        "real client, one per process with its share of the limits. Every schedule runs with the same client "
+        "settings (the defaults: `concurrency: auto`, hedging, tail limits), so the schedules are compared at "
+        "equal concurrency; `per_rollout_unhedged` differs only in hedging. Definitions:",
+        "",
+        f"- exposed judge time: rewards ready minus the end of generation and old log-probs (the part of the "
+        f"stage a step waits for); compared with `{BASELINE}` (judging when generation ends) in the same step;",
+        f"- stage: rewards ready minus the schedule's first judge call; the {IDEAL};",
+        "- client CPU per call: the benchmark process's CPU over the step (the clients; the server runs apart) "
+        "per call made; a step is CPU-bound when client and server need more CPU-seconds than the ideal stage "
+        "times the cores a process gets (cores / load average).",
+        "",
+        f"Paper-sized (`{paper['command']}`, `benchmarks/results/judge_stage.json` has every step):",
+        "",
+        *table(paper),
+    ]
+    if quick is not None:
+        lines += ["", f"Quick (`{quick['command']}`, what `make bench` runs):", "", *table(quick)]
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Path = DOCS) -> None:
+    """Replace the judge-stage section of ``path`` with :func:`docs_section` of the stored results."""
+    paper = json.loads(RESULTS.read_text())
+    quick = json.loads(QUICK_RESULTS.read_text()) if QUICK_RESULTS.exists() else None
+    text = path.read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    rest = "" if end < 0 else text[end:]
+    path.write_text(text[:start] + docs_section(paper, quick) + rest)
+
+
 def main() -> None:
+    if "--write-docs" in sys.argv[1:]:
+        write_docs()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--paper", action="store_true",

@@ -14,10 +14,11 @@ retry's backoff. A 429 halves the calls in flight allowed (and each answer adds 
 bound): additive increase, multiplicative decrease, the rule TCP uses for congestion (RFC 5681), so
 a rate-limit storm lowers the load it meets, never raises it.
 
-**Rates** (:class:`RateWindow`): every attempt -- first, retry, hedge -- is admitted by the
-request and token limits over a sliding minute: in no 60 s window do more than
-``requests_per_minute`` requests (or ``tokens_per_minute`` budgeted tokens) start. A token bucket of
-the same size would let twice that through in its first minute (a full bucket, then its refill).
+**Rates** (:class:`RateWindow`): every attempt -- first, retry, hedge -- takes its slot first, then
+is admitted by the request and token limits over a sliding minute (:data:`RATE_WINDOW_S`) and
+starts at once, so in no 60 s window do more than ``requests_per_minute`` requests (or
+``tokens_per_minute`` budgeted tokens) start. A token bucket of the same size would let twice that
+through in its first minute (a full bucket, then its refill).
 """
 
 from __future__ import annotations
