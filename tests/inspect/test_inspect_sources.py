@@ -158,6 +158,8 @@ def test_an_evaluation_folder_shows_its_bcapscore_results(scored, tmp_path):
     assert found.kind == "evaluation" and found.title == "my-model"
     assert len(found.cards) == len(scored["rows"])
     assert any("dcscore" in note for note in found.notes)
+    # the rules each protocol was scored under (not recorded by an earlier balcaprl)
+    assert "scoring rules, dcscore: not recorded (evaluated by an earlier balcaprl)" in found.notes
 
 
 @pytest.mark.parametrize(

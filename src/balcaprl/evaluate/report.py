@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError
+from balcaprl.evaluate.official import rules_line
 from balcaprl.files import atomic_write_bytes, atomic_write_text
 
 # (key, header, has a delta column)
@@ -56,6 +57,7 @@ class ReportRow:
     incomplete: dict[str, str] = field(default_factory=dict)  # column -> why (failures, missing items)
     not_comparable: dict[str, list[str]] = field(default_factory=dict)  # column -> why not like Table 1
     published: bool = False
+    rules: list[str] = field(default_factory=list)  # per protocol: the rules it was scored under
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -105,6 +107,9 @@ def load_eval_rows(paths: Sequence[Path]) -> list[ReportRow]:
                     name, RUNS_GROUP, str(file.parent), values, dict(general), incomplete, not_comparable
                 )
             )
+            rows[-1].rules = [
+                rules_line(p, e) for p, e in results.items() if p != "general" and isinstance(e, dict)
+            ]
     seen: dict[str, int] = {}
     for row in rows:  # two runs with one label stay apart
         seen[row.name] = seen.get(row.name, 0) + 1
@@ -477,6 +482,7 @@ def build_report(
             f"Δ: difference to the baseline, **{base.name}**. Bold values: the best of their group.\n"
         )
     parts.extend(f"{n}\n" for n in dict.fromkeys(notes))
+    parts.extend(f"Scoring rules, {row.name}: " + " | ".join(row.rules) + "\n" for row in rows if row.rules)
     if any(row.not_comparable for row in rows):
         parts.append(
             "‡ numbers compare with the paper's Table 1 only when they come from the benchmarks' official "

@@ -293,6 +293,8 @@ class JudgeCaller:
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
         token_field: str = "max_completion_tokens",
+        max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallResult:
         """A free-text answer (stripped; no ``response_format`` is sent). ``accept(text)`` may raise
         ``ValueError`` to have an unusable answer re-asked once (a ``schema_violation`` if it fails
@@ -303,8 +305,56 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, check=accept, temperature=temperature, max_tokens=max_tokens,
             trial=trial, identity=identity, extra_body=extra_body, truncated_ok=truncated_ok,
-            token_field=token_field,
+            token_field=token_field, max_retries=max_retries, encode=encode,
         )  # fmt: skip
+        return self._counted(result)
+
+    async def call_texts(
+        self,
+        messages: list[dict[str, Any]],
+        n: int,
+        *,
+        kind: str,
+        temperature: float | None,
+        max_tokens: int | None = None,
+        trial: int | None = None,
+        token_field: str = "max_completion_tokens",
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
+    ) -> CallResult:
+        """``n`` free-text samples in one request (``"n": n`` in the body, as a benchmark's official
+        script asks for them): ``value`` is the list of the answer's choices' texts, stripped, a choice
+        without text as ``""`` (a cut-off choice is kept); an endpoint that ignores ``n`` gives fewer.
+        No re-ask. Counted as one request in :attr:`stats`."""
+        cfg = self.config
+        max_tokens = max_tokens or cfg.max_tokens
+        key = self.key(kind, messages=messages, temperature=temperature, max_tokens=max_tokens, trial=trial,
+                       extra_body={"n": n})  # fmt: skip
+
+        async def compute() -> CallResult:
+            stored = self.cache.get(key) if self.cache is not None else None
+            texts = stored.get("texts") if isinstance(stored, dict) else None
+            if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+                return CallResult(texts, None, key, cached=True)
+            body: dict[str, Any] = {"model": cfg.model, "messages": messages, token_field: max_tokens}
+            if temperature is not None:
+                body["temperature"] = temperature
+            body["n"] = n
+            read = functools.partial(_choice_texts, secret=self.endpoint.api_key, where=cfg.base_url)
+            answer = await self.endpoint.send(body, self.stats, read, None, encode)
+            paid = {
+                "calls": 1,
+                "prompt_tokens": answer.prompt_tokens,
+                "completion_tokens": answer.completion_tokens,
+            }
+            if answer.failure is not None:
+                return CallResult(None, answer.failure, key, **paid)
+            if self.cache is not None:
+                self.cache.put(key, {"texts": answer.parsed, "kind": kind, "model": cfg.model})
+            return CallResult(answer.parsed, None, key, **paid)
+
+        result, shared = await self.endpoint.coalesce(key, compute)
+        if shared:
+            result = CallResult(result.value, result.failure, key, cached=result.cached, shared=True)
         return self._counted(result)
 
     def _counted(self, result: CallResult) -> CallResult:
@@ -330,6 +380,8 @@ class JudgeCaller:
         truncated_ok: bool = False,
         stats: JudgeStats | None = None,
         token_field: str = "max_completion_tokens",
+        max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
@@ -339,7 +391,11 @@ class JudgeCaller:
         only when a call is made (a cache hit or a shared call never needs the messages).
 
         ``token_field``: the name the answer's token budget goes under; ``max_tokens`` where a
-        benchmark's official request sends that older name (a server may read only one of them)."""
+        benchmark's official request sends that older name (a server may read only one of them).
+        ``max_retries``: this call's retries of a failed attempt (default: the config's); 0 where a
+        benchmark's official script counts every HTTP error as one of its own tries. ``encode``: the
+        body's bytes (default :func:`json_bytes`); a benchmark's official client's layout, where the
+        request must be the official one byte for byte."""
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
@@ -372,14 +428,14 @@ class JudgeCaller:
                 classify, schema=schema, check=check, max_tokens=max_tokens, truncated_ok=truncated_ok,
                 secret=self.endpoint.api_key, where=cfg.base_url,
             )  # fmt: skip
-            answer = await self.endpoint.send(body, stats, read)
+            answer = await self.endpoint.send(body, stats, read, max_retries, encode)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
                 body = {**body, "messages": reask_messages(conversation, answer)}
-                answer = await self.endpoint.send(body, stats, read)
+                answer = await self.endpoint.send(body, stats, read, max_retries, encode)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:
@@ -552,24 +608,31 @@ class Endpoint:
         return approx_prompt_tokens(messages, self.config.max_image_side, self.config.model)
 
     async def send(
-        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer]
-    ) -> CallAnswer:
+        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer],
+        max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
+    ) -> CallAnswer:  # fmt: skip
         """One call of a chat-completions ``body``: attempts, each admitted by the limits
-        (:meth:`_admitted`), until one is final or ``max_retries`` retries are spent, with the backoff
-        between them outside the concurrency bound; ``read(status, body)`` classifies an answer
-        (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
+        (:meth:`_admitted`), until one is final or ``max_retries`` retries (default: the config's)
+        are spent, with the backoff between them outside the concurrency bound; ``read(status,
+        body)`` classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries
+        included). ``encode``: how the body becomes bytes (default :func:`json_bytes`)."""
         runtime = self.runtime()
         cfg = self.config
-        max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
-        if cfg.stream and self.streams is not False:  # the first byte is then the first token (tail.py)
+        retries = cfg.max_retries if max_retries is None else max_retries
+        # n answers in one (a benchmark's official `n`): n times the tokens and bytes of one
+        max_tokens = (body.get("max_completion_tokens") or body["max_tokens"]) * int(body.get("n") or 1)
+        # Streamed, so the first byte is the first token (tail.py); never a body whose bytes are a
+        # benchmark's official request (``encode``), sent as its official client sends it.
+        if cfg.stream and self.streams is not False and encode is None:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        payload = json_bytes(body)  # once, for every attempt
+        payload = (encode or json_bytes)(body)  # once, for every attempt
         # What a call really uses: its prompt at the model's image rate and a realistic answer
         # (reserving the whole max_tokens paced the client at a fraction of its budget).
         tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
         ticket = runtime.hedging.begin() if runtime.hedging is not None else None
         start = time.perf_counter()
-        for retry in range(cfg.max_retries + 1):
+        for retry in range(retries + 1):
             try:
                 status, raw = await self._admitted(
                     runtime, payload, max_tokens, body, tokens, stats, ticket, first=retry == 0
@@ -586,7 +649,7 @@ class Endpoint:
             except aiohttp.ClientError as error:  # refused, reset, dropped mid-body
                 detail = f"{type(error).__name__}: connection failed or dropped ({error})"
                 answer, wait = _fail("server_error", detail, self.api_key), None
-            if retry == cfg.max_retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
+            if retry == retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
                 break
             await asyncio.sleep(backoff_s(retry, wait))  # holding no slot
         stats.record_call(time.perf_counter() - start, answer.prompt_tokens, answer.completion_tokens)
@@ -910,6 +973,23 @@ def _completion_fields(raw: bytes) -> tuple[Any, str | None, str | None, dict[st
     message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
     fields = (message.get("content"), message.get("refusal"), choices[0].get("finish_reason"))
     return (*(v if isinstance(v, str) else None for v in fields), tokens)
+
+
+def _choice_texts(status: int, raw: bytes, *, secret: str | None, where: str) -> CallAnswer:
+    """A chat completion with several choices (``n``): ``parsed`` is each choice's text, stripped
+    (``""`` for a choice without text); a body without choices is ``invalid_json``."""
+    if status >= 400:
+        return status_failure(status, raw, secret, where)
+    fields = _completion_fields(raw)
+    if fields is None or fields[0] is _NO_CHOICE:
+        return _fail("invalid_json", "the answer has no choices", secret, **(fields[3] if fields else {}))
+    choices = json.loads(raw)["choices"]
+    texts = []
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        texts.append(content.strip() if isinstance(content, str) else "")
+    return CallAnswer(texts, None, None, **fields[3])
 
 
 def _schema_failure(error: ValidationError) -> tuple[FailureReason, str]:
