@@ -8,7 +8,8 @@ and exit. The judge's path imports neither torch nor the openai SDK, so what is 
 interpreter, aiohttp, pydantic and the evaluation modules; the goal is a first call within 1 s.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_judge_startup.py [--runs N]`` (about 20 s).
-Not a timed test. Results: ``benchmarks/results/judge_startup.json`` (with the machine's load).
+Not a timed test. Results: ``benchmarks/results/judge_startup.json`` (with the machine's load);
+``--write-docs`` writes them into docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -54,7 +55,32 @@ def _score_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "balcaprl.cli"]
 
 
+DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
+SECTION = "## The judge's first call"
+
+
+def write_docs(path: Path = DOCS) -> None:
+    """Rewrite the section's figures in ``path`` from the stored results."""
+    r = json.loads(RESULTS.read_text())
+    figures = (
+        f"`balcaprl score` (24 captions, a loopback judge, no cache) makes its first judge call "
+        f"{r['score_first_call_s']:.2f} s after it starts, against {r['python_pass_s']:.3f} s for a bare "
+        f"`python -c pass`: {r['ratio']:.0f}x (medians of {len(r['runs']['python_pass_s'])} runs, load "
+        f"average {r['load_average_1m']:.1f} on {r['cpus']} cores). Definition: {r['definition']}. The goal "
+        f"is a first call within 1 s of start on an idle machine; "
+        + ("met here." if r["score_first_call_s"] <= 1.0 else "not met here, on a machine this loaded.")
+    )
+    text = path.read_text()
+    start = text.index(SECTION)
+    fence = text.index("```\n\n", text.index("```bash", start) + 7) + len("```\n\n")
+    end = text.index("\n## ", fence)
+    path.write_text(text[:fence] + figures + "\n" + text[end:])
+
+
 def main() -> None:
+    if "--write-docs" in sys.argv[1:]:
+        write_docs()
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (medians reported)")
     parser.add_argument("--out", type=Path, default=RESULTS)
