@@ -416,7 +416,12 @@ DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
 SECTION = "## The judge stage of a training step"
 
 
-def docs_section(paper: dict[str, Any], quick: dict[str, Any] | None) -> str:
+FIXED_RESULTS = RESULTS.with_name("judge_stage_c256.json")  # --paper --concurrency 256: the recipe's former
+
+
+def docs_section(
+    paper: dict[str, Any], quick: dict[str, Any] | None, fixed: dict[str, Any] | None = None
+) -> str:
     """The judge-stage section of docs/measurements.md, from the results of a ``--paper`` run (and of a
     quick one): every figure with its definition."""
 
@@ -478,12 +483,17 @@ def docs_section(paper: dict[str, Any], quick: dict[str, Any] | None) -> str:
         f"- stage: rewards ready minus the schedule's first judge call; the {IDEAL};",
         "- client CPU per call: the benchmark process's CPU over the step (the clients; the server runs apart) "
         "per call made; a step is CPU-bound when client and server need more CPU-seconds than the ideal stage "
-        "times the cores a process gets (cores / load average).",
+        "times the cores a process gets (cores / load average). Where a row says CPU, the loopback server and "
+        "the client shared a machine too busy for them, and the figure measures that machine, not the "
+        "judge's latency: a hosted judge spends none of the client's CPU, and the client's own share is "
+        "the CPU per call given.",
         "",
         f"Paper-sized (`{paper['command']}`, `benchmarks/results/judge_stage.json` has every step):",
         "",
         *table(paper),
     ]
+    if fixed is not None:
+        lines += ["", f"Paper-sized at a fixed concurrency (`{fixed['command']}`):", "", *table(fixed)]
     if quick is not None:
         lines += ["", f"Quick (`{quick['command']}`, what `make bench` runs):", "", *table(quick)]
     return "\n".join(lines) + "\n"
@@ -493,11 +503,12 @@ def write_docs(path: Path = DOCS) -> None:
     """Replace the judge-stage section of ``path`` with :func:`docs_section` of the stored results."""
     paper = json.loads(RESULTS.read_text())
     quick = json.loads(QUICK_RESULTS.read_text()) if QUICK_RESULTS.exists() else None
+    fixed = json.loads(FIXED_RESULTS.read_text()) if FIXED_RESULTS.exists() else None
     text = path.read_text()
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     rest = "" if end < 0 else text[end:]
-    path.write_text(text[:start] + docs_section(paper, quick) + rest)
+    path.write_text(text[:start] + docs_section(paper, quick, fixed) + rest)
 
 
 def main() -> None:

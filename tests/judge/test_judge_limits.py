@@ -112,6 +112,32 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     assert max(peaks[3:]) <= max(peaks[1:3]), peaks
 
 
+def test_an_endpoint_that_cannot_keep_up_gets_fewer_calls_in_flight():
+    # Every answer takes 1 s and every attempt is cut at 0.3 s: each wave of retries must be smaller
+    # than the one before, not another 32 attempts the endpoint cannot answer either.
+    server = _server(always="slow", slow_s=1.0)
+    try:
+        judge = OpenAICompatibleJudge(
+            config(server.base_url, concurrency=32, timeout_s=0.3, max_retries=3, hedge=False)
+        )
+        seen = {}
+
+        async def go():
+            try:
+                return await judge.judge_batch([request(caption=c) for c in _captions("behind", 32)])
+            finally:
+                seen["allowed"] = judge._endpoint.state.slots.allowed
+                await judge.aclose()
+
+        outcomes = asyncio.run(asyncio.wait_for(go(), 120))
+        allowed = seen["allowed"]
+    finally:
+        server.stop()
+    assert all(getattr(o, "reason", None) == "timeout" for o in outcomes)
+    assert server.counters.total == 32 * 4  # every attempt made, fewer at a time
+    assert allowed < 32
+
+
 # ------------------------------------------------------------------------------ 2. calls in flight
 
 

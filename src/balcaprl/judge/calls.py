@@ -723,7 +723,14 @@ class Endpoint:
             except AttemptFailed as failed:
                 if failed.status == 429:
                     slots.throttled()
+                slots.timed_out(
+                    failed.answer.failure is not None and failed.answer.failure.reason == "timeout"
+                )
                 raise
+            except TimeoutError:
+                slots.timed_out(True)
+                raise
+            slots.timed_out(False)
             slots.answered()
             if first:  # auto's latency: the endpoint's, not a retry's wait
                 slots.observe(time.perf_counter() - started)

@@ -12,7 +12,9 @@ one place that turns a config into calls in flight; spans, the cost plan and the
 **Slots** (:class:`Slots`): the bound itself. A call holds a slot for one attempt, never through a
 retry's backoff. A 429 halves the calls in flight allowed (and each answer adds one back, up to the
 bound): additive increase, multiplicative decrease, the rule TCP uses for congestion (RFC 5681), so
-a rate-limit storm lowers the load it meets, never raises it.
+a rate-limit storm lowers the load it meets, never raises it. Timeouts beyond the tail (more than 5%
+of the recent attempts) halve it too, once per observed latency: retrying every timed-out attempt at
+full concurrency only keeps an endpoint that cannot keep up from catching up.
 
 **Rates** (:class:`RateWindow`): every attempt -- first, retry, hedge -- takes its slot first, then
 is admitted by the request and token limits over a sliding minute (:data:`RATE_WINDOW_S`) and
@@ -44,6 +46,9 @@ DEFAULT_TIER = {"requests_per_minute": 5_000, "tokens_per_minute": 4_000_000}
 # Open files kept for everything but sockets (the cache, images, logs, the interpreter's own): a
 # quarter of the limit, and at least this many.
 FD_HEADROOM = 64
+# Timeouts within this share of the recent attempts are the tail (hedge_max_share's default budget);
+# beyond it they are an endpoint falling behind.
+TIMEOUT_SHARE = 0.05
 
 
 def auto_concurrency(
@@ -183,6 +188,8 @@ class Slots:
         self._condition = asyncio.Condition()
         self._latencies: deque[float] = deque(maxlen=window)
         self._quantile = quantile
+        self._timeouts: deque[bool] = deque(maxlen=window)
+        self._last_cut = -math.inf
 
     @property
     def allowed(self) -> int:
@@ -202,6 +209,21 @@ class Slots:
     def throttled(self) -> None:
         """A 429: half the calls in flight now (at least 1)."""
         self.congestion = max(1.0, min(self.congestion, self.in_use, self.limit) / 2)
+
+    def timed_out(self, timed_out: bool) -> None:
+        """An attempt's end, timed out or not. Timeouts beyond the tail the hedges are budgeted for
+        (:data:`TIMEOUT_SHARE` of the recent attempts) mean an endpoint that cannot keep up: half the
+        calls in flight, once per observed latency (TCP's rule for a retransmission timeout); a few
+        stalls among many answers cut nothing."""
+        self._timeouts.append(timed_out)
+        now = time.monotonic()
+        if (
+            timed_out
+            and sum(self._timeouts) > TIMEOUT_SHARE * len(self._timeouts)
+            and now - self._last_cut >= self.latency_s()
+        ):
+            self._last_cut = now
+            self.throttled()
 
     def answered(self) -> None:
         """An answer: one more call in flight allowed; back at ``limit``, no bound of its own."""
