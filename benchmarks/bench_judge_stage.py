@@ -455,8 +455,10 @@ def docs_section(
         settings = record["settings"]
         rows.append("")
         rows.append(
-            f"{settings['steps']} steps of {settings['rollouts']} rollouts over {settings['processes']} processes, "
-            f"concurrency {settings['concurrency']} (auto's bound {settings['auto_max']}), requests_per_minute "
+            f"{settings['steps']} step{'' if settings['steps'] == '1' else 's'} of {settings['rollouts']} rollouts "
+            f"over {settings['processes']} processes, concurrency {settings['concurrency']}"
+            + (f" (bound {settings['auto_max']})" if settings["concurrency"] == "auto" else "")
+            + f", requests_per_minute "
             f"{settings['rpm_cap']} (the server's cap), streamed {settings['stream']}; load average "
             f"{record.get('load_average_1m', float('nan')):.1f} on {record.get('cpus', '?')} cores at the end of "
             f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}."

@@ -108,8 +108,10 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     assert server.counters.total == 3 * 48 + 3 * 3 * 48
     # The first calm batch goes in flight whole (no latency seen yet); from then on auto sizes from
     # the latency seen. A retry's wait is not the endpoint's latency (counted, auto would grow with
-    # it) and each 429 halves what is in flight: the storm meets no more requests than the calm did.
-    assert max(peaks[3:]) <= max(peaks[1:3]), peaks
+    # it) and each 429 halves what is in flight: the storm meets no more requests than the calm did
+    # (its first attempts go out at the size the calm batches' latencies set, give or take the two
+    # latest samples; a retry-inclusive latency sent whole batches of 48).
+    assert max(peaks[3:]) <= max(peaks[1:3]) + 2 < 48, peaks
 
 
 def test_an_endpoint_that_cannot_keep_up_gets_fewer_calls_in_flight():
