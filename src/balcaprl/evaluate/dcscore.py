@@ -467,8 +467,8 @@ class _Run:
             settings.image_mode == "auto" and prompts is not None
         )
         self.images_sent = "official" if official_images else "judge"
-        # n samples in one request, as the official script asks (a stream carries one answer)
-        self.one_request = settings.sample_requests == "one" and not caller.config.stream
+        # n samples in one request, as the official script asks (the client never streams one)
+        self.one_request = settings.sample_requests == "one"
         self.samples_sent = "one" if self.one_request else "each"
         # the official client's body layout, read before any call (openai_body probes the client once)
         self.encode = openai_body() if prompts is not None else None

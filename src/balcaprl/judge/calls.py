@@ -623,8 +623,9 @@ class Endpoint:
         # n answers in one (a benchmark's official `n`): n times the tokens and bytes of one
         max_tokens = (body.get("max_completion_tokens") or body["max_tokens"]) * int(body.get("n") or 1)
         # Streamed, so the first byte is the first token (tail.py); never a body whose bytes are a
-        # benchmark's official request (``encode``), sent as its official client sends it.
-        if cfg.stream and self.streams is not False and encode is None:
+        # benchmark's official request (``encode``), sent as its official client sends it, nor one
+        # asking for n answers (tail.assemble_stream puts one choice back together).
+        if cfg.stream and self.streams is not False and encode is None and int(body.get("n") or 1) == 1:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         payload = (encode or json_bytes)(body)  # once, for every attempt
         # What a call really uses: its prompt at the model's image rate and a realistic answer
