@@ -376,6 +376,7 @@ def recaption_dataset(
     the endpoint rejects, and when the first calls all fail the same way.
     """
     from balcaprl.judge import JudgeConfig, load_judge_config
+    from balcaprl.judge.throughput import calls_in_flight
 
     root = Path(data_dir).expanduser().resolve()
     card = _load_card(root)
@@ -416,7 +417,13 @@ def recaption_dataset(
     )
     run = _Run(recaptioner, store, report, on_result)
     try:
-        asyncio.run(run.all(wanted, workers=max(1, min(cfg.concurrency, len(wanted))), progress=progress))
+        asyncio.run(
+            run.all(
+                wanted,
+                workers=max(1, min(calls_in_flight(cfg, cfg.timeout_s), len(wanted))),
+                progress=progress,
+            )
+        )
     finally:
         store.close()
     captions, failures = run.captions, run.failures

@@ -67,6 +67,7 @@ from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 JUDGMENTS = ("Caption 1 is better", "Caption 2 is better", "Tie")
@@ -334,7 +335,7 @@ def run_caparena(
         }  # fmt: skip
 
     path = Path(out_dir) / "items.jsonl"
-    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(path, todo, one, span=span_rows(caller.config), close=caller.aclose)
     rows = [{k: v for k, v in row.items() if k != "detail"} for row in read_items(path)]
     battles = [Battle(r["image"], r["baseline"], r["model_position"] == 1, r["judgment"]) for r in rows]
     baselines = list(dict.fromkeys([*BASELINES, *(i.ref_model for i in items)]))

@@ -82,6 +82,7 @@ from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CANNOT_ANSWER = "Cannot answer from the caption"
@@ -363,7 +364,7 @@ def run_captionqa(
         }
 
     items = Path(out_dir) / "items.jsonl"
-    judge_in_spans(items, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(items, todo, one, span=span_rows(caller.config), close=caller.aclose)
     summary_keys = ("category", "failure", "outcome", "score")  # what the figures below read, per row
     rows = [{key: row.get(key) for key in summary_keys} for row in read_items(items)]
 

@@ -91,6 +91,7 @@ from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 F1_EPS = 1e-8  # the official script's F1 denominator guard
 _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample (empty, unreadable)
@@ -466,8 +467,8 @@ class _Run:
             settings.image_mode == "auto" and prompts is not None
         )
         self.images_sent = "official" if official_images else "judge"
-        # n samples in one request, as the official script asks (a stream carries one answer)
-        self.one_request = settings.sample_requests == "one" and not caller.config.stream
+        # n samples in one request, as the official script asks (the client never streams one)
+        self.one_request = settings.sample_requests == "one"
         self.samples_sent = "one" if self.one_request else "each"
         # the official client's body layout, read before any call (openai_body probes the client once)
         self.encode = openai_body() if prompts is not None else None
@@ -769,7 +770,7 @@ def run_dcscore(
         return row
 
     path = Path(out_dir) / "items.jsonl"
-    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(path, todo, one, span=span_rows(caller.config), close=caller.aclose)
     # the figures below read each row's scores, never its facts and trials (the bulk of a row)
     rows = [{k: v for k, v in r.items() if k not in ("facts", "trials")} for r in read_items(path)]
     ok = [r for r in rows if r["valid"]]
