@@ -64,6 +64,7 @@ VERL_FLAGS = {
     "--verl-override",
     "--dry-run",
     "--gpu-memory",
+    "--flash-attn",
 }
 HEAVY = ("torch", "transformers", "openai", "pyarrow", "datasets", "trl")
 
