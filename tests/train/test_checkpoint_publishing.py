@@ -101,7 +101,9 @@ def test_a_checkpoint_is_complete_only_when_its_files_match_its_manifest(tmp_pat
         spoil(bad)
         lines: list[str] = []
         assert latest_checkpoint(folder, report=lines.append) == good, name
-        assert lines == [f"skipping {bad}: incomplete ({expected[name]}); resuming from an earlier checkpoint"]
+        assert lines == [
+            f"skipping {bad}: incomplete ({expected[name]}); resuming from an earlier checkpoint"
+        ]
 
 
 def test_publish_moves_a_finished_folder_in_one_rename(tmp_path):

@@ -113,7 +113,9 @@ def _file_size_limit(limit: int):
 @pytest.mark.parametrize(
     ("limit", "writer"), [(300_000, "safetensors: model.safetensors"), (1_000_000, "torch: optimizer.pt")]
 )
-def test_a_checkpoint_the_system_refuses_to_write_is_one_line(tiny_policy, tiny_dataset, tmp_path, limit, writer):
+def test_a_checkpoint_the_system_refuses_to_write_is_one_line(
+    tiny_policy, tiny_dataset, tmp_path, limit, writer
+):
     """A real ``balcaprl train`` process whose files may not grow past ``limit`` bytes (the tiny
     policy's model.safetensors is ~645 KB, its optimizer.pt ~1.3 MB): the checkpoint's writer
     (safetensors, or torch's zip writer) fails mid-file as on a full disk, with its own error type and
@@ -131,7 +133,13 @@ def test_a_checkpoint_the_system_refuses_to_write_is_one_line(tiny_policy, tiny_
         judge.write_text(yaml.safe_dump({"base_url": server.base_url, "model": "m", "api_key_env": None,
                                          "cache_path": None}))  # fmt: skip
         run = tmp_path / "run"
-        args = ["train", str(RECIPE_3B), "--judge", str(judge), *tiny_overrides(tiny_policy, tiny_dataset, run)]
+        args = [
+            "train",
+            str(RECIPE_3B),
+            "--judge",
+            str(judge),
+            *tiny_overrides(tiny_policy, tiny_dataset, run),
+        ]
         env = {**os.environ, "COLUMNS": "60", "PYTHONPATH": os.pathsep.join(sys.path)}
         done = subprocess.run([sys.executable, "-m", "balcaprl.cli", *args], capture_output=True, text=True,
                               env=env, preexec_fn=_file_size_limit(limit), timeout=900)  # fmt: skip

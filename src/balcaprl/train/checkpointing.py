@@ -231,7 +231,9 @@ def save_failure(folder: Path, error: Exception) -> OSError:
         p.is_file() and p.stat().st_size >= limit for p in folder.rglob("*")
     )
     code = errno.ENOSPC if full else errno.EFBIG if at_limit else errno.EIO
-    reason = os.strerror(code) + ("" if full or at_limit else f" (the writer said: {str(error).splitlines()[0]})")
+    reason = os.strerror(code) + (
+        "" if full or at_limit else f" (the writer said: {str(error).splitlines()[0]})"
+    )
     return OSError(code, reason, str(folder))
 
 
