@@ -92,6 +92,9 @@ def train(
     # Under `accelerate launch` every GPU process runs this command and builds its own judge client:
     # they share the configured concurrency and rate caps, which are the endpoint's.
     processes = PartialState(cpu=recipe.train.use_cpu)
+    from balcaprl.train.trl_backend import grpo_config
+
+    grpo_config(recipe, processes.num_processes)  # every value as TRL gets it, before a folder is touched
     judge_object = balcaprl.judge.build_judge(
         judge_config,
         image_root=Path(recipe.data.path).expanduser().resolve(),
