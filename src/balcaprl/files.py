@@ -135,7 +135,6 @@ def _shown(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(SHOWN_ERRORS, _shown)
 
 
-
 def decode_utf8(data: bytes, where: str) -> str:
     """``data`` as UTF-8 text (a leading byte-order mark dropped); :class:`InputError` naming
     ``where``, the byte offset and the line of the first byte that is not UTF-8."""
