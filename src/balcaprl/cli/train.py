@@ -92,9 +92,6 @@ def train(
     # Under `accelerate launch` every GPU process runs this command and builds its own judge client:
     # they share the configured concurrency and rate caps, which are the endpoint's.
     processes = PartialState(cpu=recipe.train.use_cpu)
-    from balcaprl.train.trl_backend import grpo_config
-
-    grpo_config(recipe, processes.num_processes)  # every value as TRL gets it, before a folder is touched
     judge_object = balcaprl.judge.build_judge(
         judge_config,
         image_root=Path(recipe.data.path).expanduser().resolve(),
@@ -112,6 +109,11 @@ def train(
     output_dir = Path(recipe.run.output_dir).expanduser()
     if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
         lock_output(output_dir, "run.output_dir")
+    from balcaprl.train.trl_backend import grpo_config
+
+    grpo_config(
+        recipe, processes.num_processes
+    )  # every value as TRL gets it, before the run folder is touched
     if overwrite:
         replace_run(output_dir, processes)
     else:
