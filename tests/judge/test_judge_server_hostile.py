@@ -9,14 +9,13 @@ import contextlib
 import http.client
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from judge_testkit import judge_serve
 from PIL import Image
 
 from balcaprl.judge.rubrics import RUBRIC_NAMES, load_rubric
@@ -60,17 +59,8 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(dataset):
     """``judge serve --oracle`` in a process of its own: ``(base_url, pid)``."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--oracle", str(dataset)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("balcaprl judge server: http://127.0.0.1:"), line
-    yield line.split()[-1], process.pid
-    process.terminate()
-    process.wait(timeout=10)
-    process.stdout.close()
+    with judge_serve("--oracle", str(dataset)) as server:
+        yield server
 
 
 def test_a_body_past_the_limit_is_413_and_costs_no_more_than_the_limit(served):

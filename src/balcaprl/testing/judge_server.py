@@ -201,11 +201,25 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def generic_call(body: dict[str, Any]) -> GenericCall:
-    """Read a chat-completions body as a :class:`GenericCall`; ``ValueError`` for a malformed one."""
+def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The body's messages, each an object whose content is a text or a list of parts that are objects
+    (a text part's text a string); ``ValueError`` saying what is not."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("the request has no messages")
+    for number, message in enumerate(messages, 1):
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = content if isinstance(content, list) else []
+        if not isinstance(message, dict) or not isinstance(content, str | list | None):
+            raise ValueError(f"message {number} is not an object with a text or a list of parts")
+        if not all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts):
+            raise ValueError(f"message {number} has a part that is not an object with a text")
+    return messages
+
+
+def generic_call(body: dict[str, Any]) -> GenericCall:
+    """Read a chat-completions body as a :class:`GenericCall`; ``ValueError`` for a malformed one."""
+    messages = checked_messages(body)
     system = next((m for m in messages if m.get("role") == "system"), None)
     user = next((m for m in messages if m.get("role") == "user"), None)
     if user is None:
@@ -475,6 +489,7 @@ def create_app(
             body = orjson.loads(raw)  # orjson's errors are ValueErrors
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
+            checked_messages(body)  # what every protocol reads (and the token estimate counts)
             model = str(body.get("model", "balcaprl-local-judge"))
             format_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
             judge_kind = _JUDGE_KINDS.get(format_name)
