@@ -189,18 +189,15 @@ class ImageLoader:
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
         path, relative = self._resolved(image)
         try:
+            known_digest = self._known_digest(self._file_key(path))  # warm: one stat, nothing opened
+            if known_digest is not None:
+                return known_digest  # of bytes read through a checked descriptor when first hashed
             # one checked descriptor for the key and the bytes: a file swapped in between cannot mix
             # the two, and a link re-pointed since the path was checked cannot lead out of the root
             fd, stat = self._open(image, path, relative)
             try:
                 key = self._stat_key(path, stat)
-                with self._lock:
-                    known = self._known.get(key)
-                    if known is not None:
-                        return known.sha256
-                    digest = self._digests.get(key)
-                if digest is None:
-                    digest = sha256_hex(_read_all(fd))
+                digest = self._known_digest(key) or sha256_hex(_read_all(fd))
             finally:
                 os.close(fd)
         except OSError as error:
@@ -210,6 +207,11 @@ class ImageLoader:
             while len(self._digests) > self._remember:
                 self._digests.popitem(last=False)
         return digest
+
+    def _known_digest(self, key: tuple) -> str | None:
+        with self._lock:
+            known = self._known.get(key)
+            return known.sha256 if known is not None else self._digests.get(key)
 
     def _file_key(self, path: Path | str) -> tuple:
         """What a remembered file is known by: a changed file (size or modification time) is new."""
