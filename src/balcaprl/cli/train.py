@@ -109,15 +109,13 @@ def train(
     output_dir = Path(recipe.run.output_dir).expanduser()
     if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
         lock_output(output_dir, "run.output_dir")
+    if not overwrite:
+        resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
     from balcaprl.train.trl_backend import grpo_config
 
-    grpo_config(
-        recipe, processes.num_processes
-    )  # every value as TRL gets it, before the run folder is touched
+    grpo_config(recipe, processes.num_processes)  # every value as TRL gets it, before the folder is touched
     if overwrite:
         replace_run(output_dir, processes)
-    else:
-        resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
     ensure_writable_dir(output_dir, "run.output_dir")
 
     from balcaprl.train.trl_backend import train as train_with_trl
