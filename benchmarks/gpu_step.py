@@ -32,10 +32,18 @@ What it does, in order (nothing is downloaded; the GPU machine needs no internet
 
 MFU counts model FLOPs only (forward and backward, 3 passes; a recomputed layer's forward is not
 counted): 2 x parameters per token for the language model's layers over every real prompt and caption
-token, the LM head over the caption tokens (TRL computes log-probs only there), the vision tower's
-parameters over its patches, and causal attention scores (2 x layers x hidden x length per token).
-``--variants before,after,packed`` adds ``after`` with padding-free micro-batches
-(``train.padding_free``), whose packed rows take a dense block-diagonal mask under sdpa.
+token, the LM head over the caption tokens (TRL computes log-probs only there), the vision blocks'
+parameters over its patches and the merger's over the merged patches, causal attention scores
+(2 x layers x hidden x length per token) and the vision tower's (windows of 64 patches, whole images in
+its 4 full-attention layers). ``--variants before,after,padded`` adds ``after`` on padded rows.
+Each variant records the memory plan of what it runs (its kept layers, packed or padded rows) beside
+its measured peak. ``--lengths FILE`` (``[[prompt, caption], ...]`` token counts, written from a
+prepared dataset by ``python -m balcaprl.plan.token_share``) sizes the images so the prompts follow
+that mix. A random model's captions all run to the cap; the ``mix`` variant (``after``'s settings, run
+by default beside it) cuts each generated caption to a length drawn from the mix's caption lengths
+(seeded; the file's, else the shipped stand-in mix ``STAND_IN_CAPTION_MIX``), so its update sees the
+padding and the token count of real data, while ``after`` measures the all-at-the-cap batch. The
+loopback judge needs the ``[serve]`` extra.
 
 The update time is the step's wall time less generation and scoring (judge, old log-probs,
 advantages); with 4 updates per batch only a batch's first step generates and judges. With a random
@@ -184,12 +192,13 @@ def build_policy(folder: Path, tiny: bool, device: str) -> dict:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     params = sum(p.numel() for p in model.parameters())
-    groups = {"language_model_layers": 0, "vision_tower": 0}
+    groups = {"language_model_layers": 0, "vision_tower": 0, "vision_blocks": 0, "vision_merger": 0}
     for name, parameter in model.named_parameters():
         if ".language_model.layers." in name:
             groups["language_model_layers"] += parameter.numel()
         elif ".visual." in name or name.startswith("visual."):
             groups["vision_tower"] += parameter.numel()
+            groups["vision_merger" if ".merger." in name else "vision_blocks"] += parameter.numel()
     del model
     return {
         "parameters": params,
@@ -198,6 +207,7 @@ def build_policy(folder: Path, tiny: bool, device: str) -> dict:
         "hidden_size": arch["text"]["hidden_size"],
         "parameters_by_part": groups,
         "vision_layers": arch["vision"]["depth"],
+        "vision_full_attention_layers": len(arch["vision"]["fullatt_block_indexes"]),
         "vision_hidden_size": arch["vision"]["hidden_size"],
         "vision_head_dim": arch["vision"]["hidden_size"] // arch["vision"]["num_heads"],
         "text_head_dim": arch["text"]["hidden_size"] // arch["text"]["num_attention_heads"],
@@ -218,12 +228,28 @@ def batch_flops(model_info: dict, lengths: list[int], completion_tokens: int, pa
     tokens = sum(lengths)
     forward = 2 * parts["language_model_layers"] * tokens
     forward += 2 * model_info["vocab_size"] * hidden * completion_tokens  # the LM head, caption tokens
-    forward += 2 * parts["vision_tower"] * patches
+    forward += 2 * parts["vision_blocks"] * patches
+    forward += 2 * parts["vision_merger"] * patches // 4  # the merger runs on 2 x 2 merged patches
     forward += sum(2 * layers * hidden * n * n for n in lengths)  # causal attention scores and values
+    forward += vision_attention_flops(model_info, patches, images=len(lengths))
     return 3.0 * forward
 
 
-def build_dataset(folder: Path, rows: int, size: tuple[int, int], vocab_size: int) -> Path:
+def vision_attention_flops(model_info: dict, patches: int, images: int) -> float:
+    """Forward FLOPs of the vision tower's attention scores and values: 4 x hidden x (keys a query sees)
+    per patch and layer; windows of at most 64 patches (112 px) in all layers but the full-attention
+    ones (whole image)."""
+    hidden, depth = model_info["vision_hidden_size"], model_info["vision_layers"]
+    full = model_info.get("vision_full_attention_layers", 4)
+    per_image = patches / max(1, images)
+    return 4 * hidden * patches * ((depth - full) * min(64, per_image) + full * per_image)
+
+
+def build_dataset(
+    folder: Path, rows: int, size: tuple[int, int] | list[tuple[int, int]], vocab_size: int
+) -> Path:
+    """``rows`` training samples (and one for evaluation) with random images of ``size`` (or of each
+    size in turn) and references of the tokenizer's words."""
     from PIL import Image
 
     from balcaprl.data.format import DatasetSample, TokenCounter, write_dataset
@@ -232,7 +258,8 @@ def build_dataset(folder: Path, rows: int, size: tuple[int, int], vocab_size: in
     words = [f"w{rng.randrange(1, vocab_size - 20)}" for _ in range(400)]
 
     def png(i: int) -> bytes:
-        image = Image.effect_noise(size, 40 + i % 30).convert("RGB")
+        shape = size[i % len(size)] if isinstance(size, list) else size
+        image = Image.effect_noise(shape, 40 + i % 30).convert("RGB")
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         return buffer.getvalue()
@@ -279,10 +306,44 @@ def loopback_judge(latency_s: float):
 # ------------------------------------------------------------------------------- the measurement
 
 
+# Caption lengths (tokens) for the ``mix`` variant when no ``--lengths`` file is given: the 1,024-token
+# cap's realistic spread is unknown without prepared data, so a stand-in that the docs call one: most
+# captions between a third and two thirds of the cap, a few at it (scaled to the tiny run's cap).
+STAND_IN_CAPTION_MIX = (300, 380, 450, 520, 600, 680, 760, 1024)
+
+
+def cut_to_mix(completion_ids, logprobs, lengths, eos_id: int, seed: int = 0):
+    """Each caption cut to a length drawn (seeded) from ``lengths``, ending in ``eos_id`` as a caption
+    the policy finished there would; a caption already shorter is kept. ``logprobs`` (vLLM's, or None)
+    are cut alike."""
+    rng = random.Random(seed)
+    cut_ids, cut_logprobs = [], None if logprobs is None else []
+    for i, ids in enumerate(completion_ids):
+        n = max(1, rng.choice(lengths))
+        ids = list(ids)
+        if len(ids) > n:
+            ids = [*ids[: n - 1], eos_id]
+        cut_ids.append(ids)
+        if cut_logprobs is not None:
+            cut_logprobs.append(list(logprobs[i])[: len(ids)])
+    return cut_ids, cut_logprobs
+
+
 class StepClock:
     """Times each optimizer step's phases by wrapping the trainer's own methods for the run."""
 
-    def __init__(self, weights, eps, model_info=None, updates_per_batch=1, profile_step=None, peak=None):
+    def __init__(
+        self,
+        weights,
+        eps,
+        model_info=None,
+        updates_per_batch=1,
+        profile_step=None,
+        peak=None,
+        caption_mix=None,
+    ):
+        self.caption_mix = caption_mix  # lengths the captions are cut to (the ``mix`` variant), or None
+        self._batches_cut = 0
         self.weights, self.eps = list(weights), eps
         self.phase: dict[str, float] = defaultdict(float)
         self.steps: list[dict] = []
@@ -322,6 +383,12 @@ class StepClock:
                 finally:
                     clock._sync()
                     clock.phase[bucket] += time.perf_counter() - start
+                if name == "_generate_single_turn" and clock.caption_mix:
+                    # generation is timed at the cap; what follows (judge, update) sees the mix
+                    clock._batches_cut += 1
+                    result = cut_to_mix(
+                        *result, clock.caption_mix, trainer.eos_token_ids[0], clock._batches_cut
+                    )
                 if name == "_generate_and_score_completions":
                     clock._check_advantages(trainer, args[0], result)
                 return result
@@ -538,20 +605,43 @@ def choose_batch(
     raise SystemExit(f"not even one prompt fits {gpu_gib:g} GiB by the memory plan")
 
 
-VARIANTS = ("before", "after", "packed")  # the default runs the first two
+VARIANTS = ("before", "after", "padded", "mix")  # the default runs before, after and mix
 
 
 def variant_overrides(name: str, layers_without_recompute: int) -> list[str]:
-    """``before``: transformers' per-window vision attention, every layer recomputed; ``after``: items 1
-    and 3 of issue 25 (one SDPA call per vision layer, the plan's layers kept); ``packed``: ``after``
-    with padding-free log-prob passes (item 2)."""
+    """``before``: transformers' per-window vision attention, every layer recomputed, padded rows;
+    ``after``: the recipe's settings (the vision windows in one variable-length call per layer, the
+    plan's layers kept, packed rows through the variable-length attention); ``padded``: ``after`` on
+    padded rows (sdpa with a padding mask); ``mix``: ``after``'s settings, its captions cut to a
+    realistic length mix (:func:`cut_to_mix`)."""
     if name == "before":
-        return ["model.vision_attention=default", "model.layers_without_recompute=0"]
+        return [
+            "model.vision_attention=default",
+            "model.layers_without_recompute=0",
+            "train.padding_free=false",
+        ]
     after = [
         "model.vision_attention=varlen_sdpa",
         f"model.layers_without_recompute={layers_without_recompute}",
     ]
-    return after if name == "after" else [*after, "train.padding_free=true"]
+    return [*after, f"train.padding_free={str(name != 'padded').lower()}"]
+
+
+def image_sizes(lengths_file: Path) -> list[tuple[int, int]]:
+    """Image sizes (4:3, on the 28-pixel grid) whose image tokens are each prompt's less the template's."""
+    sizes = []
+    for prompt, _ in json.loads(lengths_file.read_text(encoding="utf-8")):
+        tokens = max(4, int(prompt) - 64)
+        height = max(2, round((tokens * 3 / 4) ** 0.5))
+        sizes.append((28 * max(2, round(tokens / height)), 28 * height))
+    return sizes
+
+
+def missing_serve_extra() -> list[str]:
+    """The loopback judge's packages (the ``[serve]`` extra) that are not installed."""
+    import importlib.util
+
+    return [name for name in ("fastapi", "uvicorn", "orjson") if importlib.util.find_spec(name) is None]
 
 
 def run_variant(name, overrides, judge_file, clock_args, work: Path) -> tuple[dict, list[str]]:
@@ -618,8 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, help="prompts per batch (default: the largest the plan fits)")
     parser.add_argument(
         "--variants",
-        default="before,after",
-        help="comma-separated: before, after, packed (default before,after)",
+        default="before,after,mix",
+        help="comma-separated: before, after, padded, mix (default before,after,mix)",
     )
     parser.add_argument(
         "--peak-tflops", type=float, help="the GPU's bf16 dense peak (default: H100/H200 989.4)"
@@ -628,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=128, help="judge calls in flight")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the figures go")
     parser.add_argument("--work", type=Path, help="working folder (default: a temporary one)")
+    parser.add_argument(
+        "--lengths", type=Path, help="[[prompt, caption], ...] token counts: image sizes follow"
+    )
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or any(v not in VARIANTS for v in variants):
@@ -644,6 +737,14 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
+    missing = missing_serve_extra()
+    if missing:
+        print(
+            f"the loopback judge needs {', '.join(missing)}: pip install -e '.[trl,serve]' "
+            "-c constraints/gpu-one-node.txt (docs/gpu.md, 'A measured step')",
+            file=sys.stderr,
+        )
+        return 2
     if not cuda and not args.tiny:
         print("no GPU here: run with --tiny for a CPU smoke run", file=sys.stderr)
         return 2
@@ -692,7 +793,7 @@ def main(argv: list[str] | None = None) -> int:
         build_dataset(
             work / "data",
             prompts * (steps // updates),
-            (1280, 960) if not args.tiny else (300, 200),
+            image_sizes(args.lengths) if args.lengths else (1280, 960) if not args.tiny else (300, 200),
             model_info["vocab_size"],
         )
         recipe_file = work / "recipe.yaml"
@@ -709,6 +810,13 @@ def main(argv: list[str] | None = None) -> int:
             "profile_step": steps,  # the last update: no generation in it when updates > 1
             "peak": peak,
         }
+        cap_mix = [int(c) for _, c in json.loads(args.lengths.read_text())] if args.lengths else None
+        scale = caption_tokens / 1024
+        caption_mix = (
+            [max(2, min(caption_tokens, n)) for n in cap_mix]
+            if cap_mix
+            else [max(2, round(n * scale)) for n in STAND_IN_CAPTION_MIX]
+        )
         results, commands = {}, {}
         with loopback_judge(args.latency) as base_url:
             judge_file = work / "judge.yaml"
@@ -728,7 +836,26 @@ def main(argv: list[str] | None = None) -> int:
             for name in variants:
                 print(f"--- {name}", flush=True)
                 extra = [*overrides, *variant_overrides(name, kept)]
-                results[name], argv_train = run_variant(name, extra, judge_file, clock_args, work)
+                variant_clock = {**clock_args, "caption_mix": caption_mix if name == "mix" else None}
+                results[name], argv_train = run_variant(name, extra, judge_file, variant_clock, work)
+                if name == "mix":
+                    results[name]["caption_mix"] = {
+                        "source": str(args.lengths)
+                        if args.lengths
+                        else "STAND_IN_CAPTION_MIX (an assumption)",
+                        "mean_tokens": sum(caption_mix) / len(caption_mix),
+                        "cap": caption_tokens,
+                    }
+                # the plan of what this variant runs (its kept layers, packed or padded rows)
+                variant_plan = _plan(extra, PAPER_RECIPE, gpu_gib, prompts, micro)
+                results[name]["plan_predicted_peak_gib"] = variant_plan.peak / 2**30 if cuda else None
+                results[name]["plan_layers_without_recompute"] = int(
+                    variant_overrides(name, kept)[1].split("=")[1]
+                )
+                measured = results[name]["peak_gpu_memory_allocated_gib"]
+                results[name]["peak_over_plan"] = (
+                    measured / results[name]["plan_predicted_peak_gib"] if cuda and measured else None
+                )
                 commands[name] = (
                     "balcaprl " + " ".join(shlex.quote(a) for a in argv_train[:-1]) + " JUDGE.yaml"
                 )
@@ -774,6 +901,14 @@ def main(argv: list[str] | None = None) -> int:
         "plan_layers_without_recompute": kept,
         "variants": results,
     }
+    if "after" in results and "mix" in results:
+        at_cap, mix = results["after"], results["mix"]
+        figures["mix_vs_all_at_the_cap"] = {
+            "update_s": mix["update_s_mean"] / at_cap["update_s_mean"] if at_cap["update_s_mean"] else None,
+            "update_mfu": mix["update_mfu_mean"] / at_cap["update_mfu_mean"]
+            if at_cap["update_mfu_mean"] and mix["update_mfu_mean"]
+            else None,
+        }
     if "before" in results and "after" in results:
         before, after = results["before"], results["after"]
         figures["after_vs_before"] = {

@@ -42,14 +42,19 @@ def problems(error: ConfigError) -> list[str]:
     return [" ".join(line.split()) for line in str(error).splitlines()[1:]]
 
 
-def test_unknown_keys_name_their_full_path_and_the_allowed_keys():
-    with pytest.raises(ConfigError) as info:
+def test_unknown_keys_name_their_full_path_and_the_likely_key_or_the_allowed_ones():
+    with pytest.raises(ConfigError) as info:  # a typo: difflib's closest key too
         load_config(Top, data={"name": "n"}, overrides=["outer.inner.alpah=3"], what="toy config")
     assert str(info.value).splitlines()[0] == "invalid toy config (built-in defaults):"
-    assert problems(info.value) == ["outer.inner.alpah: unknown key; allowed here: alpha, beta"]
+    assert problems(info.value) == [
+        "outer.inner.alpah: unknown key; allowed here: alpha, beta; did you mean 'alpha'?"
+    ]
     with pytest.raises(ConfigError) as info:
         load_config(Top, data={"name": "n", "outr": {}})
-    assert problems(info.value) == ["outr: unknown key; allowed here: name, outer"]
+    assert problems(info.value) == ["outr: unknown key; allowed here: name, outer; did you mean 'outer'?"]
+    with pytest.raises(ConfigError) as info:  # nothing close: the keys allowed there alone
+        load_config(Top, data={"name": "n", "zzz": {}})
+    assert problems(info.value) == ["zzz: unknown key; allowed here: name, outer"]
     with pytest.raises(ConfigError) as info:  # through an optional section
         load_config(Top, data={"name": "n", "outer": {"maybe": {"gamma": 1}}})
     assert problems(info.value) == ["outer.maybe.gamma: unknown key; allowed here: alpha, beta"]
@@ -170,5 +175,5 @@ def test_the_formatter_takes_a_prefix_for_a_section_of_a_larger_config():
     text = format_validation_error(info.value, Top, "demo.yaml", "recipe", prefix="recipe.")
     assert text.splitlines() == [
         "invalid recipe (demo.yaml):",
-        "  recipe.outer.inner.alhpa: unknown key; allowed here: alpha, beta",
+        "  recipe.outer.inner.alhpa: unknown key; allowed here: alpha, beta; did you mean 'alpha'?",
     ]

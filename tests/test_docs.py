@@ -446,3 +446,15 @@ def test_commands_named_in_code_and_configs_exist(cli_root):
             where = f"{path.relative_to(REPO)}:{line_of(text, match.start())}"
             problems += [f"{where}: `{match.group(1)}`: {p}" for p in _walk(cli_root, words, set())]
     assert problems == []
+
+
+def test_no_guide_leaves_a_placeholder_in_an_address_to_fill_in():
+    """A command block runs as written: an address names a port (docs/inspect.md once said ``PORT``)."""
+    placeholder = re.compile(r"(?:localhost|127\.0\.0\.1):[A-Z_]+\b")
+    found = [
+        f"{doc.name}: {m.group(0)}"
+        for doc in DOCS
+        for m in placeholder.finditer(doc.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
+    assert placeholder.search("base_url: http://127.0.0.1:PORT/v1")  # the checker finds a planted one

@@ -43,5 +43,6 @@ def test_a_missing_local_path_is_refused_naming_the_flag(here, value):
 
 
 @pytest.mark.parametrize("value", ["runs/ckpt", "Qwen/Qwen2.5-VL-3B-Instruct", "gpt2", "org/name"])
-def test_an_existing_folder_or_a_hub_id_passes_unchanged(here, value):
+def test_an_existing_folder_or_a_hub_id_passes_unchanged(here, value, monkeypatch):
+    monkeypatch.setattr("balcaprl.model_paths.hub_unreachable", lambda: None)  # a hub that answers
     assert check_model_path(value, "--model") == value

@@ -21,6 +21,7 @@ the error names the key and both lines).
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -304,6 +305,16 @@ def redact_credentials(text: str) -> str:
     return _URL_PASSWORD.sub(r"\1:***@", text)
 
 
+def _unknown_key_hint(given: str, allowed: list[str]) -> str:
+    """The keys allowed there, and for a likely typo ``; did you mean 'X'?`` (difflib's closest keys:
+    in a list of 26 keys the one meant is easy to miss)."""
+    if not allowed:
+        return ""
+    close = difflib.get_close_matches(given, allowed, n=2, cutoff=0.6)
+    meant = "; did you mean " + " or ".join(repr(key) for key in close) + "?" if close else ""
+    return f"; allowed here: {', '.join(allowed)}{meant}"
+
+
 def format_validation_error(
     error: ValidationError, model: type[BaseModel], source: str, what: str = "config", prefix: str = ""
 ) -> str:
@@ -316,9 +327,9 @@ def format_validation_error(
         loc = [p for p in problem["loc"] if not _is_tag(p)]
         key = prefix + ".".join(str(p) for p in loc) if loc else (prefix.rstrip(".") or "(top level)")
         if problem["type"] == "extra_forbidden":
-            allowed = _allowed_keys(model, loc[:-1])
-            hint = f"; allowed here: {', '.join(allowed)}" if allowed else ""
-            lines.append(f"  {key}: unknown key{hint}")
+            lines.append(
+                f"  {key}: unknown key{_unknown_key_hint(str(loc[-1]), _allowed_keys(model, loc[:-1]))}"
+            )
         elif problem["type"] == "missing":
             lines.append(f"  {key}: required, but missing")
         else:

@@ -17,9 +17,10 @@ Every command that loads a model or tokenizer by such a name calls it: ``caption
 
 Offline, a hub id must not wait on the hub either: the hub's client retries an unreachable host for
 minutes (five retries, three minutes for one tokenizer). :func:`hub_unreachable` says at once why the
-hub cannot be used (offline mode set, or its host refuses or ignores a connection for 3 s), so a
-loader can read the local cache only (``local_files_only``) and fail in one line when the files are
-not there.
+hub cannot be used (offline mode set, or its host refuses or ignores a connection for 3 s), and
+:func:`check_model_path` then accepts a hub id only when the local cache holds it (exit status 2 and a
+local-cache message otherwise, before any output is written) and switches the process to the
+cache alone, so no later load waits on the hub either.
 """
 
 from __future__ import annotations
@@ -51,11 +52,49 @@ def check_model_path(value: str | Path, what: str) -> str:
     """``value`` as a string, after refusing a local path that does not exist: a
     :class:`~balcaprl.errors.MissingInputError` naming ``what`` (the flag or key), e.g.
     ``--model runs/nope: no such folder; give a checkpoint folder or a hub id``. A hub id passes
-    unchecked (no network here)."""
+    when the hub can be used; when it cannot (:func:`hub_unreachable`, a few seconds at most), it
+    passes only if the local cache holds it, and later loads then read that cache alone."""
     text = str(value)
-    if names_local_path(text) and not Path(text).expanduser().exists():
-        raise MissingInputError(f"{what} {text}: no such folder; give a checkpoint folder or a hub id")
+    if names_local_path(text):
+        if not Path(text).expanduser().exists():
+            raise MissingInputError(f"{what} {text}: no such folder; give a checkpoint folder or a hub id")
+        return text
+    offline = hub_unreachable()
+    if offline is not None:  # the hub would be retried for minutes: the local cache or nothing
+        if not in_local_cache(text):
+            raise MissingInputError(
+                f"{what} {text}: not in the local Hugging Face cache, and the hub cannot be used "
+                f"({offline}); give a local folder holding the model, or download it where the hub is "
+                "reachable"
+            )
+        use_local_cache_only()
     return text
+
+
+def in_local_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds a snapshot of ``repo_id`` (a model's config or a
+    tokenizer's), read from the disk alone."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("config.json", "tokenizer_config.json", "preprocessor_config.json"):
+        try:
+            found = try_to_load_from_cache(repo_id, filename)
+        except ValueError:  # not a valid repo id: nothing of it can be cached
+            return False
+        if isinstance(found, str):
+            return True
+    return False
+
+
+def use_local_cache_only() -> None:
+    """Every later load in this process reads the local cache only (the hub's offline mode), so a
+    cached model loads at once instead of after the client's retries on an unreachable host."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        return
+    constants.HF_HUB_OFFLINE = True  # read at import; the client asks this attribute at every call
 
 
 def hub_unreachable() -> str | None:

@@ -17,7 +17,9 @@ dual-clip but gives no values); 4 optimizer updates per generation batch are an 
 
 The ``judge`` section is a :class:`balcaprl.judge.JudgeConfig`, written inline or as the path of a judge
 YAML (relative to the recipe file that names it); either way it is validated when the recipe loads, so
-a typo there fails before a model is loaded.
+a typo there fails before a model is loaded. Every input a recipe file names is relative to that file:
+``judge:``, ``data.path`` and a local ``model.path`` (:func:`_resolve_paths`); command-line overrides
+and ``run.output_dir`` are relative to the current folder.
 """
 
 from __future__ import annotations
@@ -86,7 +88,11 @@ class ImageConfig(Section):
 class ModelConfig(Section):
     """The policy: a local folder or hub id of a multimodal chat model (Qwen2.5-VL, LLaVA-1.5, ...)."""
 
-    path: str = Field(..., min_length=1, description="Folder or hub id of the policy checkpoint.")
+    path: str = Field(
+        ...,
+        min_length=1,
+        description="Folder (relative to the recipe file) or hub id of the policy checkpoint.",
+    )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32",
         description="Dtype the weights are loaded in. float32 master weights with bf16 autocast (train.precision) "
@@ -129,7 +135,11 @@ class ModelConfig(Section):
 class DataConfig(Section):
     """A dataset folder in the pinned on-disk format: train.parquet, images/, dataset.json."""
 
-    path: str = Field(..., min_length=1, description="Dataset folder (balcaprl synthetic build / prepare).")
+    path: str = Field(
+        ...,
+        min_length=1,
+        description="Dataset folder, relative to the recipe file (balcaprl synthetic build / prepare).",
+    )
     reference: Literal["reference", "reference_original"] = Field(
         "reference",
         description="Which reference caption the judge compares against: the re-captioned one (the paper's main "
@@ -328,8 +338,8 @@ class TrainConfig(Section):
     padding_free: bool = Field(
         False,
         description="TRL: run the policy's log-prob passes on packed rows (each micro-batch's real tokens in one "
-        "row, per-sample positions) instead of the padded width; Qwen2/2.5-VL only, same results. Pays off with a "
-        "varlen attention (flash-attention): with sdpa the packed row's block-diagonal mask is dense.",
+        "row, per-sample positions) instead of the padded width; Qwen2/2.5-VL only, same results. The language "
+        "model's sdpa attention becomes a variable-length one for packed rows (no dense mask).",
     )
 
     @property
@@ -380,9 +390,10 @@ class RunConfig(Section):
     run_name: str | None = Field(None, description="Name shown in TensorBoard / W&B.")
     progress: bool = Field(True, description="Rich progress bar and a one-line summary per step.")
     log_rollouts_every: int = Field(
-        0,
+        100,
         ge=0,
-        description="Write every rollout (caption, rewards, advantage) of every Nth step to rollouts.jsonl.",
+        description="Write every rollout (caption, rewards, advantage) of the first and every Nth step to "
+        "rollouts.jsonl (0: none).",
     )
 
 
@@ -435,17 +446,30 @@ class Recipe(Section):
 # ------------------------------------------------------------------------------------------- loading
 
 
-def _resolve_judge_path(data: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """A judge YAML named by a recipe file is relative to that file."""
-    judge = data.get("judge")
-    if isinstance(judge, str):
-        data = {**data, "judge": str(folder / Path(judge).expanduser())}
+def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The inputs a recipe file names are relative to that file (the rule of every config file):
+    ``judge:`` (a judge YAML), ``data.path``, and ``model.path`` when it names a local folder (it
+    starts with ``.``, ``/`` or ``~``, has more than one ``/``, or exists next to the recipe; anything
+    else is a hub id). ``key=value`` overrides on the command line stay relative to the current
+    folder, as every command-line argument is; ``run.output_dir`` too (where the command is run)."""
+    data = dict(data)
+    if isinstance(data.get("judge"), str):
+        data["judge"] = str(folder / Path(data["judge"]).expanduser())
+    section = data.get("data")
+    if isinstance(section, Mapping) and isinstance(section.get("path"), str):
+        data["data"] = {**section, "path": str(folder / Path(section["path"]).expanduser())}
+    model = data.get("model")
+    if isinstance(model, Mapping) and isinstance(model.get("path"), str):
+        value = model["path"]
+        candidate = folder / Path(value).expanduser()
+        if value.startswith((".", "/", "~")) or value.count("/") > 1 or candidate.exists():
+            data["model"] = {**model, "path": str(candidate)}
     return data
 
 
 def load_recipe_dict(path: str | Path) -> dict[str, Any]:
     """A recipe file as a plain dict, its ``base:`` chain merged in (no validation yet)."""
-    return read_config_file(path, "recipe", _resolve_judge_path)
+    return read_config_file(path, "recipe", _resolve_paths)
 
 
 def recipe_from_dict(
@@ -457,7 +481,7 @@ def recipe_from_dict(
 
 def load_recipe(path: str | Path, overrides: Iterable[Override] = ()) -> Recipe:
     """Read, merge (``base:``), override and validate a recipe file."""
-    return load_config(Recipe, path, overrides, what="recipe", resolve_paths=_resolve_judge_path)
+    return load_config(Recipe, path, overrides, what="recipe", resolve_paths=_resolve_paths)
 
 
 # ---------------------------------------------------------------------------------------- provenance
@@ -531,7 +555,7 @@ PROVENANCE: dict[str, Provenance] = {
         "default in the schema (transformers' own)"
     ),
     "model.layers_without_recompute": _choice(
-        "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs at the recipe's micro-batch "
+        "what fits: the largest N the memory plan gives for fsdp.yaml on 80 GiB GPUs with 6 GiB left free at the recipe's micro-batch "
         "(balcaprl train --plan); 0 in the schema (every layer recomputed, as plain gradient checkpointing)"
     ),
     # data
@@ -634,8 +658,8 @@ PROVENANCE: dict[str, Provenance] = {
     "train.stop_after_step": _choice("none: run to the end"),
     "train.trl_overrides": _choice("none: every GRPOConfig value comes from the recipe"),
     "train.padding_free": _choice(
-        "off: equal results either way (tests), but with sdpa, the GPU recipes' attention, a packed row's "
-        "block-diagonal mask is dense and costs more than the padding it saves"
+        "on in the Qwen2.5-VL recipes (LLaVA: padded rows): equal results either way (tests); packed rows take "
+        "a variable-length attention, no dense mask, and the update computes real tokens only"
     ),
     "train.judge_overlap": _choice(
         "each rollout's judge call starts when its caption exists: same calls, less waiting"
@@ -652,7 +676,10 @@ PROVENANCE: dict[str, Provenance] = {
     "run.report_to": _choice("TensorBoard next to metrics.jsonl in the paper recipe; none in the schema"),
     "run.run_name": _choice("the recipe's name"),
     "run.progress": _choice("a progress bar and one line per step"),
-    "run.log_rollouts_every": _choice("every rollout of one optimizer step in 100 (0 in the schema: none)"),
+    "run.log_rollouts_every": _choice(
+        "every rollout of the first step and of one step in 100: about 1% of a run's captions, enough for "
+        "`balcaprl inspect` to show each stage of a run (0: none)"
+    ),
     # judge
     "judge": _paper(f"GPT-4o-mini judges the main results ({_A1}); null in the schema: pass a Judge in code"),
 }

@@ -246,6 +246,9 @@ def test_the_command_audits_a_judge_over_http(world, flipping_server, tmp_path, 
     assert per["calls"] == pytest.approx(1000) and per["prompt_tokens"] > 0 and per["cost_usd"] > 0
     assert runs[("flipped", 1)]["failures"] == {} and runs[("oracle", 1)]["per_1000"] is None
     assert len((tmp_path / "audit" / "items.jsonl").read_text().splitlines()) == 300
+    # one b-CapScore scale everywhere: the table prints means x100 with one decimal (audit.json keeps [0, 1])
+    mean = by(report, "reference", "flipped")["scores"]["b_capscore"]["mean_x"]
+    assert 0 < mean < 1 and "means, diffs and noise x100" in text and f" {100 * mean:.1f} " in text
 
 
 def test_an_earlier_audit_is_refused_before_any_call_then_replaced_with_overwrite(

@@ -301,7 +301,7 @@ def test_the_guides_recaption_flow_works_as_written(dataset, recaption_server, t
     model = ScriptedCaptioner()
     config = tmp_path / "judge.yaml"
     config.write_text(yaml.safe_dump({**judge_config(recaption_server(model)).model_dump(mode="json")}))
-    mine = {"--data": str(dataset), "--judge-config": str(config)}
+    mine = {"--data": str(dataset), "--judge": str(config)}
     for command in commands:
         args = [mine.get(previous, arg) for previous, arg in zip(["", *command], command, strict=False)]
         result = CliRunner(env={"COLUMNS": "120"}).invoke(app, [*args[1:], "--no-progress"])
@@ -309,3 +309,42 @@ def test_the_guides_recaption_flow_works_as_written(dataset, recaption_server, t
     trial = int(commands[0][commands[0].index("--limit") + 1])
     assert len(model.calls) == 33 > trial  # every row once: the trial's rows were not asked again
     assert read_card(dataset)["recaption"]["recaptioned"] == 33
+
+
+def test_a_run_without_the_api_key_leaves_nothing_that_refuses_its_retry(dataset, recaption_server, tmp_path,
+                                                                        monkeypatch):  # fmt: skip
+    """Run before `export KEY=...`: exit 2 and no progress file; after the export, the same command
+    (no --resume) runs."""
+    model = ScriptedCaptioner()
+    config = tmp_path / "judge.yaml"
+    values = judge_config(recaption_server(model), api_key_env="BALCAPRL_TEST_RECAPTION_KEY")
+    config.write_text(yaml.safe_dump(values.model_dump(mode="json")))
+    command = ["data", "recaption", "--data", str(dataset), "--model", "m", "--judge-config", str(config),
+               "--limit", "3", "--no-progress"]  # fmt: skip
+    monkeypatch.delenv("BALCAPRL_TEST_RECAPTION_KEY", raising=False)
+    runner = CliRunner(env={"COLUMNS": "60"})
+    first = runner.invoke(app, command)
+    assert first.exit_code == 2 and "BALCAPRL_TEST_RECAPTION_KEY is not set" in first.output
+    assert not (dataset / ".recaption" / "progress.jsonl").exists()
+    monkeypatch.setenv("BALCAPRL_TEST_RECAPTION_KEY", "k")
+    retry = runner.invoke(app, command)
+    assert retry.exit_code == 0, retry.output
+    assert len(model.calls) == 3
+
+
+def test_an_unreachable_endpoint_shows_its_cause_and_the_retry_is_not_refused(dataset, tmp_path):
+    """A name that does not resolve: the cause on the terminal, and the same command may run again
+    (no caption was paid for, so nothing is protected)."""
+    config = tmp_path / "judge.yaml"
+    values = judge_config("http://balcaprl-no-such-host.invalid/v1", max_retries=0)
+    config.write_text(yaml.safe_dump(values.model_dump(mode="json")))
+    command = ["data", "recaption", "--data", str(dataset), "--model", "m", "--judge-config", str(config),
+               "--limit", "2", "--no-progress"]  # fmt: skip
+    runner = CliRunner(env={"COLUMNS": "60"})
+    for _ in range(2):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 1, result.output
+        text = " ".join(result.output.split())
+        assert "failed (kept the original reference): 2 (server_error 2)" in text
+        assert "server_error, e.g.: " in text and "balcaprl-no-such-host.invalid" in text
+        assert "already holds results" not in text

@@ -144,4 +144,6 @@ def test_the_tiny_policy_through_the_cli(tmp_path):
     result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["caption", "--model", str(policy), "--images",
                                                             str(dataset), "--out", str(tmp_path / "v.jsonl"),
                                                             "--backend", "vllm"])  # fmt: skip
-    assert result.exit_code == 2 and "balcaprl[vllm]" in result.output
+    assert (
+        result.exit_code == 2 and "-c constraints/gpu-one-node.txt" in result.output
+    )  # the hint installs the tested set

@@ -158,7 +158,8 @@ def test_invalid_match_answers_are_reasked_then_fail(tmp_path, eval_server):
     )  # fmt: skip
     assert result.failures == {"schema_violation": 1} and result.score is None
     assert result.missing == ["iiw_002.jpg"]
-    assert handler.calls["dcscore_match"] == 2  # asked, re-asked once, then given up
+    # asked and re-asked once in each of the caption's 5 tries (max_attempts), then given up
+    assert handler.calls["dcscore_match"] == 2 * 5 and handler.calls["dcscore_extract"] == 5
 
 
 def _write(path, value):

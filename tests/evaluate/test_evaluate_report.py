@@ -57,9 +57,11 @@ def test_table_one_form(tmp_path, runs):
     assert "| Model | DCScore | Δ | CaptionQA | Δ | CapArena | Δ | Arena Length | b-CapScore | Δ |" in md
     assert "| **base** | 40.0 | – | 70.0 | – | -30.0 | – | 120 | 45.0 | – |" in md
     # best of the group in bold; the incomplete DCScore flagged with a dagger and explained
-    assert "| run-a | **45.5**† | +5.5 | 69.0 | -1.0 | **-20.0** | +10.0 | 150 | **47.0** | +2.0 |" in md
+    assert "| run-a | **45.5**†1 | +5.5 | 69.0 | -1.0 | **-20.0** | +10.0 | 150 | **47.0** | +2.0 |" in md
     assert "| run-b | 42.0 | +2.0 | **75.0** | +5.0 | -40.0 | -10.0 | 300 | – | – |" in md
-    assert "† run-a, dcscore: incomplete (3 judge failures, 0 items without a caption)" in md
+    assert (
+        "†1 incomplete: 3 judge failures, 0 items without a caption; see its eval.json (run-a: DCScore)" in md
+    )
     rows = list(csv.DictReader(io.StringIO((tmp_path / "report" / "report.csv").read_text())))
     assert rows[1]["model"] == "run-a" and float(rows[1]["caparena_delta"]) == 10.0
     assert rows[1]["best"] == "dcscore;caparena;bcapscore" and rows[1]["incomplete"] == "dcscore"
@@ -155,15 +157,18 @@ def test_numbers_not_comparable_with_table_1_are_marked(tmp_path):
                                                "headline": {"dcscore": 40.0}}))  # fmt: skip
     report = build_report([tmp_path / "ours", old], tmp_path / "r", published="qwen2.5-vl-3b/baseline")
     md = report.markdown
-    assert "| ours | **45.5**‡ | – | **70.0** | – | **-3.0** | – | 150 | **47.0** | – |" in md
-    assert "| old | 40.0‡ | – | – | – | – | – | – | – | – |" in md
-    assert "‡ ours, dcscore: not comparable with the paper's Table 1: prompts: paraphrase" in md
-    assert (
-        "‡ old, dcscore: not comparable with the paper's Table 1: the prompts and options used were not recorded"
-        in md
-    )
+    # the first run is the baseline; no Δ between classes (old's unrecorded DCScore, the paper's own)
+    assert "| **ours** | **45.5**‡1 | – | **70.0** | – | **-3.0** | – | 150 | **47.0** | – |" in md
+    assert "| old | 40.0‡2 | – | – | – | – | – | – | – | – |" in md
+    assert "‡1 not comparable with the paper's Table 1: prompts: paraphrase" in md
+    assert "‡2 not comparable with the paper's Table 1: the prompts and options used were not recorded" in md
     paper = next(line for line in md.splitlines() if "(paper) |" in line)
     assert "‡" not in paper  # the paper's own rows are the reference
+    # 70.0 - 70.0, -34.0 - -3.0, 46.2 - 47.0 within the comparable class; DCScore across classes: none
+    assert (
+        paper
+        == "| QwenVL2.5-3B Baseline (paper) | **43.3** | – | **70.0** | +0.0 | **-34.0** | -31.0 | 131 | **46.2** | -0.8 |"
+    )
     rows = list(csv.DictReader(io.StringIO(report.csv)))
     assert [r["not_comparable"] for r in rows] == ["dcscore", "dcscore", ""]
 
@@ -184,5 +189,40 @@ def test_the_figure_title_fits_the_figure_with_one_metric_or_all(tmp_path, metri
         title = figure._suptitle.get_window_extent()
         frame = figure.bbox
         assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1  # nothing cut off
+    finally:
+        plt.close(figure)
+
+
+def test_one_footnote_per_distinct_reason(tmp_path):
+    """Two runs, every score paraphrased: one ‡ note naming the eight cells, not eight notes."""
+    why = ["prompts: paraphrase (not the benchmark's official prompts)"]
+    reasons = {protocol: why for protocol in ("dcscore", "captionqa", "caparena", "bcapscore")}
+    first = write_eval(tmp_path / "one", "one", 40.0, 70.0, -3.0, 150, 47.0, not_comparable=reasons)
+    second = write_eval(tmp_path / "two", "two", 41.0, 71.0, -2.0, 160, 48.0, not_comparable=reasons)
+    md = build_report([first, second], tmp_path / "r").markdown
+    notes = [line for line in md.splitlines() if line.startswith("‡1 ")]
+    assert len(notes) == 1 and "‡2" not in md
+    assert notes[0].endswith("(one: DCScore; one: CaptionQA; one: CapArena; one: Arena Length; one: b-CapScore; "
+                             "two: DCScore; two: CaptionQA; two: CapArena; two: Arena Length; two: b-CapScore)")  # fmt: skip
+    assert "| two | **41.0**‡1 | +1.0 |" in md  # one class: the difference is taken
+
+
+def test_report_png_draws_the_recorded_intervals(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = write_eval(tmp_path / "a", "a", None, None, None, None, 47.0)
+    record = json.loads((folder / "eval.json").read_text())
+    record["results"]["bcapscore"]["metrics"] = {"ci95": [44.0, 51.5]}
+    (folder / "eval.json").write_text(json.dumps(record))
+    rows = load_eval_rows([folder])
+    assert rows[0].intervals == {"bcapscore": (44.0, 51.5)}
+    figure = report_figure(rows)
+    try:
+        (axis,) = [ax for ax in figure.axes if ax.get_title()]
+        segments = [seg for collection in axis.collections for seg in collection.get_segments()]
+        assert any(sorted((seg[0][0], seg[1][0])) == [44.0, 51.5] for seg in segments)  # the whisker
     finally:
         plt.close(figure)

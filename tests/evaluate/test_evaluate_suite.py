@@ -185,7 +185,7 @@ def test_set_up_errors_are_found_before_any_call(tmp_path, world):
     bad.write_text("dcscore: {annotaions: x}\n")
     with pytest.raises(
         ConfigError,
-        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, degenerate_captions, extract_temperature",
+        match=r"dcscore\.annotaions: unknown key; allowed here: annotations, degenerate_captions, empty_captions, extract_temperature",
     ):
         load_evaluation_config(bad)
 
@@ -229,7 +229,9 @@ def test_the_protocol_table_is_what_the_config_and_the_command_line_read():
         for key, (_, flag) in protocol.section.INPUTS.items():
             assert flag in flags  # every input file has its flag
             assert key not in section.options()  # the recorded settings are the options only
-        assert set(protocol.official_options) - {"images_sent"} <= set(section.options())
+        assert set(protocol.official_options) - {"images_sent", "samples_sent"} <= set(
+            section.options()
+        )  # + what was sent
         parameters = inspect.signature(protocol.run).parameters.values()  # the one signature
         assert [p.kind for p in parameters] == [POSITIONAL] * 5 + [KEYWORD] * 3
         assert [p.name for p in parameters][4:] == ["settings", "on_progress", "prompts", "label"]
@@ -265,6 +267,7 @@ def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_
     assert entry["comparable_with_paper"] and entry["not_comparable"] == []
     assert entry["settings"]["prompts"]["file"] == str(checkout / "vlm_as_a_judge.py")
     assert entry["settings"]["prompts"]["sha256"] and entry["settings"]["images_sent"] == "official"
+    assert entry["rules"]["rules"] == "official" and entry["rules"]["deviations"] == []  # the rules named
 
     result = cli("evaluate", *common, "--out", tmp_path / "ours", "--label", "ours")
     assert result.exit_code == 0, result.output
@@ -278,10 +281,16 @@ def test_official_prompts_are_recorded_and_reports_mark_the_rest(tmp_path, eval_
     result = cli("report", tmp_path / "official", tmp_path / "ours", "--out", tmp_path / "report")
     assert result.exit_code == 0, result.output
     table = (tmp_path / "report" / "report.md").read_text()
-    off = next(line for line in table.splitlines() if line.startswith("| off |"))
+    off = next(
+        line for line in table.splitlines() if line.startswith("| **off** |")
+    )  # the first run: baseline
     ours = next(line for line in table.splitlines() if line.startswith("| ours |"))
     assert "‡" not in off and ours.count("‡") == 2  # CapArena and its Arena Length
-    assert "‡ ours, caparena: not comparable with the paper's Table 1: prompts: paraphrase" in table
+    assert "‡1 not comparable with the paper's Table 1: prompts: paraphrase" in table
+    assert "Scoring rules, off: caparena: official\n" in table
+    assert (
+        "Scoring rules, ours: caparena: official, with deviations; deviations: prompts: paraphrase" in table
+    )
 
     # a checkout without the official file: refused before any call, naming what is missing
     n_calls = len(calls)

@@ -2,8 +2,10 @@
 to a capture server (a real HTTP server on 127.0.0.1) and its body compared with the body the fake
 official checkout builds when its own request code runs (official_fakes.run_fake): the same JSON value,
 compared as canonical bytes (sorted keys, no spaces), so every text, message shape, field name and
-number (1 is not 1.0) must be equal. Key order and spacing are not compared: they are the HTTP
-library's (the official scripts use the openai client and ``requests``, which lay them out differently).
+number (1 is not 1.0) must be equal; then as the bytes on the wire, against the bytes the official
+client makes of the official body: DeCapBench's through the installed openai client itself (its
+request captured in memory), CapArena's and lmms-eval's as ``requests.post(json=...)`` serialises
+them (``json.dumps`` with its defaults, UTF-8), in the key order of the script's own dict.
 
 The texts carry what the guard would change (surrounding spaces, a control character, ``<`` and
 ``&``), so a cleaned, stripped or escaped text fails the comparison."""
@@ -52,6 +54,36 @@ def canonical(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+def requests_bytes(body: dict[str, Any]) -> bytes:
+    """What ``requests.post(url, json=body)`` sends: ``json.dumps(body, allow_nan=False)``, UTF-8."""
+    return json.dumps(body, allow_nan=False).encode("utf-8")
+
+
+class OpenAIWire:
+    """The installed openai client on an in-memory transport: ``chat.completions.create`` builds and
+    sends its request as it would to the API; ``raw`` keeps the bytes, the reply is ``answer``."""
+
+    def __init__(self, answer: str = "A"):
+        import httpx
+        import openai
+
+        self.raw: list[bytes] = []
+
+        def reply(request: httpx.Request) -> httpx.Response:
+            self.raw.append(request.read())
+            choice = {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": answer},
+            }
+            return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0,
+                                             "model": "m", "choices": [choice]})  # fmt: skip
+
+        http = httpx.Client(transport=httpx.MockTransport(reply))
+        self.client = openai.OpenAI(api_key="unused", base_url="http://wire.invalid/v1", http_client=http)
+        self.chat = self.client.chat
+
+
 class CaptureServer:
     """A chat-completions endpoint that keeps every request body's bytes; ``answer(body)`` gives the
     reply's text."""
@@ -64,9 +96,12 @@ class CaptureServer:
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 capture.raw.append(raw)
+                body = json.loads(raw)
+                text = answer(body)  # one text for as many choices as n asks, or a list: the choices
+                texts = text if isinstance(text, list) else [text] * body.get("n", 1)
                 reply = {
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": answer(json.loads(raw))}}],
+                    "choices": [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": t}}
+                                for i, t in enumerate(texts)],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1},
                 }  # fmt: skip
                 data = json.dumps(reply).encode()
@@ -160,8 +195,8 @@ def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
     assert result.n_scored == 1 and not result.failures
     assert "change" not in result.settings["prompts"] and result.settings["guard"] is False
 
-    # what the official script sends, step by step as its main() calls it (n=1: each of our samples
-    # is its own request, where the script asks for n=3 in one -- the one field that differs)
+    # what the official script sends, step by step as its main() calls it: one extraction (n=1), then
+    # the 3 matching and the 3 verification samples, each step in one request (n=3)
     official = run_fake(FAKE_DECAPBENCH)
     sent = OfficialRecorder()
     listed = official["format_json_input"]
@@ -173,16 +208,31 @@ def test_dcscore_requests_are_the_official_scripts(tmp_path, capture):
         predicted_atomic_facts=listed(shown),
         oracle_atomic_facts=listed([{"id": i, "fact": f} for i, f in enumerate(ORACLE)]),
     )
-    official["run_gpt_text"](sent, prompt=matching, temperature=1, n=1)
+    official["run_gpt_text"](sent, prompt=matching, temperature=1, n=3)
     verifying = official["verify_prompt"].format(reference_caption=REFERENCE, atomic_facts=listed(shown))
     official["run_gpt_multimodal"](sent, prompt=verifying, image_path=str(images / "img.png"), temperature=0.3,
-                                   detail="high", n=1)  # fmt: skip
+                                   detail="high", n=3)  # fmt: skip
 
     ours = server.bodies()
     for step, theirs in zip(("PLACEHOLDER-EXTRACT", "PLACEHOLDER-MATCH", "PLACEHOLDER-VERIFY"), sent.bodies,
                             strict=True):  # fmt: skip
         assert canonical(_one(ours, step)) == canonical(theirs), step
     assert all("max_tokens" in b and "max_completion_tokens" not in b for b in ours)
+
+    # byte for byte: the same calls through the installed openai client (the official one)
+    wire = OpenAIWire()
+    official["run_gpt_text"](
+        wire, prompt=official["extract_prompt"].format(caption=CAPTION), temperature=1, n=1
+    )
+    official["run_gpt_text"](wire, prompt=matching, temperature=1, n=3)
+    official["run_gpt_multimodal"](wire, prompt=verifying, image_path=str(images / "img.png"), temperature=0.3,
+                                   detail="high", n=3)  # fmt: skip
+    steps = ("PLACEHOLDER-EXTRACT", "PLACEHOLDER-MATCH", "PLACEHOLDER-VERIFY")
+    for step, theirs in zip(steps, wire.raw, strict=True):
+        mine = [raw for raw in server.raw if _user_text(json.loads(raw)).startswith(step)]
+        assert mine and all(raw == theirs for raw in mine), step
+    assert len(server.raw) == 3  # 3 of 3 bodies equal as bytes
+    assert result.settings["samples_sent"] == "one"
 
 
 def test_the_guard_is_an_option_recorded_and_not_comparable(tmp_path, capture):
@@ -234,6 +284,7 @@ def test_caparena_requests_are_the_official_scripts(tmp_path, capture):
         run_fake(FAKE_CAPARENA)["mllm_judge_pairs"](str(pairs), str(images))
     (ours,) = server.bodies()
     assert canonical(ours) == canonical(sent.bodies[0])
+    assert server.raw == [requests_bytes(sent.bodies[0])]  # byte for byte, as requests sends it
     assert ours["messages"][0]["content"] == [{"type": "text", "text": prompts.system}]  # a list of one part
 
 
@@ -275,6 +326,8 @@ def test_captionqa_requests_are_the_official_tasks(tmp_path, capture, rules):
             )
     ours = sorted(server.bodies(), key=lambda b: "Is it red" in _user_text(b))
     assert [canonical(b) for b in ours] == [canonical(b) for b in sent.bodies]
+    raw = sorted(server.raw, key=lambda r: "Is it red" in _user_text(json.loads(r)))
+    assert raw == [requests_bytes(b) for b in sent.bodies]  # byte for byte, as requests sends them
     assert all(b["max_tokens"] == 4 and "max_completion_tokens" not in b for b in ours)
 
 
@@ -338,3 +391,61 @@ def test_with_the_guard_a_text_that_is_no_valid_unicode_is_refused_as_ours_are(t
     assert {r["detail"] for r in rows} == {
         "the caption of image 'nat_1' is not valid Unicode: a lone surrogate U+D83D at character 7"
     }
+
+
+# ----------------------------------------------------------------------------------------- the rules record
+
+
+def test_every_result_names_its_rules_and_flags_each_deviation(tmp_path):
+    from balcaprl.evaluate.caparena import OFFICIAL_OPTIONS as ARENA
+    from balcaprl.evaluate.captionqa import OFFICIAL_OPTIONS as CQA
+    from balcaprl.evaluate.official import REMAINING_DIFFERENCES, scoring_rules
+    from balcaprl.evaluate.report import build_report
+
+    official = {"kind": "official"}
+    arena = {**CapArenaSection().options(), "images_sent": "official", "prompts": official}
+    assert scoring_rules("caparena", arena, ARENA) == {
+        "rules": "official", "deviations": [], "remaining_differences": list(REMAINING_DIFFERENCES["caparena"])
+    }  # fmt: skip
+    retried = {**arena, "http_errors": "retry", "prompts": {"kind": "paraphrase"}}
+    assert scoring_rules("caparena", retried, ARENA)["deviations"] == [
+        "prompts: paraphrase (not the official ones)", "option http_errors='retry' (official: 'try')"
+    ]  # fmt: skip
+    lmms = {**CaptionQASection(shuffle_over="all", cannot_answer="position", rounding="mean").options(),
+            "prompts": official}  # fmt: skip
+    assert scoring_rules("captionqa", lmms, CQA)["variant"] == "lmms-eval"
+    assert scoring_rules("captionqa", {**lmms, "rounding": "question"}, CQA)["variant"].startswith("mixed")
+
+    # report and inspect read them back from eval.json
+    run = tmp_path / "run"
+    run.mkdir()
+    entry = {"score": 1.0, "complete": True, "comparable_with_paper": False, "not_comparable": ["x"]}
+    record = {"label": "run", "headline": {"caparena": 1.0}, "results": {
+        "caparena": {**entry, "rules": scoring_rules("caparena", retried, ARENA)},
+        "dcscore": {**entry}}}  # fmt: skip
+    (run / "eval.json").write_text(json.dumps(record))
+    markdown = build_report([run], tmp_path / "report").markdown
+    assert (
+        "Scoring rules, run: caparena: official, with deviations; deviations: prompts: paraphrase (not the "
+        "official ones); option http_errors='retry' (official: 'try') | dcscore: not recorded" in markdown
+    )
+
+
+def test_several_samples_in_one_request(tmp_path, capture):
+    import asyncio
+
+    server = capture(lambda body: [" one ", None, "three"])  # the second choice has no text
+    caller = JudgeCaller(judge_config(server.base_url, cache_path=tmp_path / "cache.sqlite"))
+    messages = [{"role": "user", "content": "x"}]
+
+    async def ask():
+        return await caller.call_texts(
+            messages, 3, kind="k", temperature=1, max_tokens=5, token_field="max_tokens"
+        )
+
+    first = asyncio.run(ask())
+    assert first.value == ["one", "", "three"] and not first.cached
+    assert json.loads(server.raw[0])["n"] == 3 and json.loads(server.raw[0])["max_tokens"] == 5
+    again = asyncio.run(ask())  # from the cache: no second request
+    assert again.value == first.value and again.cached and len(server.raw) == 1
+    asyncio.run(caller.aclose())

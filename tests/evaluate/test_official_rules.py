@@ -37,6 +37,7 @@ from balcaprl.evaluate.official import (
     load_decapbench_prompts,
 )
 from balcaprl.judge import JudgeCaller
+from balcaprl.judge.protocol import JudgeFailure
 
 # ----------------------------------------------------------------------------------------- DeCapBench file
 
@@ -146,7 +147,7 @@ class OfficialDCScoreJudge:
 #   every one of the 9 trials is the same -> DCScore(caption 1) = (2/3 + 6/11) / 2 = 20/33 = 0.60606
 #   (if the blank fact were dropped, n = 2: R = 2/3, F1 = 0.8; R_rel = 0.5, F1_rel = 2/3 -> 0.7333)
 # Caption 2: only an inference (no relevant fact) -> the official formula divides by zero: invalid.
-# Caption 3: blank -> no fact -> invalid, without a call.
+# Caption 3: blank -> asked, as the official script asks it; no fact in 5 tries -> invalid.
 CAPTIONS = {
     "aar_test_00001.jpg": "A red door, which looks old; a black cat sits on the step.",
     "aar_test_00003.jpg": "It feels like a quiet morning.",
@@ -176,6 +177,7 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     )
     captions = read_caption_sets([captions_file])["decapbench"]
     captions.captions["blank.jpg"] = "   "
+    handler.facts["   "] = []
     items.append(type(items[0])("blank.jpg", "ref", ("a fact",)))
     cfg = judge_config(server.base_url, cache_path=tmp_path / "cache.sqlite")
     result = run_dcscore(
@@ -188,13 +190,15 @@ def test_dcscore_with_official_prompts_by_hand(tmp_path, eval_server):
     )
     assert result.metrics["invalid"] == {
         "aar_test_00003.jpg": "no relevant fact",
-        "blank.jpg": "empty caption",
+        "blank.jpg": "no fact",
     }
     assert result.n_scored == 1 and result.metrics["n_invalid"] == 2 and result.complete
-    # extraction: caption 1 twice (the first answer unusable: sampled again), caption 2 five times
-    # (no relevant fact in any sample), the blank caption never; 3 + 3 samples for caption 1
-    assert handler.calls == {"extract": 2 + 5, "match": 3, "verify": 3}
+    # extraction: caption 1 twice (the first answer unusable: tried again), caption 2 and the blank
+    # caption five times (no (relevant) fact in any try); 3 + 3 samples for caption 1's second try
+    assert handler.calls == {"extract": 2 + 5 + 5, "match": 3, "verify": 3}
     assert result.settings["prompts"]["kind"] == "official" and result.settings["images_sent"] == "official"
+    # this server answers one choice whatever n asks: the other samples went one by one, and it says so
+    assert result.settings["samples_sent"] == "each" and result.settings["sample_requests"] == "one"
     rows = {r["key"]: r for r in map(json.loads, (tmp_path / "out" / "items.jsonl").read_text().splitlines())}
     assert (
         rows["aar_test_00001.jpg"]["n_oracle_facts"] == 3
@@ -508,6 +512,8 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
     # the image as the official script sends it: its own bytes (no resize, no re-encoding), detail high
     call = next(c for c in seen if "ours zero" in c.text)
     assert call.images[0] == (images / "test_00000.jpg").read_bytes()
+    # labelled PNG, as the official script labels every image (this one is a JPEG file)
+    assert call.messages[1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert call.messages[1]["content"][0]["image_url"]["detail"] == "high"
     assert call.temperature == 0.1 and call.body["top_p"] == 0.9 and call.max_tokens == 1500
     assert result.settings["images_sent"] == "official" and result.settings["prompts"]["kind"] == "official"
@@ -518,6 +524,41 @@ def test_caparena_with_official_prompts_by_hand(tmp_path, eval_server):
         paraphrase.settings["images_sent"] == "judge"
         and paraphrase.settings["prompts"]["kind"] == "paraphrase"
     )
+
+
+def test_an_http_error_is_one_of_the_five_tries_as_in_the_official_script(tmp_path, eval_server):
+    # The judge answers an HTTP error, then four answers without a verdict, then a win. The official
+    # script spends a try on the error (call_llm answers ""), so its five tries end without a verdict:
+    # the battle is skipped, 0 for every baseline -> 0.0. Retried in the client instead (ours), the
+    # error is no try, the fifth sample is the win: (0.5 + 0 + 0) / 3 = 0.1667.
+    annotations, images, _ = write_caparena(tmp_path, n_per_baseline=1)
+    prompts = load_caparena_prompts(fake_caparena(tmp_path / "CapArena"))
+    ours = {"test_00000.jpg": "ours zero"}
+    calls: Counter = Counter()
+
+    def handler(call):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return JudgeFailure("server_error", "scripted")
+        if calls["n"] <= 5:
+            return "Judgment pending."  # no Reason/Judgment: another try
+        first = _between(call.text, "PLACEHOLDER first:", "second:")
+        return f"Reason: better.\nJudgment: Caption {1 if first == ours['test_00000.jpg'] else 2} is better."
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", ours)])[None]
+
+    def run(rule, max_retries):
+        options = {} if rule == "try" else {"http_errors": rule}
+        calls.clear()
+        caller = JudgeCaller(judge_config(server.base_url, max_retries=max_retries))
+        return run_caparena(caller, read_caparena(annotations), captions, tmp_path / rule,
+                            CapArenaSection(images=images, **options), prompts=prompts)  # fmt: skip
+
+    official = run("try", 3)  # the default  # the judge config's retries do not apply: the error is one try
+    assert official.score == 0.0 and official.failures == {"schema_violation": 1} and calls["n"] == 5
+    ours_rule = run("retry", 3)
+    assert ours_rule.score == pytest.approx(0.5 / 3) and not ours_rule.failures and calls["n"] == 6
 
 
 def test_caparena_refused_entries(tmp_path):
@@ -583,14 +624,35 @@ def test_captionqa_cannot_answer_by_text_over_http(tmp_path, eval_server):
     assert score(cannot_answer="position") == 0.0  # lmms-eval: no option was added, so a wrong answer
 
 
-def test_a_one_choice_question_counts_with_qa_py_not_with_lmms_eval():
-    # qa.py adds the cannot-answer option before it asks for two options; lmms-eval asks first.
-    entries = read_captionqa_rows([{"id": "a", "questions": [
-        {"question": "Which animal?", "choices": ["Cat"], "answer": "Cat"},
-        {"question": "Is it a cat?", "choices": ["Yes"], "answer": "Yes"}]}])  # fmt: skip
-    (q,) = prepare_questions(entries, count_added=True)
-    assert q.options == ("Cat", CANNOT) and q.index == 0
-    assert prepare_questions(entries) == []
+# qa.py and lmms-eval's task both skip a question with fewer than two choices of its own, before the
+# cannot-answer option is added: it is never asked and draws no shuffle. Here the one-choice question
+# comes first; the two-choice question after it is the first to draw from random.Random(0).
+ONE_CHOICE_ROWS = [{"id": "a", "questions": [
+    {"question": "Which animal?", "choices": ["Cat"], "answer": "Cat", "category": ["c"]},
+    {"question": "Is it a cat?", "choices": ["Yes"], "answer": "Yes", "category": ["c"]},
+    {"question": "Which colour?", "choices": ["Red", "Blue"], "answer": "Red", "category": ["c"]}]}]  # fmt: skip
+
+
+def test_a_one_choice_question_is_skipped_as_both_official_scorers_skip_it(tmp_path, eval_server):
+    entries = read_captionqa_rows(ONE_CHOICE_ROWS)
+    first = list(range(3))  # the one draw: "Which colour?" with the cannot-answer option, 3 options
+    random.Random(0).shuffle(first)
+    (q,) = prepare_questions(entries)
+    assert (q.index, q.options, q.permutation) == (2, ("Red", "Blue", CANNOT), tuple(first))
+
+    # Over HTTP: only "Which colour?" is asked; the judge answers the letter of "Red" -> 100.
+    def handler(call):
+        assert "Which animal?" not in call.text
+        return next(line[0] for line in call.text.split("\n") if line.endswith(". Red"))
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", {"a": "A red cat."})])[None]
+    for rule in ("captioned", "all"):
+        result = run_captionqa(JudgeCaller(judge_config(server.base_url)), read_captionqa(
+            _qa_file(tmp_path, ONE_CHOICE_ROWS)), captions, tmp_path / rule, CaptionQASection(shuffle_over=rule))  # fmt: skip
+        assert result.score == 100.0 and result.n_items == 1 and result.metrics["n_asked"] == 1
+        rows = [json.loads(line) for line in (tmp_path / rule / "items.jsonl").read_text().splitlines()]
+        assert [r["options_shown"] for r in rows] == [[q.options[i] for i in first]]
 
 
 def read_captionqa_rows(rows):
@@ -644,3 +706,75 @@ def test_dcscore_with_our_prompts_keys_facts_by_text(tmp_path, eval_server):
     # the same answers through the official arithmetic by position would differ:
     by_position = score_trial([True, False, True], [0, None, 1], [True, True, True], 2)
     assert (by_position.recall, by_position.recall_relevant) == (1.0, 1.0)
+
+
+# ----------------------------------------------------------------------------------------- DCScore's tries
+
+
+# The official script tries a whole caption again (a new extraction, matching and verification) when
+# any answer is unusable, up to 5 tries. Oracle: ORACLE (3 facts). Try 1 extracts "A red door" only;
+# its first verification answer is unreadable. Try 2 extracts "A red door" (-> oracle 0) and "A black
+# cat sits on the step" (unmatched); all verified.
+#   official (try 2): P = 1; R = (1 + 1) / (3 + 1) = 0.5; F1 = 2 x 0.5 / 1.5 = 2/3 (relevant: the same)
+#   -> DCScore 66.67.  Redrawing only the bad sample (before) keeps try 1's facts: R = 1/3, F1 = 0.5 -> 50.
+def test_dcscore_retries_the_whole_caption_as_the_official_script(tmp_path, eval_server):
+    annotations, images = write_decap(tmp_path)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    tries = [
+        [("A red door", "door_0", 1)],
+        [("A red door", "door_0", 1), ("A black cat sits on the step", "cat_0", 1)],
+    ]
+    judge = OfficialDCScoreJudge({}, MATCHES, VERIFIED)
+    verify_calls = Counter()
+
+    def handler(call):
+        if call.text.startswith("PLACEHOLDER-EXTRACT"):
+            judge.facts[_between(call.text, "%% PLACEHOLDER caption:", "%% PLACEHOLDER list:")] = tries[
+                judge.calls["extract"]
+            ]
+        if call.text.startswith("PLACEHOLDER-VERIFY"):
+            verify_calls["n"] += 1
+            if verify_calls["n"] == 1:
+                return "I cannot tell."
+        return judge(call)
+
+    server = eval_server(handler)
+    captions = read_caption_sets([_json(tmp_path / "c.json", {"aar_test_00001.jpg": "A red door; a cat."})])[
+        None
+    ]
+    result = run_dcscore(JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions,
+                         tmp_path / "out", DCScoreSection(images=images), prompts=prompts)  # fmt: skip
+    assert result.score == pytest.approx(200 / 3, rel=1e-6) and judge.calls["extract"] == 2
+    assert judge.calls["match"] == 3 + 3 and verify_calls["n"] == 3 + 3  # every sample of both tries
+
+
+def test_the_official_parser_alone_reads_an_answer():
+    listed = [{"fact": "A", "matched_oracle_id": None}]
+    fenced = "```json\n" + json.dumps(listed) + "\n```"
+    assert parse_fenced_json(fenced) == listed  # the JSON read of the rest (its third try)
+    assert parse_fenced_json("```json\n[{'fact': 'A', 'verification': 1}]\n```\nDone.") == [
+        {"fact": "A", "verification": 1}
+    ]  # the block's body as a Python literal (its first try)
+    # a JSON block followed by text: the body is never read as JSON officially, and the rest with its
+    # trailing words is neither a literal nor JSON -> unreadable (the caption is tried again)
+    with pytest.raises(ValueError):
+        parse_fenced_json(fenced + "\nDone.")
+
+
+def test_dcscore_sends_the_stored_pixels_as_the_official_script(tmp_path, eval_server):
+    # A JPEG stored 60 x 20 with EXIF orientation 6 (shown turned a quarter, 20 x 60): the official
+    # script never reads EXIF (Image.open(...).convert("RGB")), so the judge gets the 60 x 20 pixels.
+    annotations, images = write_decap(tmp_path)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (60, 20), (10, 200, 10)).save(images / "aar_test_00001.jpg", "JPEG", exif=exif)
+    prompts = load_decapbench_prompts(fake_decapbench(tmp_path / "DeCapBench"))
+    handler = OfficialDCScoreJudge(FACTS, MATCHES, VERIFIED)
+    server = eval_server(handler)
+    captions = read_caption_sets(
+        [_json(tmp_path / "c.json", {"aar_test_00001.jpg": CAPTIONS["aar_test_00001.jpg"]})]
+    )[None]
+    run_dcscore(JudgeCaller(judge_config(server.base_url)), read_decapbench(annotations), captions,
+                tmp_path / "out", DCScoreSection(images=images), prompts=prompts)  # fmt: skip
+    verify = next(c for c in handler.seen if c.text.startswith("PLACEHOLDER-VERIFY"))
+    assert Image.open(io.BytesIO(verify.images[0])).size == (60, 20)

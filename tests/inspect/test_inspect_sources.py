@@ -142,6 +142,13 @@ def test_a_training_run_shows_the_chosen_step_with_oracle_verdicts(dataset, tmp_
     assert good["ratio_unit"] == "tokens" and good["masked"] in (True, False)
     assert any("re-derived 6 rollout verdicts" in n and "1 did not match" in n for n in found.notes)
 
+    # a batch's second update logs no rewards: the header names the last judged step and its figures
+    append_jsonl(run / "metrics.jsonl", {"step": 3, "kind": "step", "loss": 0.1})
+    from balcaprl.inspect.page import _run_facts
+
+    (later,) = load_inspection(run).runs
+    assert "last judged step (2): precision 0.500, caption tokens 30.0" in _run_facts(later)
+
     both = load_inspection(run, steps=[1, 2])
     assert sorted({c["step"] for c in both.cards}) == [1, 2]
     with pytest.raises(InputError, match=r"no rollouts of step\(s\) \[7\].*logged steps 1, 2"):
@@ -158,6 +165,8 @@ def test_an_evaluation_folder_shows_its_bcapscore_results(scored, tmp_path):
     assert found.kind == "evaluation" and found.title == "my-model"
     assert len(found.cards) == len(scored["rows"])
     assert any("dcscore" in note for note in found.notes)
+    # the rules each protocol was scored under (not recorded by an earlier balcaprl)
+    assert "scoring rules, dcscore: not recorded (evaluated by an earlier balcaprl)" in found.notes
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ base_url: https://api.openai.com/v1
 model: gpt-4o-mini
 api_key_env: OPENAI_API_KEY
 reference_mode: joint
-concurrency: 256
+concurrency: auto
 timeout_s: 60
 max_retries: 4
 temperature: 0.0
@@ -52,12 +52,17 @@ def test_price_table_and_mapping_input():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("modle: gpt-4o\n", r"modle: unknown key; allowed here: api_key_env, base_url, cache_path"),
+        (
+            "modle: gpt-4o\n",
+            r"modle: unknown key; allowed here: api_key_env, auto_max_concurrency, base_url, cache_path",
+        ),
         ("reference_mode: both\n", "reference_mode"),
         ("concurrency: 0\n", "concurrency"),
         ("http_backend: curl\n", "http_backend: unknown key"),  # one HTTP client: the setting is gone
         # a typo's concurrency (3.1 M SDK clients and a hang, once) is refused when the config loads
-        ("concurrency: 100000000\n", "concurrency: .*less than or equal to 4096"),
+        ("concurrency: 100000000\n", "concurrency: .*auto or a number of calls in flight from 1 to 4096"),
+        # a rate limit too small for one call (tokens_per_minute: 1 once crawled a call a minute)
+        ("tokens_per_minute: 1\n", "tokens_per_minute 1 is less than one call's answer budget"),
         ("price_per_million_tokens: {prompt: 1}\n", r"price_per_million_tokens\.completion: required"),
         ("- a list\n", "expected a mapping"),
         (
@@ -105,12 +110,12 @@ def test_processes_of_one_launch_share_the_judge_limits():
         125,
         None,
     )
-    assert JudgeConfig(concurrency=3, tokens_per_minute=5).shared_by(8).model_dump(
+    assert JudgeConfig(concurrency=3, tokens_per_minute=5000).shared_by(8).model_dump(
         include={"concurrency", "tokens_per_minute"}
-    ) == {"concurrency": 1, "tokens_per_minute": 1}
-    assert one_of_eight.model_copy(update={"concurrency": 256}) == config.model_copy(
-        update={"requests_per_minute": 125}
-    )  # nothing else changes
+    ) == {"concurrency": 1, "tokens_per_minute": 625}
+    assert one_of_eight.model_copy(
+        update={"concurrency": 256, "auto_max_concurrency": 2048}
+    ) == config.model_copy(update={"requests_per_minute": 125})  # nothing else changes
     # What `balcaprl train` does on each of 8 processes (no cache, no key needed for this check).
     built = build_judge(config.model_copy(update={"api_key_env": None}), no_cache=True, processes=8)
     assert (built.config.concurrency, built.config.requests_per_minute) == (32, 125)

@@ -8,8 +8,7 @@ import asyncio
 from judge_testkit import config, judge_and_close, request
 
 from balcaprl.judge import OpenAICompatibleJudge, load_judge_config
-from balcaprl.judge.config import MAX_CONCURRENCY
-from balcaprl.judge.throughput import FIRST_LATENCY_S, AdaptiveLimit, auto_concurrency
+from balcaprl.judge.throughput import FIRST_LATENCY_S, Slots, auto_concurrency
 
 
 def test_auto_concurrency_is_rate_times_latency_with_headroom():
@@ -24,7 +23,7 @@ def test_auto_concurrency_is_rate_times_latency_with_headroom():
 
 def test_the_adaptive_limit_bounds_what_is_in_flight_and_can_grow():
     async def go():
-        limit = AdaptiveLimit(2)
+        limit = Slots(2)
         peak, running = [0], [0]
 
         async def call():
@@ -45,7 +44,7 @@ def test_the_adaptive_limit_bounds_what_is_in_flight_and_can_grow():
 
 
 def test_observed_latency_is_a_high_quantile():
-    limit = AdaptiveLimit(1, quantile=0.95)
+    limit = Slots(1, quantile=0.95)
     assert limit.latency_s() == FIRST_LATENCY_S
     for i in range(1, 21):
         limit.observe(float(i))
@@ -54,9 +53,13 @@ def test_observed_latency_is_a_high_quantile():
 
 def test_concurrency_auto_in_a_config_and_shared_by_processes():
     cfg = load_judge_config({"concurrency": "auto", "requests_per_minute": 8000})
-    assert (cfg.concurrency, cfg.concurrency_auto) == (MAX_CONCURRENCY, True)
+    assert (cfg.concurrency, cfg.concurrency_auto, cfg.auto_max_concurrency) == ("auto", True, 2048)
     shared = cfg.shared_by(8)
-    assert (shared.concurrency, shared.concurrency_auto, shared.requests_per_minute) == (512, True, 1000)
+    assert (shared.concurrency, shared.auto_max_concurrency, shared.requests_per_minute) == (
+        "auto",
+        256,
+        1000,
+    )
     assert not load_judge_config({"concurrency": 64}).concurrency_auto
 
 

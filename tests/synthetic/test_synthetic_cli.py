@@ -35,13 +35,13 @@ def test_build_then_show(tmp_path):
 
     shown = runner.invoke(app, ["synthetic", "show", "--data", str(out), "--index", "1"])
     assert shown.exit_code == 0, shown.output
-    assert "b-CapScore 1.000" in shown.output and '"pointable": true' in shown.output
+    assert "b-CapScore 100.0  (x100)" in shown.output and '"pointable": true' in shown.output
 
     judged = runner.invoke(
         app, ["synthetic", "show", "--data", str(out), "--caption", "The composition feels balanced."]
     )
     assert judged.exit_code == 0, judged.output
-    assert "precision 0.000" in judged.output
+    assert "precision 0.0  recall 0.0" in judged.output
 
 
 def test_bad_arguments_are_reported(tmp_path):
@@ -192,7 +192,7 @@ def test_show_refuses_an_unknown_rubric_in_one_line(tiny_dataset):
     )
     for rubric in ("training", "evaluation", "training_without_pointability"):
         shown = runner.invoke(app, [*show, "--rubric", rubric])
-        assert shown.exit_code == 0 and "b-CapScore 1.000" in shown.output, (rubric, shown.output)
+        assert shown.exit_code == 0 and "b-CapScore 100.0  (x100)" in shown.output, (rubric, shown.output)
 
 
 def test_init_policy_does_not_write_over_a_policy(tmp_path):

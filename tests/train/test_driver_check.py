@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 )
 def test_an_old_driver_is_refused_in_one_line_naming_the_minimum(cuda, driver, minimum):
     with pytest.raises(ConfigError) as caught:
-        check_driver(cuda=cuda, driver=driver)
+        check_driver(cuda=cuda, driver=driver, available=False)
     message = str(caught.value)
     assert "\n" not in message
     assert f"NVIDIA driver {driver} is too old for torch's CUDA {cuda}" in message
@@ -38,13 +38,27 @@ def test_an_old_driver_is_refused_in_one_line_naming_the_minimum(cuda, driver, m
         ("13.0", "590.1"),
         ("12.8", "580.65.06"),  # a newer driver runs older CUDA
         ("12.1", "1000.0.0"),  # 1000 > 580: numbers, not text
-        ("", "580.65.06"),  # a CPU build of torch: nothing to check
-        ("13.0", ""),  # no driver loaded: torch says there is no GPU
         ("99.0", "1.0"),  # a CUDA the table does not know: not guessed
+        ("13.0", "575.57.08"),  # older than the minimum, but torch can use CUDA: forward compatibility
     ],
 )
-def test_a_recent_enough_driver_or_nothing_to_check_passes(cuda, driver):
-    check_driver(cuda=cuda, driver=driver)
+def test_whatever_torch_can_use_passes_and_is_described(cuda, driver):
+    seen = check_driver(cuda=cuda, driver=driver, available=True)
+    assert f"for CUDA {cuda}, NVIDIA driver {driver}" in seen and seen.endswith("CUDA available")
+    assert ("forward-compatibility" in seen) == (driver == "575.57.08")
+
+
+def test_a_cpu_build_has_nothing_to_check():
+    assert "CPU build" in check_driver(cuda="", driver="580.65.06", available=False)
+
+
+@pytest.mark.parametrize("driver", ["", "580.65.06"])
+def test_a_cuda_build_that_cannot_use_cuda_is_refused_saying_what_it_saw(driver):
+    with pytest.raises(ConfigError) as caught:
+        check_driver(cuda="13.0", driver=driver, available=False)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("torch cannot use CUDA: torch ")
+    assert f"NVIDIA driver {driver or 'not loaded'}" in message
 
 
 def test_the_driver_version_is_read_from_the_kernel_module(tmp_path):

@@ -16,6 +16,7 @@ from trl.trainer.utils import add_fused_lm_head
 from balcaprl.recipe import ModelConfig
 from balcaprl.train.modeling import load_processor
 from balcaprl.train.packing import PackedLogProbs
+from balcaprl.train.varlen_attention import VARLEN
 
 
 class Padded:
@@ -91,6 +92,7 @@ def test_packed_log_probs_loss_and_gradients_equal_the_padded_ones(tiny_policy, 
     model = load(tiny_policy)
     expected = run(Padded(), model, inputs, completion_mask, batch_size)
     got = run(Packed(), model, inputs, completion_mask, batch_size)
+    assert model.config.text_config._attn_implementation == VARLEN  # no dense mask: the varlen route
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)  # log-probs
     torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)  # entropies
     torch.testing.assert_close(got[2], expected[2], rtol=1e-5, atol=1e-6)  # loss

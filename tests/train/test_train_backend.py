@@ -143,12 +143,12 @@ def test_prompt_order_depends_on_the_epoch_only():
     assert list(resumed) == order(1)
 
 
-def test_a_batch_is_logged_when_a_step_it_feeds_is_an_nth_step(tmp_path):
+def test_a_batch_is_logged_when_a_step_it_feeds_is_an_nth_step_and_the_first_batch_too(tmp_path):
     every_100 = RolloutLog(tmp_path / "rollouts.jsonl", every=100)
     # 4 updates per batch: batches feed steps 1-4, 5-8, ...; step 100's batch is the one starting at 97.
-    assert [first for first in range(1, 1001, 4) if every_100.wants(first, 4)] == list(range(97, 1001, 100))
+    assert [first for first in range(1, 1001, 4) if every_100.wants(first, 4)] == [1, *range(97, 1001, 100)]
     every_2 = RolloutLog(tmp_path / "rollouts.jsonl", every=2)
-    assert [step for step in range(1, 9) if every_2.wants(step)] == [2, 4, 6, 8]  # one step per batch
+    assert [step for step in range(1, 9) if every_2.wants(step)] == [1, 2, 4, 6, 8]  # one step per batch
     assert [first for first in range(1, 9, 3) if every_2.wants(first, 3)] == [1, 4, 7]
     assert not RolloutLog(tmp_path / "rollouts.jsonl", every=0).wants(1, 4)
 

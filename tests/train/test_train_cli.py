@@ -141,3 +141,27 @@ def test_llava_recipe_runs_to_its_first_optimizer_step(tiny_llava, tiny_dataset,
     assert result.global_step == 4 and judge.calls == 1 and len(judge.requests) == 16
     rollouts = read_jsonl(out / "metrics.jsonl")
     assert rollouts[0]["judge/requests"] == 16
+
+
+def test_a_resumed_run_names_its_checkpoint(tiny_policy, tiny_dataset, tmp_path, monkeypatch):
+    """`--resume` says which checkpoint the run goes on from, before training and in its last line."""
+    import json
+
+    import balcaprl.train.trl_backend as backend
+
+    out = tmp_path / "run"
+    checkpoint = out / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    monkeypatch.setattr(balcaprl.judge, "build_judge", lambda *a, **k: ScriptedJudge())
+
+    def fake_train(recipe, judge, *, resume, allow_recipe_change):
+        return backend.TrainResult(out, 4, out / "metrics.jsonl", None, checkpoint)
+
+    monkeypatch.setattr(backend, "train", fake_train)
+    overrides = tiny_overrides(tiny_policy, tiny_dataset, out)
+    result = CliRunner(env={"COLUMNS": "60"}).invoke(app, ["train", str(RECIPE_3B), *overrides, "--resume"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"resuming from {checkpoint}" in text and f"done: 4 steps (resumed from {checkpoint})" in text

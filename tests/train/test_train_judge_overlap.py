@@ -22,7 +22,8 @@ from trl.generation.vllm_client import VLLMClient
 
 from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.recipe import recipe_from_dict
-from balcaprl.train.judge_overlap import EarlyJudge, judge_stage_metrics, stamped, watching_finishes
+from balcaprl.train.early_judge import EarlyJudge, judge_stage_metrics, stamped
+from balcaprl.train.judge_overlap import watching_finishes
 from balcaprl.train.metrics import read_jsonl
 
 
@@ -152,16 +153,16 @@ def test_early_judge_answers_started_requests_and_judges_the_rest():
         await asyncio.sleep(0)  # the loop launches the started batch
         await asyncio.sleep(0)
         assert inner.calls == 1
-        outcomes = await early.judge_batch(_requests("a door", "blue", "a red door"))
-        return early, outcomes
+        outcomes, usage = await early.judge_batch_counted(_requests("a door", "blue", "a red door"))
+        return early, outcomes, usage
 
-    early, outcomes = asyncio.run(go())
+    early, outcomes, usage = asyncio.run(go())
     assert inner.calls == 2  # the started batch, then "blue" alone
     assert [len(r.caption) for r in inner.requests] == [len("a red door"), len("a door"), len("blue")]
     by_caption = {o.verdict.caption_assertions[0].text: o for o in outcomes}
     assert set(by_caption) == {"a", "blue"}  # in the order asked: "a door", "blue", "a red door"
     assert [o.verdict.caption_assertions[-1].text for o in outcomes] == ["door", "blue", "door"]
-    assert early.usage()["prompt_tokens"] == inner.usage()["prompt_tokens"]  # both batches, once
+    assert usage["prompt_tokens"] == inner.usage()["prompt_tokens"]  # both batches, once, with the batch
     assert early.forget_started() == 0
 
 
@@ -361,7 +362,8 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
 
     from transformers import AutoTokenizer
 
-    from balcaprl.train.judge_overlap import JudgeOverlapMixin
+    from balcaprl.train.judge_overlap import TrlJudgeOverlap
+    from balcaprl.train.rewards import SharedVerdictScorer
 
     processor = AutoTokenizer.from_pretrained(tiny_policy)  # what the processor's batch_decode uses
     vocab = [i for i in range(len(processor)) if i not in processor.all_special_ids]
@@ -369,22 +371,22 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
     client = ScriptedServerClient(prompts, n, vocab)
     started: list[dict[int, JudgeRequest]] = []
     trainer = SimpleNamespace(
-        judge_overlap="per_rollout",
-        early_judge=SimpleNamespace(start_rollouts=started.append),
         use_vllm=True,
         vllm_mode="server",
         vllm_generation=SimpleNamespace(vllm_client=client),
         accelerator=SimpleNamespace(is_main_process=True),
         num_generations=n,
         processing_class=processor,
-        scorer=SimpleNamespace(image_column="image", reference_column="reference", rubric="training"),
-        _decoding=threading.Lock(),
+        scorer=SharedVerdictScorer(ScriptedJudge(), image_column="image", reference_column="reference"),
     )
-    trainer._judge_finished = lambda *a: JudgeOverlapMixin._judge_finished(trainer, *a)
-    inputs = [{"image": f"/img/{i // n}.png", "reference": "a red door"} for i in range(prompts * n)]
+    inputs = [{"image": f"/img/{i // n}.png", "reference": "a red door", "reference_tokens": 3}
+              for i in range(prompts * n)]  # fmt: skip
     chat = [[{"role": "user", "content": "describe"}]] * len(inputs)
     prompt_ids = [[j, 7, 7] for j in range(prompts)]
-    with JudgeOverlapMixin._watching_rollouts(trainer, chat, inputs):
+    overlap = TrlJudgeOverlap(trainer, "off")  # no reward loop here: the early judge is a recorder
+    overlap.begin_batch(inputs)
+    overlap.mode, overlap.early_judge = "per_rollout", SimpleNamespace(start_rollouts=started.append)
+    with overlap.watching(chat):
         output = client._generate_from_features(prompt_ids, [None] * prompts, {"n": n})
     assert client.order == [2, 1, 0]
     assert "_post" not in vars(client) and "_generate_from_features" not in vars(client)
@@ -415,10 +417,10 @@ def test_usage_of_overlapping_rollout_batches_is_counted_once():
         for index, caption in enumerate(captions):  # one batch per finished rollout, all in flight at once
             early.start_rollouts({index: _requests(caption)[0]})
         early.settle(_requests(*captions))
-        await early.judge_batch(_requests(*captions))
-        return early
+        _, usage = await early.judge_batch_counted(_requests(*captions))
+        return early, usage
 
-    early = asyncio.run(go())
-    assert inner.calls == 4
+    early, usage = asyncio.run(go())
+    assert inner.calls == 4 and early.started_early_share() == 1.0  # every rollout started before settle
     expected = sum(len(c.split()) + 3 for c in captions)  # caption words + the reference's 3
-    assert early.usage()["prompt_tokens"] == inner.usage()["prompt_tokens"] == expected
+    assert usage["prompt_tokens"] == inner.usage()["prompt_tokens"] == expected

@@ -192,6 +192,7 @@ def test_a_vllm_server_with_other_limits_is_stopped_before_pairing():
         processing_class=SimpleNamespace(image_token_id=9),
         image_grid=ImageGrid(28, 3136, 12544),
         model=SimpleNamespace(name_or_path="Qwen/Qwen2.5-VL-3B-Instruct"),
+        args=SimpleNamespace(bf16=True, fp16=False),
     )
     BalancedGRPOTrainer._check_served_image_tokens(trainer)
     prompt = [1, 2, 9, 9, 9, 3, 9, 9, 4]
@@ -204,4 +205,6 @@ def test_a_vllm_server_with_other_limits_is_stopped_before_pairing():
     message = " ".join(str(error.value).split())
     assert "[70, 2] image tokens" in message and "[3, 2]" in message
     assert """--mm-processor-kwargs '{"min_pixels": 3136, "max_pixels": 12544}'""" in message
+    # the whole line a colocated engine's settings make (rollout_engine.server_command)
+    assert """--dtype bfloat16 --limit-mm-per-prompt '{"image": 1, "video": 0}'""" in message
     assert generation._place_features(None, prompt) is None  # a prompt without images passes

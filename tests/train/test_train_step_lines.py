@@ -48,3 +48,19 @@ def test_step_lines_are_whole_with_elapsed_and_eta_after_the_legend_once(monkeyp
     legend = " ".join(STEP_LINE_LEGEND)
     assert "(x0.97)" in legend and "loss" in legend and "negative" in legend
     assert out.getvalue().count(STEP_LINE_LEGEND[0]) == 1
+
+
+def test_a_line_on_a_batch_already_judged_says_so():
+    """updates_per_batch 2: every other step reuses the batch judged the step before and logs no
+    rewards; its line names that step instead of a row of dashes."""
+    out = io.StringIO()
+    callback = RichProgressCallback(stream=out, terminal=False, heartbeat=False, clock=Clock())
+    state = SimpleNamespace(is_world_process_zero=True, max_steps=4, global_step=0)
+    callback.on_train_begin(None, state, None)
+    for step, logs in ((1, {"rewards/precision/mean": 0.5, "loss": 0.25}), (2, {"loss": 0.125})):
+        state.global_step = step
+        callback.on_log(None, state, None, logs=logs)
+    steps = [line for line in out.getvalue().splitlines() if re.match(r"step +\d", line)]
+    assert steps[0].startswith("step     1  P 0.500  R -")
+    assert steps[1].startswith("step     2  same batch as step 1 (update 2, no new rewards)  loss 0.1250  ")
+    assert any("same batch as step N" in line for line in STEP_LINE_LEGEND)

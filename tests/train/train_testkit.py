@@ -58,12 +58,45 @@ CHAT_TEMPLATE = (
 )
 
 
+def word_level_tokenizer(specials: Sequence[str]) -> tuple[Any, dict[str, int]]:
+    """The tests' word-level tokenizer (WORDS, then ``specials`` as special tokens) and its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    for token in specials:
+        vocab[token] = len(vocab)
+    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
+    return tokenizer, vocab
+
+
+def qwen_vl_text_config(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+    """The tiny Qwen2/2.5-VL language model: 2 layers, hidden 64, multimodal rope."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        # mrope_section must sum to head_dim / 2 = 16 (a wrong one is accepted silently).
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4]},
+        bos_token_id=None,
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+
+
 def build_tiny_qwen2_5_vl(out: Path) -> Path:
     """Random-init Qwen2.5-VL (2 layers, hidden 64, vision depth 2), word-level tokenizer, saved to ``out``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         GenerationConfig,
-        PreTrainedTokenizerFast,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5_VLProcessor,
@@ -72,15 +105,7 @@ def build_tiny_qwen2_5_vl(out: Path) -> Path:
 
     from balcaprl.train.modeling import image_only_processor_class
 
-    vocab = {w: i for i, w in enumerate(WORDS)}
-    for token in SPECIALS:
-        vocab[token] = len(vocab)
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
+    tokenizer, vocab = word_level_tokenizer(SPECIALS)
     image_processor = Qwen2VLImageProcessor(min_pixels=SIDE * SIDE, max_pixels=SIDE * SIDE)
     # Image-only: a video processor needs torchvision, which has no CPU wheel on PyPI (balcaprl.train.modeling).
     processor_class = image_only_processor_class(Qwen2_5_VLProcessor)
@@ -89,20 +114,7 @@ def build_tiny_qwen2_5_vl(out: Path) -> Path:
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=len(vocab),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=512,
-            # mrope_section must sum to head_dim / 2 = 16 (a wrong one is accepted silently).
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4]},
-            bos_token_id=None,
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
+        text_config=qwen_vl_text_config(len(vocab), ids),
         vision_config=dict(
             depth=2,
             hidden_size=32,
@@ -132,28 +144,18 @@ LLAVA_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|visi
 
 def build_tiny_llava(out: Path) -> Path:
     """Random-init LLaVA (CLIP vision 2 layers, Qwen2 text 2 layers): the synthetic demo's policy shape."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPVisionConfig,
         GenerationConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
-        PreTrainedTokenizerFast,
         Qwen2Config,
     )
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"]
-    vocab = {w: i for i, w in enumerate(WORDS)}
-    for token in specials:
-        vocab[token] = len(vocab)
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, unk_token="[UNK]", eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer, vocab = word_level_tokenizer(specials)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE}
     )

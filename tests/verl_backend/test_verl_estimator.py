@@ -125,11 +125,6 @@ def test_the_weights_are_required_from_the_reward_config():
     )
     with pytest.raises(ValueError, match=r"algorithm\.balcaprl\.rewards"):
         run_verl("balcaprl_c_gdpo", uids, rewards, mask, config=config)
-    with pytest.raises(ValueError, match=r"algorithm\.balcaprl\.rewards"):  # the columns' path too
-        non_tensor = {"uid": uids, **{name: rewards[:, k].numpy() for k, name in enumerate(REWARD_NAMES)}}
-        core_algos.get_adv_estimator_fn("balcaprl_c_gdpo")(
-            torch.zeros_like(mask), mask, index=uids, config=config, non_tensor_batch=non_tensor
-        )
 
 
 def test_verls_own_gdpo_is_not_the_contract():
@@ -151,25 +146,6 @@ def test_verls_own_gdpo_is_not_the_contract():
     assert (verl_gdpo - ours).abs().max() > 1e-3
 
 
-def test_padding_rows_without_response_tokens_are_left_out_of_the_columns():
-    """From non_tensor_batch columns (no trainer to tag the padding), a row without response tokens is
-    verl's padding: left out like a failed judge."""
-    from balcaprl.train.verl_backend.estimator import balcaprl_c_gdpo_advantage
-
-    uids, rewards, mask = crafted_batch(4)
-    uids = np.concatenate([uids, np.array(["pad", "pad"], dtype=object)])
-    rewards = torch.cat([rewards, rewards[:2]])  # verl's padding copies a real row's fields
-    mask = torch.cat([mask, torch.zeros(2, mask.shape[1])])
-    non_tensor = {"uid": uids, **{name: rewards[:, k].numpy() for k, name in enumerate(REWARD_NAMES)}}
-    advantages, _ = balcaprl_c_gdpo_advantage(
-        torch.zeros_like(mask), mask, index=uids, config=algorithm_config(), non_tensor_batch=non_tensor
-    )
-    got = per_rollout(advantages, mask)
-    expected = c_gdpo_advantages(rewards[:-2], group_index_from_ids(uids[:-2]), WEIGHTS)
-    assert torch.allclose(got[:-2], expected, atol=1e-6, rtol=0)
-    assert got[-2:].tolist() == [0.0, 0.0]
-
-
 def test_columns_that_are_not_row_aligned_are_refused():
     uids, rewards, mask = crafted_batch(0)
     shuffled = uids.copy()
@@ -186,14 +162,14 @@ def test_without_reward_columns_the_estimator_says_what_to_do():
         compute_advantage(data_proto(uids, mask), adv_estimator="balcaprl_c_gdpo", config=algorithm_config())
 
 
-def test_reward_columns_in_non_tensor_batch_are_used_directly():
-    """A verl that passes non_tensor_batch to every estimator (verl PR #7473) needs no context."""
+def test_reward_columns_in_non_tensor_batch_are_not_advantages():
+    """A verl that passes non_tensor_batch to every estimator (verl PR #7473) still gets its advantages
+    from the batch step on whole records (the trainer's context), never from partial reward columns."""
     from balcaprl.train.verl_backend.estimator import balcaprl_c_gdpo_advantage
 
     uids, rewards, mask = crafted_batch(0)
     non_tensor = {"uid": uids, **{name: rewards[:, k].numpy() for k, name in enumerate(REWARD_NAMES)}}
-    advantages, _ = balcaprl_c_gdpo_advantage(
-        torch.zeros_like(mask), mask, index=uids, config=algorithm_config(), non_tensor_batch=non_tensor
-    )
-    expected = c_gdpo_advantages(rewards, group_index_from_ids(uids), WEIGHTS)
-    assert torch.allclose(per_rollout(advantages, mask), expected, atol=1e-6, rtol=0)
+    with pytest.raises(RuntimeError, match="balcaprl_sync"):
+        balcaprl_c_gdpo_advantage(
+            torch.zeros_like(mask), mask, index=uids, config=algorithm_config(), non_tensor_batch=non_tensor
+        )

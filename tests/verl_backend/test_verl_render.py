@@ -62,7 +62,9 @@ PAPER = {
     "trainer.v1.trainer_mode": "balcaprl_sync",
     "reward.custom_reward_function.path": "pkg://balcaprl.train.verl_backend.reward",
     "reward.custom_reward_function.name": "compute_score",
-    "reward.reward_manager.name": "naive",
+    "reward.reward_manager.source": "importlib",
+    "reward.reward_manager.name": "BalcaprlRewardManager",
+    "reward.reward_manager.module.path": "pkg://balcaprl.train.verl_backend.reward_manager",
     "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "balcaprl.train.verl_backend.plugin",
 }
 
@@ -268,6 +270,20 @@ def test_the_speed_settings_are_verls_own(recipe_path):
     assert rollout.log_prob_use_dynamic_bsz is True and rollout.log_prob_max_token_len_per_gpu == budget
     assert cfg.actor_rollout_ref.model.use_fused_kernels is True and actor.use_fused_kernels is True
     assert cfg.actor_rollout_ref.model.fused_kernel_options.impl_backend == "torch"  # chunked, any GPU
+
+
+def test_without_flash_attn_the_actor_runs_unpacked_on_sdpa():
+    """verl 0.9.1's packed Qwen2/2.5-VL forward calls flash_attn_varlen_func, and HFModelConfig loads
+    the actor with override_config's attn_implementation (default flash_attention_2): --no-flash-attn
+    turns both off, read back through verl's own config."""
+    recipe = load_recipe(RECIPE_3B)
+    default = verl_config(render_verl(recipe).overrides).actor_rollout_ref.model
+    assert default.use_remove_padding is True and "attn_implementation" not in default.override_config
+    launch = render_verl(recipe, flash_attn=False)
+    model = verl_config(launch.overrides).actor_rollout_ref.model
+    assert model.use_remove_padding is False and model.use_fused_kernels is False
+    assert model.override_config.attn_implementation == "sdpa"
+    assert any("--no-flash-attn" in note for note in launch.notes)
 
 
 def test_a_budget_below_one_sequence_is_raised_to_it_with_a_note():

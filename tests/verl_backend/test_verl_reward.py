@@ -316,3 +316,36 @@ def test_compute_score_never_raises_for_a_bad_set_up(tiny_qwen, tiny_dataset, tm
         and "BALCAPRL_TEST_KEY_THAT_IS_NOT_SET" in no_key["failure_detail"]
     )
     assert math.isnan(no_key["precision"]) and no_key["caption_tokens"] == 3
+
+
+def test_balcaprls_reward_manager_hands_compute_score_the_generated_ids(tiny_qwen, tiny_dataset):
+    """The rendered manager (reward_manager.BalcaprlRewardManager, loaded as verl loads it from the
+    config) passes the rollout's unpadded response ids, EOS included, in extra_info; compute_score
+    counts the caption from them, as TRL's reward functions do."""
+    from transformers import AutoTokenizer
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
+    config = reward_config(tiny_qwen, tiny_dataset)
+    config.reward.reward_manager = {
+        "source": "importlib",
+        "name": "BalcaprlRewardManager",
+        "module": {"path": "pkg://balcaprl.train.verl_backend.reward_manager"},
+    }
+    manager_cls = resolve_reward_manager_cls(config)
+    fn = get_custom_reward_fn(config)
+    seen = []
+
+    async def spying(**kwargs):
+        seen.append(list(kwargs["extra_info"].get("response_ids", [])))
+        return await fn(**kwargs)
+
+    rollout = one_rollout(tokenizer, "a red circle on the left .")
+    expected = rollout.batch["responses"][0][: int(rollout.batch["attention_mask"][0][4:].sum())].tolist()
+
+    async def run():
+        return await manager_cls(config=config, tokenizer=tokenizer, compute_score=spying).run_single(rollout)
+
+    out = asyncio.run(run())
+    assert seen == [expected] and expected[-1] == tokenizer.eos_token_id
+    assert out["reward_extra_info"]["caption_tokens"] == len(expected) - 1  # EOS is special

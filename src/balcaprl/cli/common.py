@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import types
 
 import typer
 
@@ -71,3 +73,45 @@ def quiet_abandoned_tasks() -> None:
     """After Ctrl-C, the judge calls in flight on a background loop (the trainer's reward loop) are
     abandoned on purpose; asyncio would log each as "Task was destroyed but it is pending!" at exit."""
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+
+# Help screens name a value's kind as click does (FILE, TEXT, INTEGER), never typer's Python types
+# (``<list[str]>``, ``<float range>``): a user reads ``--captions FILE``, not an annotation.
+_PLAIN_KINDS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "file": "FILE",
+                "directory": "DIR", "bool": "BOOLEAN"}  # fmt: skip
+_TYPER_LABEL = re.compile(r"^<(?:list\[)?(?P<kind>[^\]>]*?)(?: range)?\]?>$")
+
+
+def plain_kind(label: str) -> str:
+    """``<list[str]>`` -> ``TEXT``, ``<float range>`` -> ``NUMBER``, ``<file>`` -> ``FILE``; choices
+    (``a|b``) and anything else unchanged but for the brackets."""
+    match = _TYPER_LABEL.match(label)
+    kind = match.group("kind") if match else label.strip("<>")
+    return _PLAIN_KINDS.get(kind, kind)
+
+
+def plain_help_types(command) -> None:
+    """Give every parameter of ``command`` (and of its subcommands) a plain kind in its help."""
+    for sub in getattr(command, "commands", {}).values():
+        plain_help_types(sub)
+    for param in getattr(command, "params", []):
+        typer_label = getattr(param, "display_type", None)
+        if typer_label is None or getattr(param, "_plain_kind", False):
+            continue
+        param._plain_kind = True
+        param.display_type = types.MethodType(
+            lambda self, ctx, label=typer_label: plain_kind(label(ctx)), param
+        )
+
+
+def renamed(value, old_value, flag: str, old_flag: str, *, required: bool = True):
+    """The value of an option given under its name (``flag``) or its old, hidden spelling
+    (``old_flag``, kept so that earlier scripts still run); both at once must agree."""
+    from balcaprl.errors import UserError
+
+    if value is not None and old_value is not None and value != old_value:
+        raise UserError(f"{flag} and {old_flag} (its old spelling) give different values; give {flag} once")
+    chosen = value if value is not None else old_value
+    if chosen is None and required:
+        raise UserError(f"give {flag}")
+    return chosen

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short, implied_resume
+from balcaprl.cli.common import OVERWRITE_HELP, RESUME_HELP, exit_if_short, implied_resume, renamed
 from balcaprl.errors import InputError, UserError
 
 IMAGE_MODES = ("auto", "hardlink", "copy", "reencode")
@@ -176,11 +176,12 @@ def _print_prepare_report(report) -> None:
 def recaption(
     data: Path = typer.Option(..., "--data", help="A balcaprl dataset folder; rewritten in place."),
     model: str = typer.Option(..., "--model", help="The re-captioning model (the paper: gpt-5-mini)."),
-    judge_config: Path = typer.Option(
-        ...,
-        "--judge-config",
-        help="Judge config YAML: endpoint, key variable, concurrency, limits, cache, prices.",
+    judge: Path | None = typer.Option(
+        None,
+        "--judge",
+        help="Judge config YAML: endpoint, key variable, concurrency, limits, cache, prices (required).",
     ),
+    judge_config: Path | None = typer.Option(None, "--judge-config", hidden=True),  # the old spelling
     rubric: str = typer.Option(
         "paper",
         "--rubric",
@@ -221,6 +222,7 @@ def recaption(
     from balcaprl.judge.config import load_judge_config
     from balcaprl.outputs import claim_in_place, shortfall
 
+    judge_config = renamed(judge, judge_config, "--judge", "--judge-config")
     if rubric not in RECAPTION_RUBRICS:
         raise UserError(f"--rubric {rubric!r}: choose {' or '.join(RECAPTION_RUBRICS)}")
     if not (data / ".recaption" / "card.json").is_file():  # (a rewrite that was interrupted keeps it)
@@ -248,7 +250,9 @@ def recaption(
         f"{report.from_progress} finished by an earlier run, {report.from_cache} from the cache"
     )
     reasons = ", ".join(f"{k} {v}" for k, v in report.failed.most_common()) or "none"
-    console.print(f"failed (kept the original reference): {failed} ({reasons})")
+    console.print(f"failed (kept the original reference): {failed} ({reasons})", markup=False)
+    for reason, detail in report.failure_details.items():  # the cause, e.g. a name that does not resolve
+        console.print(f"  {reason}, e.g.: {detail}", markup=False, soft_wrap=True)
     cost = "" if report.cost_usd is None else f", ~${report.cost_usd:.4f}"
     total = "" if report.total_cost_usd is None else f", ~${report.total_cost_usd:.4f}"
     console.print(
@@ -276,9 +280,10 @@ def recaption(
 
 
 def info(
-    dataset: Path = typer.Argument(..., help="A balcaprl dataset folder."),
+    data: Path | None = typer.Option(None, "--data", help="A balcaprl dataset folder (required)."),
+    dataset: Path | None = typer.Argument(None, hidden=True),  # the old spelling: data info DIR
     png: Path | None = typer.Option(
-        None, "--png", help="Histogram file (default DIR/reference_lengths.png)."
+        None, "--png", help="Histogram file (default: reference_lengths.png in the dataset folder)."
     ),
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Also count prompt and both references in this tokenizer's tokens."
@@ -288,6 +293,7 @@ def info(
     """Counts, splits, length statistics (original vs re-captioned), rejections; writes a length histogram."""
     from balcaprl.data.info import dataset_info, info_json, render_info, write_length_histogram
 
+    dataset = renamed(data, dataset, "--data", "DIR")
     counter = _token_counter(tokenizer)
     statistics = dataset_info(dataset, tokenizer=counter)
     path = write_length_histogram(statistics, png or dataset / "reference_lengths.png")

@@ -37,11 +37,17 @@ def caption(
         "detailed", "--prompt",
         help="Preset (detailed: 'Describe this image in detail.'; dataset: each row's own prompt) or your text.",
     ),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1),
+    max_new_tokens: int | None = typer.Option(
+        None, "--max-new-tokens", min=1,
+        help="Cap on each caption's tokens (default 250: even one unbroken sentence stays within the "
+        "judge's 1,000-character bound on a claim, at ~4 characters a token).",
+    ),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
-    seed: int = typer.Option(0, "--seed"),
-    batch_size: int = typer.Option(8, "--batch-size", min=1),
+    top_p: float = typer.Option(
+        1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass (with --temperature > 0)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (with --temperature > 0)."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Images captioned at once."),
     device: str = typer.Option("auto", "--device", help="transformers: auto | cpu | cuda | cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="transformers: auto | float32 | bfloat16 | float16."),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm: tensor_parallel_size."),
@@ -57,7 +63,7 @@ def caption(
     ),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP + " (OUT, or OUT.part of an unfinished run)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT and discard an unfinished run's OUT.part."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Report progress on stderr."),
     threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:  # fmt: skip
     """Caption images with a model; resumable (--resume); writes JSONL and the benchmark's own input format."""
@@ -74,7 +80,6 @@ def caption(
 
     if backend not in ("transformers", "vllm"):
         raise UserError(f"--backend {backend}: choose transformers or vllm")
-    check_model_path(model, "--model")  # before anything is read or written, and never the hub for it
     if multi_image not in ("captionqa", "lmms-eval", "first"):
         raise UserError(f"--multi-image {multi_image}: choose lmms-eval, captionqa or first")
     line = None
@@ -88,8 +93,10 @@ def caption(
     )  # fmt: skip
     part = out.with_name(out.name + ".part")
     claim_output_file(out, what="--out", partial=[part], resume=resume, overwrite=overwrite)
+    check_model_path(model, "--model")  # before anything is written; an unreachable hub: the cache or exit 2
+    chosen = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
     settings = GenerationSettings(
-        max_new_tokens=max_new_tokens,
+        **chosen,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
@@ -244,13 +251,27 @@ def _cache_line(accounting: dict, cache) -> str:
     return f"answers: {accounting['judged']} judged by {accounting['calls']} calls, {where}"
 
 
+# Failures that the same request gets again: asking again cannot help, their cause must be fixed.
+DETERMINISTIC_CAUSES = {
+    "bad_input": "fix the bad inputs (each row's 'detail' says what)",
+    "oversized_answer": (
+        "the judge's answer broke a length bound (e.g. one claim over 1,000 characters: a caption "
+        "written as one unbroken sentence); caption again with a smaller --max-new-tokens"
+    ),
+}
+
+
 def _retry_advice(failures: dict[str, int]) -> str:
-    """What to do about failed items: bad inputs need fixing; anything else is retried by --resume."""
+    """What to do about failed items: a deterministic failure's cause, named; anything else (a
+    timeout, a server error, a rate limit) is retried by --resume."""
     if not failures:
         return ""
-    if set(failures) == {"bad_input"}:
-        return "fix the bad inputs (each row's 'detail' says what), then run the same command with --resume"
-    return "run the same command with --resume to retry only the failed ones"
+    causes = [DETERMINISTIC_CAUSES[reason] for reason in failures if reason in DETERMINISTIC_CAUSES]
+    if not causes:
+        return "run the same command with --resume to retry only the failed ones"
+    if len(causes) == len(failures):
+        return "; ".join(causes)
+    return "; ".join([*causes, "run the same command with --resume to retry the other failed ones"])
 
 
 def evaluate(
@@ -292,7 +313,7 @@ def evaluate(
         False, "--overwrite", help="Replace the suite's results in OUT (other protocols' results are kept)."
     ),
     min_scored: float = typer.Option(1.0, "--min-scored", min=0.0, max=1.0, help=MIN_SCORED_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Report progress on stderr."),
 ) -> None:  # fmt: skip
     """Score captions with b-CapScore, DCScore, CaptionQA and CapArena-Auto; resumable (--resume)."""
     from balcaprl.evaluate.config import PROTOCOLS, load_evaluation_config
@@ -383,9 +404,7 @@ def evaluate(
         if name == "caparena" and result.metrics.get("length_words") is not None:
             typer.echo(f"{'length':>10}: {result.metrics['length_words']:.0f} words")
     if any(r.failures for r in results.values()):
-        typer.echo(
-            "failures are left out of the scores; run the same command with --resume to retry only them"
-        )
+        typer.echo("failures are left out of the scores")
     typer.echo(f"wrote {target.final / 'eval.json'}")
     reasons = []
     for name, result in results.items():
@@ -411,7 +430,7 @@ def report(
     human_ranking: Path | None = typer.Option(
         None, "--human-ranking", help="Human ranking (models best first, or CSV model,score) for Spearman."
     ),
-    title: str = typer.Option("Caption evaluation", "--title"),
+    title: str = typer.Option("Caption evaluation", "--title", help="Heading of report.md and report.png."),
 ) -> None:  # fmt: skip
     """Table 1 of the paper for your runs (deltas, best marked), a comparison figure, and Spearman."""
     from balcaprl.evaluate.report import build_report
@@ -433,7 +452,7 @@ def evaluate_general(
         "qwen2_5_vl", "--model-type", help="lmms-eval --model: qwen2_5_vl, llava_hf, llava_onevision, ..."
     ),
     model_args: str | None = typer.Option(None, "--model-args", help="Extra model_args, e.g. max_pixels=12845056."),
-    batch_size: int = typer.Option(1, "--batch-size", min=1),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="lmms-eval --batch_size."),
     num_processes: int = typer.Option(1, "--num-processes", min=1, help="GPUs, through accelerate launch."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="lmms-eval --limit (smoke tests)."),
     extra: list[str] = typer.Option([], "--lmms-eval-arg", help="More lmms-eval arguments (repeatable)."),

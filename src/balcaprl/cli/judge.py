@@ -129,6 +129,8 @@ def serve(
             f"--host {host} --port {port}: cannot listen there ({error.strerror or error}); choose another "
             "--port, or --port 0 for a free one"
         ) from None
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: nothing to resume, nothing kept
+        typer.echo("balcaprl judge server: stopped", err=True)
 
 
 def audit(

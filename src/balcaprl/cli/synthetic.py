@@ -19,8 +19,8 @@ def build(
     n_eval: int = typer.Option(200, "--n-eval", min=1, help="Held-out scenes."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same dataset."),
     image_size: int = typer.Option(224, "--image-size", min=24, help="Rendered image side in pixels."),
-    min_objects: int = typer.Option(2, "--min-objects", min=1, max=9),
-    max_objects: int = typer.Option(7, "--max-objects", min=1, max=9),
+    min_objects: int = typer.Option(2, "--min-objects", min=1, max=9, help="Fewest shapes in a scene."),
+    max_objects: int = typer.Option(7, "--max-objects", min=1, max=9, help="Most shapes in a scene."),
     policy: Path | None = typer.Option(
         None, "--policy", help="Count reference_tokens with this policy's tokenizer."
     ),
@@ -64,11 +64,21 @@ def sft(
     policy: Path | None = typer.Option(
         None, "--policy", help="Start from this policy (default: a fresh tiny one)."
     ),
-    steps: int = typer.Option(800, "--steps", min=1),
-    batch_size: int = typer.Option(32, "--batch-size", min=1),
-    lr: float = typer.Option(5e-4, "--lr"),
-    flawed_fraction: float = typer.Option(0.3, "--flawed-fraction", min=0.0, max=1.0),
-    seed: int = typer.Option(0, "--seed"),
+    steps: int = typer.Option(800, "--steps", min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Captions per optimizer step."),
+    lr: float = typer.Option(
+        5e-4, "--lr", help="Peak learning rate (warm-up, then cosine decay to a tenth of it)."
+    ),
+    flawed_fraction: float = typer.Option(
+        0.3,
+        "--flawed-fraction",
+        min=0.0,
+        max=1.0,
+        help="Share of targets replaced by a flawed caption (terse, enumerating, ...), as real SFT data has.",
+    ),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the run: starting weights, data order, flawed captions."
+    ),
     eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
     evaluate_before: bool = typer.Option(False, "--evaluate-before", help="Also score the starting policy."),
     overwrite: bool = typer.Option(
@@ -124,7 +134,7 @@ def sft(
 def show(
     data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
     index: int = typer.Option(0, "--index", min=0, help="Row of the split."),
-    split: str = typer.Option("eval", "--split"),
+    split: str = typer.Option("eval", "--split", help="Dataset split: train or eval."),
     caption: str | None = typer.Option(
         None, "--caption", help="Judge this caption instead of the reference."
     ),
@@ -158,9 +168,9 @@ def show(
     if isinstance(outcome, Judgement):
         r = score_rollout(outcome.verdict, BCAPSCORE_REWARDS)
         typer.echo(json.dumps(outcome.verdict.model_dump(), indent=2))
-        typer.echo(
-            f"precision {r.precision:.3f}  recall {r.recall:.3f}  linguistic {r.linguistic:.3f}  "
-            f"b-CapScore {b_capscore(r.precision, r.recall, r.linguistic):.3f}"
+        typer.echo(  # x100 with one decimal, as score, evaluate and inspect print them
+            f"precision {100 * r.precision:.1f}  recall {100 * r.recall:.1f}  linguistic {100 * r.linguistic:.1f}  "
+            f"b-CapScore {100 * b_capscore(r.precision, r.recall, r.linguistic):.1f}  (x100)"
         )
     else:
         typer.echo(f"judge failure: {outcome.reason}: {outcome.detail}")
@@ -170,7 +180,7 @@ def caption(
     policy: Path = typer.Option(..., "--policy", help="Policy folder (e.g. from `balcaprl synthetic sft`)."),
     data: Path = typer.Option(..., "--data", help="Dataset folder from `balcaprl synthetic build`."),
     n: int = typer.Option(5, "--n", min=1, help="Held-out images to caption."),
-    split: str = typer.Option("eval", "--split"),
+    split: str = typer.Option("eval", "--split", help="Dataset split: train or eval."),
     threads: int = typer.Option(DEFAULT_CPU_THREADS, "--threads", min=1, help=THREADS_HELP),
 ) -> None:
     """Caption held-out images greedily with a policy and score each caption with the oracle."""
@@ -198,7 +208,7 @@ def caption(
 
 def init_policy(
     out: Path = typer.Option(..., "--out", help="Folder for a fresh random-initialised tiny policy."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the policy already in --out."),
 ) -> None:
     """Save an untrained tiny policy (model + processor + chat template)."""
@@ -223,7 +233,7 @@ def probe(
     max_new_tokens: int = typer.Option(
         192, "--max-new-tokens", min=1, help="Caption cap (the demo's rollout cap)."
     ),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     save: Path | None = typer.Option(
         None, "--save", help="Also keep the sampled groups as JSON lines (a fixed sample for tests)."
     ),

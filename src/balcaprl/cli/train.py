@@ -101,7 +101,6 @@ def train(
     # Before any model is loaded: the model's path, the data, and a run folder that may be written.
     from balcaprl.model_paths import check_model_path
 
-    check_model_path(recipe.model.path, "model.path")
     try:
         read_card(Path(recipe.data.path).expanduser())
     except UserError as error:
@@ -109,16 +108,23 @@ def train(
     output_dir = Path(recipe.run.output_dir).expanduser()
     if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
         lock_output(output_dir, "run.output_dir")
+    checkpoint = None
     if not overwrite:
-        resolve_resume(output_dir, resume_from if resume_from is not None else resume)  # refusals
+        checkpoint = resolve_resume(
+            output_dir, resume_from if resume_from is not None else resume
+        )  # refusals
     from balcaprl.train.trl_backend import grpo_config
 
     grpo_config(recipe, processes.num_processes)  # every value as TRL gets it, before the folder is touched
     if overwrite:
         replace_run(output_dir, processes)
+    check_model_path(recipe.model.path, "model.path")  # a hub that cannot be reached: the cache or exit 2
     ensure_writable_dir(output_dir, "run.output_dir")
 
     from balcaprl.train.trl_backend import train as train_with_trl
+
+    if checkpoint is not None and processes.is_main_process:  # which weights, optimizer and step go on
+        typer.echo(f"resuming from {checkpoint}")
 
     try:
         result = train_with_trl(
@@ -135,7 +141,8 @@ def train(
             import asyncio
 
             asyncio.run(aclose())
-    typer.echo(f"done: {result.global_step} steps; metrics in {result.metrics_path}")
+    resumed = f" (resumed from {result.resumed_from})" if result.resumed_from is not None else ""
+    typer.echo(f"done: {result.global_step} steps{resumed}; metrics in {result.metrics_path}")
     if result.final_model_dir is not None:
         typer.echo(f"final policy: {result.final_model_dir}")
 

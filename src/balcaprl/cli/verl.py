@@ -82,6 +82,11 @@ def launch(
     gpu_memory: float = typer.Option(
         80.0, "--gpu-memory", help="Memory of one GPU, GiB (the per-GPU token budget of the micro-batches)."
     ),
+    flash_attn: bool = typer.Option(
+        True,
+        "--flash-attn/--no-flash-attn",
+        help="--no-flash-attn: nodes without flash-attn; the actor runs unpacked on sdpa (slower).",
+    ),
 ) -> None:
     """Train a captioner with c-GDPO on a Ray cluster with verl (FSDP + vLLM rollouts).
 
@@ -101,6 +106,7 @@ def launch(
         recipe_dir=config.resolve().parent,
         extra=verl_override or [],
         gpu_memory_gib=gpu_memory,
+        flash_attn=flash_attn,
     )
     for note in rendered.notes:
         typer.secho(f"note: {note}", err=True, fg=typer.colors.YELLOW)

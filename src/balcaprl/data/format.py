@@ -93,11 +93,11 @@ class TokenCounter:
         A local path that does not exist, or one that holds no tokenizer, is an
         :class:`~balcaprl.errors.InputError` naming ``what`` (the flag).
         """
-        check_model_path(name_or_path, what)  # a mistyped local path is not sent to the hub
         from balcaprl.synthetic.tokenizer import TOKENIZER_NAME, build_tokenizer  # (imported late: no cycle)
 
         if name_or_path == TOKENIZER_NAME:  # the synthetic world's own: built here, never downloaded
             return cls.from_hf(build_tokenizer(), name=TOKENIZER_NAME)
+        check_model_path(name_or_path, what)  # a mistyped local path is not sent to the hub
         from transformers import AutoProcessor, AutoTokenizer
 
         offline = None if names_local_path(name_or_path) else hub_unreachable()

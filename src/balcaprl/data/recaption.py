@@ -183,6 +183,7 @@ class RecaptionReport:
     from_progress: int = 0  # of those, finished by an earlier (interrupted) run
     from_cache: int = 0
     failed: Counter = field(default_factory=Counter)  # reason -> rows that kept the original
+    failure_details: dict[str, str] = field(default_factory=dict)  # reason -> the first one's detail
     calls: int = 0  # paid calls made in this run
     prompt_tokens: int = 0  # this run
     completion_tokens: int = 0
@@ -206,14 +207,21 @@ class _CallLog:
                 data = data[: data.rfind(b"\n") + 1]
                 with path.open("r+b") as handle:
                     handle.truncate(len(data))
-            for line in jsonl_lines(data.decode("utf-8")):
-                try:
-                    record = json.loads(line)
-                    self.done[(record["id"], record["key"])] = record
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
+            for record in self.records(data):
+                self.done[(record["id"], record["key"])] = record
         path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = path.open("a", encoding="utf-8")
+
+    @staticmethod
+    def records(data: bytes) -> Iterator[dict[str, Any]]:
+        """The readable records of a progress file's bytes (a cut or foreign line is skipped)."""
+        for line in jsonl_lines(data.decode("utf-8", errors="replace")):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "id" in record and "key" in record:
+                yield record
 
     def caption(self, sample_id: str, key: str) -> dict[str, Any] | None:
         record = self.done.get((sample_id, key))
@@ -231,16 +239,28 @@ class _CallLog:
 
 
 def recaption_results(root: Path) -> list[str]:
-    """What in a dataset folder is the result of an earlier re-captioning (finished or not)."""
+    """What in a dataset folder is the result of an earlier re-captioning (finished or not).
+
+    The progress file counts once it holds a caption: failures are asked again by any run, so a
+    run that failed before its first answer (no key, no route to the endpoint) never blocks its own
+    retry."""
     root = Path(root)
-    found = [f"{WORK_DIR}/{PROGRESS_FILE}"] if (root / WORK_DIR / PROGRESS_FILE).is_file() else []
+    progress = root / WORK_DIR / PROGRESS_FILE
+    found = [f"{WORK_DIR}/{PROGRESS_FILE}"] if _holds_a_caption(progress) else []
     try:
         card = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         card = {}
-    if isinstance(card, dict) and card.get("recaption"):
+    recorded = card.get("recaption") if isinstance(card, dict) else None
+    if isinstance(recorded, dict) and recorded.get("recaptioned", 1):  # a run that re-captioned none: nothing
         found.append(f"dataset.json: {card['recaption'].get('recaptioned', '?')} re-captioned references")
     return found
+
+
+def _holds_a_caption(progress: Path) -> bool:
+    if not progress.is_file():
+        return False
+    return any(record.get("caption") for record in _CallLog.records(progress.read_bytes()))
 
 
 def _load_card(root: Path) -> dict[str, Any]:
@@ -356,6 +376,7 @@ def recaption_dataset(
     the endpoint rejects, and when the first calls all fail the same way.
     """
     from balcaprl.judge import JudgeConfig, load_judge_config
+    from balcaprl.judge.throughput import calls_in_flight
 
     root = Path(data_dir).expanduser().resolve()
     card = _load_card(root)
@@ -371,6 +392,8 @@ def recaption_dataset(
             row["reference_original"] = row["reference"]
     wanted = ordered if limit is None else ordered[:limit]
 
+    # Before anything is written: a missing API key or a bad config leaves no progress file behind.
+    recaptioner = Recaptioner(cfg, image_root=root, model=model, rubric=rubric, http_client=http_client)
     work = root / WORK_DIR
     try:  # before any call: a dataset folder that cannot be written is found now, not after paying
         work.mkdir(exist_ok=True)
@@ -385,7 +408,6 @@ def recaption_dataset(
             f"--data {root}: cannot write there ({error.strerror or error}); the dataset is rewritten in "
             "place, so it must be writable"
         ) from None
-    recaptioner = Recaptioner(cfg, image_root=root, model=model, rubric=rubric, http_client=http_client)
     report = RecaptionReport(
         out=root,
         model=recaptioner.model,
@@ -395,7 +417,13 @@ def recaption_dataset(
     )
     run = _Run(recaptioner, store, report, on_result)
     try:
-        asyncio.run(run.all(wanted, workers=max(1, min(cfg.concurrency, len(wanted))), progress=progress))
+        asyncio.run(
+            run.all(
+                wanted,
+                workers=max(1, min(calls_in_flight(cfg, cfg.timeout_s), len(wanted))),
+                progress=progress,
+            )
+        )
     finally:
         store.close()
     captions, failures = run.captions, run.failures
@@ -413,6 +441,8 @@ def recaption_dataset(
     report.prompt_tokens, report.completion_tokens = stats.prompt_tokens, stats.completion_tokens
     report.cost_usd = stats.cost_usd(prices)
     report.failed = Counter(f.reason for f in failures.values())
+    for failure in failures.values():  # the terminal shows each reason's cause, not only the file
+        report.failure_details.setdefault(failure.reason, failure.detail)
     report.recaptioned = len(captions)
     report.total_prompt_tokens = sum(int(c.get("prompt_tokens") or 0) for c in captions.values())
     report.total_completion_tokens = sum(int(c.get("completion_tokens") or 0) for c in captions.values())

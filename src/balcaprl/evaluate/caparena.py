@@ -26,9 +26,12 @@ the three captions as they are; ``max_tokens``), answered in free text and read 
 the script reads it: a ``Reason: ... Judgment:`` part and the rest of the ``Judgment:`` line are both
 needed, else the battle is sampled again (up to ``max_attempts``, official 5); a judgment other than
 the six forms the official scorer accepts ("Caption 1 is better", "Caption 2 is better", "Tie", each
-with or without a final period) counts neither way (``unrecognised``, as the scorer skips it). The
-image is sent at its own size and bytes with ``detail: "high"`` (``image_mode: official``; ``auto``
-follows the prompts; the official script labels every image ``image/png``, we give its real type).
+with or without a final period) counts neither way (``unrecognised``, as the scorer skips it). A call
+that fails (an HTTP error, a dropped connection) is one of those tries too, as in the official script,
+where it answers "" (``http_errors: try``, sent once, no client retry); ``http_errors: retry``, ours,
+retries it in the client and leaves the tries to answers. The image is the file's own bytes at its
+own size with ``detail: "high"``, labelled ``image/png`` whatever its type, as the official script
+labels every image (``image_mode: official``; ``auto`` follows the prompts).
 With our prompts, every caption is cleaned and an escaped data block, so one caption cannot close its
 block and speak about the other; with the official ones, only when the ``guard`` option is on.
 """
@@ -36,6 +39,7 @@ block and speak about the other; with the official ones, only when the ``guard``
 from __future__ import annotations
 
 import asyncio
+import base64
 import random
 import re
 from collections import Counter
@@ -48,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from balcaprl.evaluate.formats import CapArenaItem, CaptionSet, read_caparena
 from balcaprl.evaluate.official import (
+    CAPARENA_BODY,
     OFFICIAL_IMAGE_SIDE,
     CapArenaPrompts,
     load_caparena_prompts,
@@ -57,11 +62,12 @@ from balcaprl.evaluate.official import (
 )
 from balcaprl.evaluate.protocols import OfficialPromptSection, Protocol
 from balcaprl.evaluate.results import ProtocolResult, judge_in_spans, mean, read_items
-from balcaprl.judge.calls import JudgeCaller
+from balcaprl.judge.calls import JudgeCaller, backoff_s
 from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 BASELINES = ("GPT-4o-0806", "CogVLM2-llama3-chat-19B", "MiniCPM-V2.6-8B")
 JUDGMENTS = ("Caption 1 is better", "Caption 2 is better", "Tie")
@@ -89,15 +95,23 @@ class CapArenaSection(OfficialPromptSection):
     )
     image_mode: Literal["auto", "official", "judge"] = Field(
         "auto",
-        description="Images: 'official' (own size and bytes, detail high), 'judge' (the judge config's "
-        "max_image_side, no detail), 'auto' (official with official prompts).",
+        description="Images: 'official' (the file's own bytes, labelled image/png whatever their type, "
+        "detail high, as the official script sends them), 'judge' (the judge config's max_image_side, its "
+        "real type, no detail), 'auto' (official with official prompts).",
+    )
+    http_errors: Literal["try", "retry"] = Field(
+        "try",
+        description="A failed call with the official prompts: 'try' (official: it is one of the "
+        "max_attempts tries, sent once, never retried by the client) or 'retry' (ours: the client "
+        "retries it per the judge config's max_retries, then the battle is a failure, asked again by a "
+        "re-run; the tries count only answers).",
     )
 
 
 # The official protocol's options (the position seed is not one: the official draw is unseeded).
 OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
     "temperature": (0.1,), "top_p": (0.9,), "max_tokens": (1500,), "max_attempts": (5,),
-    "images_sent": ("official",), "guard": (False,),
+    "images_sent": ("official",), "guard": (False,), "http_errors": ("try",),
 }  # fmt: skip
 
 
@@ -106,6 +120,12 @@ class PairVerdict(BaseModel):
 
     reason: str
     judgment: Literal["Caption 1 is better", "Caption 2 is better", "Tie"]
+
+
+def official_image_url(data: bytes) -> str:
+    """An image file's bytes as the official script sends them: base64, labelled ``image/png`` whatever
+    their type (a JPEG file goes as a JPEG labelled PNG)."""
+    return f"data:image/png;base64,{base64.b64encode(data).decode('utf-8')}"
 
 
 def caption_words(caption: str) -> int:
@@ -240,13 +260,21 @@ def run_caparena(
             )  # fmt: skip
             return (None, result.failure) if result.failure is not None else (result.value.judgment, None)
         last: JudgeFailure | None = None
+        as_try = settings.http_errors == "try"
         for attempt in range(settings.max_attempts):  # the official script's 5 tries, each a new sample
             result = await caller.call_text(
                 messages, kind="caparena_compare", trial=attempt or None, temperature=settings.temperature,
                 max_tokens=settings.max_tokens, extra_body=extra, truncated_ok=True, token_field="max_tokens",
+                max_retries=0 if as_try else None, encode=CAPARENA_BODY,
             )  # fmt: skip
             if result.failure is not None and result.failure.reason != "invalid_json":
-                return None, result.failure
+                if not as_try:
+                    return None, result.failure
+                # the official script: a failed call answers "" (or raises), one try spent, a pause
+                last = result.failure
+                if attempt + 1 < settings.max_attempts:
+                    await asyncio.sleep(backoff_s(attempt, None))
+                continue
             if result.failure is None:
                 try:
                     return read_official_judgment(result.value), None
@@ -273,7 +301,11 @@ def run_caparena(
         except ImageError as error:
             return first, None, JudgeFailure("bad_input", str(error))
         pair = (caption, item.baseline_caption) if first else (item.baseline_caption, caption)
-        messages = compare_messages(image.data_url, *pair, item.human, prompts, detail, settings.guard)
+        url = image.data_url
+        if official_images:  # the file's bytes as they are, labelled PNG whatever they are, as the script
+            raw = await asyncio.to_thread(images.resolve(item.image).read_bytes)
+            url = official_image_url(raw)
+        messages = compare_messages(url, *pair, item.human, prompts, detail, settings.guard)
         judgment, failure = await judge(messages)
         return first, judgment, failure
 
@@ -303,7 +335,7 @@ def run_caparena(
         }  # fmt: skip
 
     path = Path(out_dir) / "items.jsonl"
-    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(path, todo, one, span=span_rows(caller.config), close=caller.aclose)
     rows = [{k: v for k, v in row.items() if k != "detail"} for row in read_items(path)]
     battles = [Battle(r["image"], r["baseline"], r["model_position"] == 1, r["judgment"]) for r in rows]
     baselines = list(dict.fromkeys([*BASELINES, *(i.ref_model for i in items)]))

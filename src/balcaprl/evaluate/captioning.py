@@ -58,12 +58,22 @@ PROMPT_PRESETS: dict[str, str | None] = {
 }
 
 
+# The default caption length, from the judge's bound on one claim (``MAX_ASSERTION_CHARS`` in
+# judge/schemas.py: 1,000 characters, past which a verdict is an ``oversized_answer``). A caption that
+# never ends a sentence is judged as one claim, so the whole caption must fit that bound; English text
+# runs at about 4 characters per token in the BPE tokenizers of the paper's models, so 1,000 // 4 =
+# 250 tokens. The paper's captions (~200 tokens, Tables 3 and 4) fit within it.
+CHARS_PER_TOKEN = 4
+MAX_CLAIM_CHARS = 1000  # = balcaprl.judge.schemas.MAX_ASSERTION_CHARS (a test holds them equal)
+DEFAULT_MAX_NEW_TOKENS = MAX_CLAIM_CHARS // CHARS_PER_TOKEN
+
+
 class GenerationSettings(BaseModel):
     """Sampling: greedy by default (temperature 0), as captioning benchmarks are usually run."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: int = Field(512, ge=1)
+    max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1)
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, description="Seed for sampling (ignored when greedy).")
@@ -279,7 +289,7 @@ class VLLMCaptioner:
             from vllm import LLM
         except ImportError as error:
             raise InputError(
-                f"the vllm backend needs vLLM ({error}); install it with `pip install 'balcaprl[vllm]'` "
+                f"the vllm backend needs vLLM ({error}); install it with `pip install -e '.[trl,vllm]' -c constraints/gpu-one-node.txt` "
                 "on a GPU machine, or use --backend transformers"
             ) from None
         self.model_id = check_model_path(model, "--model")

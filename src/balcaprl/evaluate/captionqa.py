@@ -3,8 +3,9 @@ multiple-choice questions about each image from the caption alone.
 
 As the official ``qa.py`` (and lmms-eval's ``captionqa`` task) does it:
 
-- a question is used when it has at least two options (qa.py counts the cannot-answer option below)
-  and its ``answer`` is the text of one of its choices;
+- a question is used when it has at least two choices of its own (both official scorers count them
+  before the cannot-answer option below is added: a one-choice question is skipped, never asked, and
+  draws no shuffle) and its ``answer`` is the text of one of its choices;
 - every question that is not a yes/no question gets one more option, "Cannot answer from the
   caption". Yes/no means: some choice contains "yes" and some choice contains "no" (substrings,
   lower-cased, as the official code tests them), or the question starts with an auxiliary verb
@@ -27,15 +28,14 @@ per-category scores come with it.
 **Where the authors' ``qa.py`` and lmms-eval's task differ, the default is ``qa.py``** — the script
 the benchmark's authors publish and score their leaderboard with; lmms-eval's task is a port of it.
 Both variants are options: ``shuffle_over`` (``captioned``, qa.py: the RNG advances only over
-questions of images that have a caption, in the question file's order, and a question needs two
-options counting the cannot-answer one; ``all``, lmms-eval: over every usable question of the file,
-whatever has a caption, each with two choices of its own — lmms-eval always uses the whole ``all``
-split, so give that file), ``cannot_answer`` (``text``, qa.py: the chosen option's text is the
+questions of images that have a caption, in the question file's order; ``all``, lmms-eval: over every
+usable question of the file, whatever has a caption — lmms-eval always uses the whole ``all`` split,
+so give that file), ``cannot_answer`` (``text``, qa.py: the chosen option's text is the
 cannot-answer text; ``position``, lmms-eval: the chosen option is the one added last) and
 ``rounding`` (``question``, qa.py: each question's score rounded to 4 decimals, then the mean;
 ``mean``, lmms-eval: unrounded, the mean rounded to 4 decimals). With a complete caption file of the
-``all`` split, no one-choice question and no cannot-answer text among a question's own choices, the
-two differ only by rounding. Not taken from lmms-eval:
+``all`` split and no cannot-answer text among a question's own choices, the two differ only by
+rounding. Not taken from lmms-eval:
 it reads the judge's answer unstripped (``"A\n"`` is unreadable there; qa.py and we strip it) and
 scores an HTTP error as an empty answer (here a failed call is a failure: reported, left out of the
 means and asked again by a re-run; answers are cached). Our stricter choice for empty answers,
@@ -69,6 +69,7 @@ from pydantic import Field
 
 from balcaprl.evaluate.formats import CaptionQAEntry, CaptionSet, Question, read_captionqa
 from balcaprl.evaluate.official import (
+    CAPTIONQA_BODY,
     CaptionQATask,
     load_captionqa_task,
     official_text,
@@ -81,6 +82,7 @@ from balcaprl.judge.calls import JudgeCaller
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CANNOT_ANSWER = "Cannot answer from the caption"
@@ -116,8 +118,7 @@ class CaptionQASection(OfficialPromptSection):
     shuffle_over: Literal["captioned", "all"] = Field(
         "captioned",
         description="The questions the option shuffle's RNG advances over: 'captioned' (qa.py: those of "
-        "images with a caption; two options needed, the cannot-answer one counted) or 'all' (lmms-eval: "
-        "every usable question of the file; two choices of its own needed).",
+        "images with a caption) or 'all' (lmms-eval: every usable question of the file).",
     )
     cannot_answer: Literal["text", "position"] = Field(
         "text",
@@ -180,15 +181,15 @@ def prepare_questions(
     only: Callable[[str], bool] | None = None,
     cannot_answer: str = CANNOT_ANSWER,
     add_cannot_answer: Callable[[str, list[str]], list[str]] | None = None,
-    count_added: bool = False,
 ) -> list[PreparedQuestion]:
     """Every usable question in file order, with its shuffled options (one RNG for the whole file).
 
     ``only``: the entries whose questions take part (the others draw nothing from the RNG: qa.py's
     rule for images without a caption). ``cannot_answer`` / ``add_cannot_answer(question, choices)``:
     the extra option's text and the function that adds it (lmms-eval's task's, with official prompts).
-    ``count_added``: the added option counts toward the two options a question needs (qa.py adds it
-    first, then counts; lmms-eval counts the question's own choices).
+    A question needs two choices of its own, counted before the cannot-answer option is added, as
+    qa.py and lmms-eval's task both count them: a one-choice question is skipped before any shuffle
+    is drawn, so the questions after it are shown as the official scorers show them.
     """
     rng = random.Random(seed)
     prepared = []
@@ -196,14 +197,14 @@ def prepare_questions(
         if only is not None and not only(entry.id):
             continue
         for index, q in enumerate(entry.questions):
+            if len(q.choices) < 2:  # before the cannot-answer option: qa.py's and lmms-eval's rule
+                continue
             if add_cannot_answer is not None:
                 options = tuple(str(o) for o in add_cannot_answer(q.question, list(q.choices)))
             elif is_yes_no_question(q.question, q.choices):
                 options = q.choices
             else:
                 options = (*q.choices, cannot_answer)
-            if len(options if count_added else q.choices) < 2:
-                continue
             answer = _answer_index(q)
             if answer is None:
                 continue
@@ -312,7 +313,6 @@ def run_captionqa(
     rules = {
         "cannot_answer": CANNOT_ANSWER if task is None else task.cannot_answer,
         "add_cannot_answer": None if task is None else task.add_cannot_answer,
-        "count_added": settings.shuffle_over == "captioned",
     }
     questions = prepare_questions(entries, settings.seed, only=only, **rules)
     n_usable = len(questions) if only is None else len(prepare_questions(entries, settings.seed, **rules))
@@ -335,6 +335,7 @@ def run_captionqa(
                 answer_messages(caption, q, task, settings.guard), kind="captionqa_answer",
                 temperature=settings.temperature, max_tokens=settings.max_tokens, truncated_ok=True,
                 token_field="max_tokens",  # as both official scorers send it
+                encode=None if task is None else CAPTIONQA_BODY,  # lmms-eval's task's bytes
             )  # fmt: skip
             failure = result.failure
         done += 1
@@ -363,7 +364,7 @@ def run_captionqa(
         }
 
     items = Path(out_dir) / "items.jsonl"
-    judge_in_spans(items, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(items, todo, one, span=span_rows(caller.config), close=caller.aclose)
     summary_keys = ("category", "failure", "outcome", "score")  # what the figures below read, per row
     rows = [{key: row.get(key) for key in summary_keys} for row in read_items(items)]
 

@@ -25,33 +25,38 @@ A caption's precision, recall and F1s are the means over its trials; its DCScore
 (F1_all + F1_relevant) / 2, and the benchmark's DCScore is 100 x the mean over valid captions.
 
 **Edge rules, as the official scorer has them (the defaults).** Oracle facts are used as published
-(unstripped; DeCapBench's blank fact counts). Where the formulas are undefined — no fact extracted
-(also an empty caption) or no relevant fact — the official script fails on the division, tries the
-caption again (up to 5 times in all) and then marks it *invalid*: left out of the mean and listed.
-Here: the extraction is sampled again up to ``max_attempts`` times, then the caption is invalid —
-left out of the means, counted (``n_invalid``) and named (``invalid``) in the summary. Our stricter
-choice, ``degenerate_captions: zero``, scores such a caption 0 and keeps it in the mean (one
-extraction, no retry).
+(unstripped; DeCapBench's blank fact counts). An empty caption is asked like any other
+(``empty_captions: ask``; ours, ``invalid``, makes no call). The official script tries a whole caption
+up to 5 times: any unusable answer (unreadable by its parser, or listing other facts) or facts the
+formulas divide by zero for (no fact, no relevant fact) ends the try, and the next try starts from a
+new extraction, matching and verification. So here (``max_attempts``, official 5): after the last
+try, a caption with no (relevant) fact is *invalid* — left out of the means, counted (``n_invalid``)
+and named (``invalid``) — and one with an unusable answer is a failure (left out of the means too, as
+the official script leaves it invalid, and asked again by a re-run). Our stricter choice,
+``degenerate_captions: zero``, scores such a caption 0 and keeps it in the mean (no further try).
 
 **Prompts.** By default our own wording (rubrics ``dcscore_extract``/``_match``/``_verify``: JSON
 schemas, facts numbered). With ``official.decapbench`` set (:mod:`balcaprl.evaluate.official`), the
 official templates read from the user's checkout, sent as the script sends them: system message
-then the filled template as the user message; free-text answers read with the official parser's
-fallbacks (the last fenced ``json`` block, as a Python or JSON literal); predicted facts keyed by their
-text and oracle facts by their 0-based ``id``, each list formatted as the script formats it; an
-unusable answer is sampled again (up to ``max_attempts``), as the script retries. The verification
-image is sent at full size, re-encoded as JPEG (quality 75) with ``detail: "high"``
-(``image_mode: official``; ``auto`` follows the prompts).
+then the filled template as the user message; free-text answers read by the official parser alone
+(:func:`parse_fenced_json`: its four tries, in its order); predicted facts keyed by their text and
+oracle facts by their 0-based ``id``, each list formatted as the script formats it. The verification
+image is the stored pixels (no EXIF rotation, as ``Image.open(...).convert("RGB")``) at full size,
+re-encoded as JPEG (quality 75) with ``detail: "high"`` (``image_mode: official``; ``auto`` follows
+the prompts).
 
-Where we still differ from the official script, and why: a caption whose calls fail is reported as a
-failure (never scored, asked again by a re-run: each sample is cached) rather than retried inside the
-run; samples are separate requests (the script asks for ``n=3`` in one), and an unusable sample is
-drawn again on its own rather than with the whole caption; a matching or verification answer must
-list exactly the extracted facts (the script only requires the two answers to list the same facts),
-so that every trial's arithmetic is defined. Otherwise each request is the script's, text for text
-(the caption and the reference as they are, ``max_tokens``, ``n``: 1); the ``guard`` option
-(:mod:`~balcaprl.evaluate.official`) escapes and cleans the texts instead. The judge model is whatever the judge config names (the benchmark used
-gpt-4o-2024-05-13).
+Where we still differ from the official script, and why: a call that fails (server errors after the
+client's retries, refusals) is reported as a failure (never scored, asked again by a re-run: each
+answer is cached) rather than spending one of the caption's tries; a matching or verification answer must list exactly the extracted facts (the
+script only requires the two answers to list the same facts), so that every trial's arithmetic is
+defined; a try whose facts are degenerate makes no matching and verification calls (the script makes
+them, then fails on the division: the same number, fewer calls). Otherwise each request is the
+script's, byte for byte (the caption and the reference as they are, ``max_tokens``, a step's samples
+in one request with ``n`` as ``sample_requests: one`` asks, the installed openai client's key order
+and serialisation; an endpoint that ignores ``n`` gets the other samples one by one, recorded as
+``samples_sent: each``); the ``guard``
+option (:mod:`~balcaprl.evaluate.official`) escapes and cleans the texts instead. The judge model is
+whatever the judge config names (the benchmark used gpt-4o-2024-05-13).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ from balcaprl.evaluate.official import (
     DeCapBenchPrompts,
     load_decapbench_prompts,
     official_text,
+    openai_body,
     paraphrase_source,
     unicode_failure,
 )
@@ -85,6 +91,7 @@ from balcaprl.judge.images import ImageError, ImageLoader
 from balcaprl.judge.prompt import clean_text, data_block
 from balcaprl.judge.protocol import JudgeFailure
 from balcaprl.judge.rubrics import load_rubric
+from balcaprl.judge.throughput import span_rows
 
 F1_EPS = 1e-8  # the official script's F1 denominator guard
 _UNUSABLE = ("invalid_json", "schema_violation")  # answers worth another sample (empty, unreadable)
@@ -112,7 +119,21 @@ class DCScoreSection(OfficialPromptSection):
         "then left out of the mean and counted) or 'zero' (ours, stricter: scored 0 and kept in the mean).",
     )
     max_attempts: int = Field(
-        5, ge=1, description="Samples drawn for one answer before giving up (official: 5 tries per caption)."
+        5,
+        ge=1,
+        description="Tries of a whole caption (a new extraction, matching and verification) while its "
+        "answers are unusable or its facts leave the formulas undefined (official: 5).",
+    )
+    sample_requests: Literal["one", "each"] = Field(
+        "one",
+        description="With the official prompts, a step's matching or verification samples: 'one' (official: "
+        "one request with n set to n_match / n_verify; an endpoint that ignores n gets the rest one by one, "
+        "recorded as samples_sent: each) or 'each' (one request per sample, n: 1).",
+    )
+    empty_captions: Literal["ask", "invalid"] = Field(
+        "ask",
+        description="An empty caption: 'ask' (official: the judge is asked to extract its facts, like any "
+        "caption) or 'invalid' (ours: no call, the caption is invalid at once).",
     )
     image_mode: Literal["auto", "official", "judge"] = Field(
         "auto",
@@ -125,7 +146,8 @@ class DCScoreSection(OfficialPromptSection):
 OFFICIAL_OPTIONS: dict[str, tuple[Any, ...]] = {
     "n_match": (3,), "n_verify": (3,), "extract_temperature": (1.0,), "match_temperature": (1.0,),
     "verify_temperature": (0.3,), "max_tokens": (2000,), "degenerate_captions": ("invalid",),
-    "max_attempts": (5,), "images_sent": ("official",), "guard": (False,),
+    "max_attempts": (5,), "empty_captions": ("ask",), "images_sent": ("official",), "guard": (False,),
+    "samples_sent": ("one",),
 }  # fmt: skip
 
 
@@ -299,18 +321,21 @@ def fact_list_json(items: Sequence[dict[str, Any]]) -> str:
 
 
 def parse_fenced_json(answer: str) -> Any:
-    """The value of the last fenced ``json`` block of an answer (or of the whole answer), read as a
-    Python literal or as JSON, with the official parser's fallbacks (newlines removed, backticks
-    removed). ``ValueError`` when none of them reads."""
+    """The value of the last fenced ``json`` block of an answer, read as the official parser reads it,
+    its four tries in its order and nothing else: the block's body as a Python literal; then the rest
+    of the answer after the last ```` ```json ````, ends' backticks and newlines removed, as a Python
+    literal, then as JSON; then that text with every backtick removed, as JSON. ``ValueError`` when
+    none reads (the official parser returns None, and the caption is tried again)."""
     tail = answer.split("```json")[-1]
     body = tail.split("```")[0].strip("\n")
     bare = tail.strip("`").strip().replace("\n", "")
-    for candidate in (body, bare, bare.replace("`", "")):
-        for read in (ast.literal_eval, json.loads):
-            try:
-                return read(candidate)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                continue
+    tries = ((body, ast.literal_eval), (bare, ast.literal_eval), (bare, json.loads),
+             (bare.replace("`", ""), json.loads))  # fmt: skip
+    for candidate, read in tries:
+        try:
+            return read(candidate)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
     raise ValueError("no JSON list in the answer (expected a ```json fenced list)")
 
 
@@ -389,13 +414,21 @@ def _oracle_id(value: Any) -> Hashable | None:
 # ----------------------------------------------------------------------------------------- protocol
 
 
+def _read(answer: str, read: Callable[[str], Any]) -> tuple[Any, JudgeFailure | None]:
+    """An official answer read by ``read``; unreadable: a ``schema_violation`` (the try ends)."""
+    try:
+        return read(answer), None
+    except ValueError as error:
+        return None, JudgeFailure("schema_violation", str(error)[:300])
+
+
 def _as_sent(temperature: float | None) -> float | int | None:
     """A temperature as the official script writes it: ``temperature=1`` goes as the JSON integer 1."""
     return int(temperature) if temperature is not None and float(temperature).is_integer() else temperature
 
 
-# Each official request as the script sends it (besides its texts): `max_tokens`, and `n` (1 here:
-# each sample is its own request, where the script asks for n=3 in one).
+# An official request of one sample, as the script sends its extraction (besides its texts):
+# `max_tokens` and `n: 1` (matching and verification ask for their samples in one request).
 _OFFICIAL_REQUEST = {"token_field": "max_tokens", "extra_body": {"n": 1}}
 
 
@@ -434,38 +467,49 @@ class _Run:
             settings.image_mode == "auto" and prompts is not None
         )
         self.images_sent = "official" if official_images else "judge"
+        # n samples in one request, as the official script asks (the client never streams one)
+        self.one_request = settings.sample_requests == "one"
+        self.samples_sent = "one" if self.one_request else "each"
+        # the official client's body layout, read before any call (openai_body probes the client once)
+        self.encode = openai_body() if prompts is not None else None
         self.detail = "high" if official_images else None
         self.images = (
-            ImageLoader(OFFICIAL_IMAGE_SIDE, root=image_root, jpeg_quality=DECAPBENCH_JPEG_QUALITY)
+            ImageLoader(
+                OFFICIAL_IMAGE_SIDE, root=image_root, jpeg_quality=DECAPBENCH_JPEG_QUALITY, upright=False
+            )
             if official_images
             else ImageLoader(caller.config.max_image_side, root=image_root)
         )
 
-    async def _text(self, messages: list[dict[str, Any]], kind: str, trials: Sequence[int],
+    async def _text(self, messages: list[dict[str, Any]], kind: str, trial: int,
                     temperature: float | None, read: Callable[[str], Any]) -> tuple[Any, JudgeFailure | None]:  # fmt: skip
-        """An official answer is free text: an unusable one (unreadable, or empty) is sampled again,
-        once per number in ``trials`` (each sample has its own cache entry)."""
-        last: JudgeFailure | None = None
-        for trial in trials:
-            result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
-                messages, kind=kind, trial=trial, temperature=_as_sent(temperature),
-                max_tokens=self.settings.max_tokens, truncated_ok=True, **_OFFICIAL_REQUEST,
-            )  # fmt: skip
-            if result.failure is not None and result.failure.reason not in _UNUSABLE:
-                return None, result.failure
-            if result.failure is not None:
-                last = result.failure
-                continue
-            try:
-                return read(result.value), None
-            except ValueError as error:
-                last = JudgeFailure("schema_violation", str(error)[:300])
-        assert last is not None
-        return None, JudgeFailure(last.reason, f"no usable answer in {len(trials)} samples: {last.detail}")
+        """One official sample, free text read by ``read``: an unreadable answer is a ``schema_violation``
+        (the caller tries the whole caption again, as the official script does)."""
+        result = await self.caller.call_text(  # a cut-off answer is read as it is, as the script reads it
+            messages, kind=kind, trial=trial or None, temperature=_as_sent(temperature),
+            max_tokens=self.settings.max_tokens, truncated_ok=True, encode=self.encode, **_OFFICIAL_REQUEST,
+        )  # fmt: skip
+        return (None, result.failure) if result.failure is not None else _read(result.value, read)
 
-    def _samples(self, sample: int, n: int) -> list[int]:
-        """The trial numbers of one sample's attempts: sample, sample + n, sample + 2n, ..."""
-        return [sample + n * attempt for attempt in range(self.settings.max_attempts)]
+    async def _samples(self, messages: list[dict[str, Any]], kind: str, n: int, attempt: int,
+                       temperature: float | None, read: Callable[[str], Any]) -> list[tuple[Any, JudgeFailure | None]]:  # fmt: skip
+        """A step's ``n`` official samples of one try: in one request with ``n``, as the script asks for
+        them (``sample_requests: one``), the samples an endpoint did not give asked one by one; or one
+        request per sample (``each``, and always with a streaming judge)."""
+        trials = [t + n * attempt for t in range(n)]
+        out: list[tuple[Any, JudgeFailure | None]] = []
+        if self.one_request:
+            result = await self.caller.call_texts(
+                messages, n, kind=kind, trial=attempt or None, temperature=_as_sent(temperature),
+                max_tokens=self.settings.max_tokens, token_field="max_tokens", encode=self.encode,
+            )  # fmt: skip
+            if result.failure is not None:
+                return [(None, result.failure)] * n
+            out = [_read(text, read) for text in result.value[:n]]
+            if len(out) < n:  # the endpoint ignores n: the rest one by one, and the run says so
+                self.samples_sent = "each"
+        rest = [self._text(messages, kind, t, temperature, read) for t in trials[len(out) :]]
+        return out + list(await asyncio.gather(*rest))
 
     # --------------------------------------------------------------------- extraction
 
@@ -486,7 +530,7 @@ class _Run:
             ), None  # fmt: skip
         messages = official_extract_messages(self.prompts, text, self.settings.guard)
         found, failure = await self._text(
-            messages, "dcscore_extract", [attempt], self.settings.extract_temperature,
+            messages, "dcscore_extract", attempt, self.settings.extract_temperature,
             lambda answer: _objects(parse_fenced_json(answer), ("fact", "relevance"), "extraction"),
         )  # fmt: skip
         if failure is not None:
@@ -499,7 +543,9 @@ class _Run:
 
     # --------------------------------------------------------------------- matching and verification
 
-    def _paraphrase_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str) -> list[Any]:
+    def _paraphrase_calls(
+        self, facts: _Facts, item: DeCapBenchItem, image_url: str, attempt: int
+    ) -> list[Any]:
         n, n_oracle = len(facts.shown), len(item.oracle_facts)
 
         def check_matches(answer: FactMatches) -> None:
@@ -540,11 +586,13 @@ class _Run:
                 (facts.keys[v.id - 1], v.correct) for v in sorted(r.value.verdicts, key=lambda v: v.id)
             ], None
 
-        return [match(t) for t in range(self.settings.n_match)] + [
-            verify(t) for t in range(self.settings.n_verify)
+        n_match, n_verify = self.settings.n_match, self.settings.n_verify
+        return [match(t + n_match * attempt) for t in range(n_match)] + [
+            verify(t + n_verify * attempt) for t in range(n_verify)
         ]
 
-    def _official_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str) -> list[Any]:
+    async def _official_calls(self, facts: _Facts, item: DeCapBenchItem, image_url: str, attempt: int
+                              ) -> list[tuple[Any, JudgeFailure | None]]:  # fmt: skip
         prompts = self.prompts
         assert prompts is not None
         known, guard = set(facts.keys), self.settings.guard
@@ -565,16 +613,14 @@ class _Run:
             _same_facts([text for text, _ in verdicts], known, "verification")
             return verdicts
 
-        n_match, n_verify = self.settings.n_match, self.settings.n_verify
-        return [
-            self._text(match_messages_, "dcscore_match", self._samples(t, n_match), self.settings.match_temperature,
-                       read_matches)
-            for t in range(n_match)
-        ] + [
-            self._text(verify_messages_, "dcscore_verify", self._samples(t, n_verify),
-                       self.settings.verify_temperature, read_verdicts)
-            for t in range(n_verify)
-        ]  # fmt: skip
+        settings = self.settings
+        steps = await asyncio.gather(
+            self._samples(match_messages_, "dcscore_match", settings.n_match, attempt, settings.match_temperature,
+                          read_matches),
+            self._samples(verify_messages_, "dcscore_verify", settings.n_verify, attempt,
+                          settings.verify_temperature, read_verdicts),
+        )  # fmt: skip
+        return steps[0] + steps[1]
 
     # --------------------------------------------------------------------- one caption
 
@@ -605,57 +651,78 @@ class _Run:
                 out.invalid = reason
             return out
 
-        if not text.strip():  # an empty caption states nothing: no fact
+        if not text.strip() and settings.empty_captions == "invalid":  # ours: it states nothing
             return undefined("empty caption")
-        # Up to max_attempts extraction samples, as the official script tries a caption up to 5 times:
-        # an unusable official answer, or (with the official rule) facts the formulas are undefined
-        # for, draw another sample.
-        facts: _Facts | None = None
+        # Up to max_attempts tries of the whole caption, as the official script tries a caption up to 5
+        # times: each a new extraction, matching and verification; an unusable answer, or (with the
+        # official rule) facts the formulas are undefined for, spends a try.
+        last: tuple[str, JudgeFailure] | str | None = None
         for attempt in range(settings.max_attempts):
             out.attempts = attempt + 1
             facts, failure = await self.extract(text, attempt)
-            last_attempt = attempt == settings.max_attempts - 1
             if failure is not None:
-                if self.prompts is not None and failure.reason in _UNUSABLE and not last_attempt:
-                    continue
-                return fail(failure, "extract")
+                if failure.reason not in _UNUSABLE:
+                    return fail(failure, "extract")
+                last = ("extract", failure)
+                continue
             assert facts is not None
             out.facts = facts.dumped
-            if degenerate(facts.relevance) is None or settings.degenerate_captions == "zero":
-                break
-        assert facts is not None
-        reason = degenerate(facts.relevance)
-        if reason is not None:
-            return undefined(reason)
-
-        try:
-            image = await asyncio.to_thread(self.images.load, item.key)
-        except ImageError as error:
-            return fail(JudgeFailure("bad_input", str(error)), "image")
-        calls = (self._paraphrase_calls if self.prompts is None else self._official_calls)(
-            facts, item, image.data_url
+            reason = degenerate(facts.relevance)
+            if reason is not None:
+                if settings.degenerate_captions == "zero":
+                    return undefined(reason)
+                last = reason
+                continue
+            try:
+                image = await asyncio.to_thread(self.images.load, item.key)
+            except ImageError as error:
+                return fail(JudgeFailure("bad_input", str(error)), "image")
+            if self.prompts is None:
+                results = await asyncio.gather(*self._paraphrase_calls(facts, item, image.data_url, attempt))
+            else:
+                results = await self._official_calls(facts, item, image.data_url, attempt)
+            steps = ["match"] * settings.n_match + ["verify"] * settings.n_verify
+            unusable = None
+            for step, (_, failure) in zip(steps, results, strict=True):
+                if failure is not None and failure.reason not in _UNUSABLE:
+                    return fail(failure, step)  # every sample is needed, as in the official script
+                unusable = unusable or (failure and (step, failure))
+            if unusable:
+                last = unusable
+                continue
+            out.scores, out.trials = self._trials(
+                facts, [v for v, _ in results[: settings.n_match]], [v for v, _ in results[settings.n_match :]],
+                n_oracle,
+            )  # fmt: skip
+            return out
+        if isinstance(last, str):  # no (relevant) fact in the last try: invalid, as the official script
+            return undefined(last)
+        assert last is not None
+        step, failure = last
+        return fail(
+            JudgeFailure(
+                failure.reason, f"no usable answer in {settings.max_attempts} tries: {failure.detail}"
+            ),
+            step,
         )
-        results = await asyncio.gather(*calls)
-        steps = ["match"] * settings.n_match + ["verify"] * settings.n_verify
-        for step, (_, failure) in zip(steps, results, strict=True):
-            if failure is not None:  # every sample is needed, as in the official script
-                return fail(failure, step)
-        mappings = [value for value, _ in results[: settings.n_match]]
-        verifications = [value for value, _ in results[settings.n_match :]]
-        trials, out.trials = [], []
+
+    @staticmethod
+    def _trials(facts: _Facts, mappings: list[Any], verifications: list[Any], n_oracle: int
+                ) -> tuple[dict[str, float], list[dict[str, Any]]]:  # fmt: skip
+        """Every (verification, matching) pair's trial, each over the verifier's list of facts, as the
+        official code runs it; the caption's scores."""
+        trials, rows = [], []
         for i, verdicts in enumerate(verifications):
             for j, mapping in enumerate(mappings):
-                # the trial runs over the verifier's list of facts, as the official code does
                 keys = [key for key, _ in verdicts]
                 matches = [mapping[key] for key in keys]
                 relevance = [key in facts.relevant_keys for key in keys]
                 verified = [ok for _, ok in verdicts]
                 trial = score_trial(relevance, matches, verified, n_oracle)
                 trials.append(trial)
-                out.trials.append({"verify_trial": i, "match_trial": j, "matches": matches, "verified": verified,
-                                   **asdict(trial)})  # fmt: skip
-        out.scores = caption_scores(trials)
-        return out
+                rows.append({"verify_trial": i, "match_trial": j, "matches": matches, "verified": verified,
+                             **asdict(trial)})  # fmt: skip
+        return caption_scores(trials), rows
 
 
 def run_dcscore(
@@ -703,7 +770,7 @@ def run_dcscore(
         return row
 
     path = Path(out_dir) / "items.jsonl"
-    judge_in_spans(path, todo, one, span=2 * caller.config.concurrency, close=caller.aclose)
+    judge_in_spans(path, todo, one, span=span_rows(caller.config), close=caller.aclose)
     # the figures below read each row's scores, never its facts and trials (the bulk of a row)
     rows = [{k: v for k, v in r.items() if k not in ("facts", "trials")} for r in read_items(path)]
     ok = [r for r in rows if r["valid"]]
@@ -725,7 +792,12 @@ def run_dcscore(
         n_scored=len(ok),
         failures=dict(Counter(r["failure"] for r in rows if r["failure"] is not None)),
         missing=missing,
-        settings={**settings.options(), "images_sent": run.images_sent, "prompts": source.as_dict()},
+        settings={
+            **settings.options(),
+            "images_sent": run.images_sent,
+            "prompts": source.as_dict(),
+            "samples_sent": run.samples_sent if prompts is not None else "each",
+        },
         judge=caller.config.model,
         stats=caller.stats.as_dict(caller.config.price_per_million_tokens),
         notes="DCScore x100 = mean over valid captions of (F1 + F1 relevant) / 2; components x100; "

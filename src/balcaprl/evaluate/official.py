@@ -33,7 +33,10 @@ which one.
 
 The requests go as the official code sends them: the official texts with each slot filled with
 the value as it is (captions, references, facts neither cleaned nor stripped), the message shapes
-and the token field (``max_tokens``) of the official request. The one option, ``guard`` (off by
+and the token field (``max_tokens``) of the official request, in the official key order and
+serialised as the official client serialises them (:class:`OfficialBody`), so the bytes are the
+official ones for a given client version. :func:`scoring_rules` records the rules each number was
+scored under and every deviation from the official ones. The one option, ``guard`` (off by
 default, recorded in the summary's settings when on, and then not comparable), fills every slot with
 an escaped data block (:func:`balcaprl.judge.prompt.data_block`: the value between ``<slot>`` and
 ``</slot>`` lines, with ``&``, ``<`` and ``>`` HTML-escaped) and cleans each text first
@@ -43,8 +46,10 @@ an escaped data block (:func:`balcaprl.judge.prompt.data_block`: the value betwe
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
+import json
 import os
 import string
 import subprocess
@@ -576,6 +581,74 @@ def load_captionqa_task(spec: str | Path) -> CaptionQATask:
     )
 
 
+# ----------------------------------------------------------------------------------------- request bytes
+
+
+@dataclass(frozen=True)
+class OfficialBody:
+    """How an official client lays out a request body: its top-level key order and its JSON
+    serialiser. Called on a body, the bytes that client would send for it (keys it does not know go
+    last, in the body's order). A text that is no valid Unicode (a lone surrogate) goes with every
+    non-ASCII character escaped, as :func:`~balcaprl.judge.calls.json_bytes` sends it."""
+
+    client: str  # which client's layout: "requests", "openai 3.57.0"
+    order: tuple[str, ...]
+    ensure_ascii: bool
+    separators: tuple[str, str]
+
+    def __call__(self, body: Mapping[str, Any]) -> bytes:
+        ordered = {k: body[k] for k in self.order if k in body}
+        ordered.update((k, v) for k, v in body.items() if k not in ordered)
+        dump = functools.partial(json.dumps, separators=self.separators, allow_nan=False)
+        try:
+            return dump(ordered, ensure_ascii=self.ensure_ascii).encode("utf-8")
+        except UnicodeEncodeError:
+            return dump(ordered, ensure_ascii=True).encode("ascii")
+
+
+# ``requests.post(url, json=body)`` (CapArena's script, lmms-eval's captionqa task): ``json.dumps`` with
+# its defaults, encoded as UTF-8; the key order is the script's dict literal.
+_REQUESTS_JSON = {"ensure_ascii": True, "separators": (", ", ": ")}
+CAPARENA_BODY = OfficialBody(
+    "requests", ("model", "messages", "max_tokens", "top_p", "temperature"), **_REQUESTS_JSON
+)
+CAPTIONQA_BODY = OfficialBody(
+    "requests", ("model", "messages", "temperature", "max_tokens"), **_REQUESTS_JSON
+)
+
+_PROBE = {"model": "m", "messages": [{"role": "user", "content": "é"}], "max_tokens": 1, "temperature": 1,
+          "n": 1, "top_p": 1}  # fmt: skip
+
+
+@functools.cache
+def openai_body() -> OfficialBody:
+    """The installed openai client's layout of a chat-completions body (DeCapBench's script calls
+    ``client.chat.completions.create``): its key order and serialiser, read from the bytes the client
+    itself builds for a probe request, answered in memory (no network)."""
+    import httpx
+    import openai
+
+    sent: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.read())
+        choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                                         "choices": [choice]})  # fmt: skip
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as http:
+        client = openai.OpenAI(
+            api_key="unused", base_url="http://probe.invalid/v1", http_client=http, max_retries=0
+        )
+        client.chat.completions.create(**_PROBE)
+    value = json.loads(sent[0])
+    for ensure_ascii in (False, True):
+        for separators in ((",", ":"), (", ", ": ")):
+            if json.dumps(value, ensure_ascii=ensure_ascii, separators=separators).encode() == sent[0]:
+                return OfficialBody(f"openai {openai.__version__}", tuple(value), ensure_ascii, separators)
+    raise RuntimeError(f"openai {openai.__version__}: its request bytes match no known JSON layout")
+
+
 # ----------------------------------------------------------------------------------------- comparability
 
 
@@ -589,6 +662,59 @@ def departures(settings: Mapping[str, Any], official: Mapping[str, tuple[Any, ..
             shown = " or ".join(repr(a) for a in allowed)
             out.append(f"{name}={value!r} (official: {shown})")
     return out
+
+
+# What still differs from the official scorer with the official prompts and every option official:
+# balcaprl's fixed choices (docs/evaluation-official.md lists each with its effect).
+REMAINING_DIFFERENCES: dict[str, tuple[str, ...]] = {
+    "dcscore": (
+        "a failed call (after the client's retries) is a failure asked again by a re-run (official: one of "
+        "the caption's 5 tries)",
+        "matching and verification answers must list exactly the extracted facts (official: the same facts "
+        "in both)",
+    ),
+    "captionqa": (
+        "a failed call is a failure, left out and asked again by a re-run (lmms-eval: scored 0)",
+        "the answer is read stripped (lmms-eval: unstripped)",
+    ),
+    "caparena": ("positions drawn per image from a seeded RNG (official: unseeded)",),
+}
+_CAPTIONQA_VARIANTS = {
+    "qa.py": {"shuffle_over": "captioned", "cannot_answer": "text", "rounding": "question"},
+    "lmms-eval": {"shuffle_over": "all", "cannot_answer": "position", "rounding": "mean"},
+}
+
+
+def scoring_rules(
+    protocol: str, settings: Mapping[str, Any], official: Mapping[str, tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The rules a protocol's number was scored under, for ``eval.json``: ``rules`` (``official`` or
+    ``official, with deviations``; ``ours`` for b-CapScore, which has no official scorer),
+    ``deviations`` from the official rules (prompts not the official ones, options not official) and
+    the ``remaining_differences`` every run keeps (:data:`REMAINING_DIFFERENCES`)."""
+    if protocol not in REMAINING_DIFFERENCES:
+        return {"rules": "ours", "deviations": ["no official scorer: our wording of the paper's prompt"]}
+    kind = (settings.get("prompts") or {}).get("kind") or "not recorded"
+    deviations = [] if kind == "official" else [f"prompts: {kind} (not the official ones)"]
+    deviations += [f"option {d}" for d in departures(settings, official)]
+    out: dict[str, Any] = {"rules": "official" if not deviations else "official, with deviations"}
+    if protocol == "captionqa":
+        out["variant"] = next(
+            (name for name, values in _CAPTIONQA_VARIANTS.items()
+             if all(settings.get(k) == v for k, v in values.items())), "mixed (qa.py and lmms-eval)",
+        )  # fmt: skip
+    return {**out, "deviations": deviations, "remaining_differences": list(REMAINING_DIFFERENCES[protocol])}
+
+
+def rules_line(protocol: str, entry: Mapping[str, Any]) -> str:
+    """One line naming the rules a protocol entry of ``eval.json`` was scored under and each
+    deviation from the official ones (for ``report`` and ``inspect``)."""
+    rules = entry.get("rules")
+    if not isinstance(rules, Mapping):
+        return f"{protocol}: not recorded (evaluated by an earlier balcaprl)"
+    name = rules.get("rules", "?") + (f" ({rules['variant']})" if rules.get("variant") else "")
+    deviations = rules.get("deviations") or []
+    return f"{protocol}: {name}" + (f"; deviations: {'; '.join(deviations)}" if deviations else "")
 
 
 def _model_name(model: str) -> str:

@@ -2,14 +2,18 @@
 
 Rows come from evaluation folders (``eval.json`` from `balcaprl evaluate`; a training run folder is
 searched one level down for them) and, on request, from the paper's Table 1 (``published/``).
-Columns: DCScore, CaptionQA, CapArena (each with its delta against ``--baseline``), Arena Length
-(mean words of the CapArena captions) and b-CapScore (with its delta). As in the paper, the best
-value of each score column is marked in bold within each group of rows (your runs form one group,
-each of the paper's model families another). A value from an incomplete evaluation (judge failures,
-benchmark items without a caption, refused benchmark rows) carries a dagger (†), and a value that is
-not comparable with the paper's Table 1 — our paraphrased prompts rather than the benchmark's
-official ones, options other than the official protocol's, another judge model, or an evaluation
-that did not record them — a double dagger (‡); both are explained under the table, never silently.
+Columns: DCScore, CaptionQA, CapArena (each with its delta against the baseline: ``--baseline``, else
+the first run given), Arena Length (mean words of the CapArena captions) and b-CapScore (with its
+delta). A delta is taken only within one comparability class: both numbers comparable with the
+paper's Table 1, or both not for the same reasons. As in the paper, the best value of each score
+column is marked in bold within each group of rows (your runs form one group, each of the paper's
+model families another). A value from an incomplete evaluation (judge failures, benchmark items
+without a caption, refused benchmark rows) carries a numbered dagger (†1), and a value that is not
+comparable with the paper's Table 1 — our paraphrased prompts rather than the benchmark's official
+ones, options other than the official protocol's, another judge model, or an evaluation that did not
+record them — a numbered double dagger (‡1); under the table, one note per distinct reason lists
+the cells it is about, never silently. ``report.png`` draws the 95% interval of every value whose
+evaluation recorded one (b-CapScore's bootstrap interval).
 
 Outputs: ``report.md``, ``report.csv``, ``report.png`` (the runs side by side on the three views, the
 length and b-CapScore), ``general.md``/``general.csv`` when any row has general-benchmark results
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError
+from balcaprl.evaluate.official import rules_line
 from balcaprl.files import atomic_write_bytes, atomic_write_text
 
 # (key, header, has a delta column)
@@ -56,6 +61,13 @@ class ReportRow:
     incomplete: dict[str, str] = field(default_factory=dict)  # column -> why (failures, missing items)
     not_comparable: dict[str, list[str]] = field(default_factory=dict)  # column -> why not like Table 1
     published: bool = False
+    rules: list[str] = field(default_factory=list)  # per protocol: the rules it was scored under
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # column -> its 95% interval
+
+    def comparability(self, key: str) -> tuple[str, ...]:
+        """The column's comparability class: () for numbers like the paper's Table 1, else the reasons
+        they are not. A difference is taken within one class only."""
+        return tuple(sorted(self.not_comparable.get(key, ())))
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -100,11 +112,20 @@ def load_eval_rows(paths: Sequence[Path]) -> list[ReportRow]:
                         not_comparable[key] = reasons
             general = ((results.get("general") or {}).get("scores")) or {}
             name = record.get("label") or file.parent.name
-            rows.append(
-                ReportRow(
-                    name, RUNS_GROUP, str(file.parent), values, dict(general), incomplete, not_comparable
-                )
+            row = ReportRow(
+                name, RUNS_GROUP, str(file.parent), values, dict(general), incomplete, not_comparable
             )
+            for key in values:
+                low, high = ((results.get(_PROTOCOL_OF[key]) or {}).get("metrics") or {}).get("ci95") or (
+                    None,
+                    None,
+                )
+                if low is not None and high is not None and values[key] is not None:
+                    row.intervals[key] = (float(low), float(high))
+            row.rules = [
+                rules_line(p, e) for p, e in results.items() if p != "general" and isinstance(e, dict)
+            ]
+            rows.append(row)
     seen: dict[str, int] = {}
     for row in rows:  # two runs with one label stay apart
         seen[row.name] = seen.get(row.name, 0) + 1
@@ -216,8 +237,33 @@ class Report:
     alignment: dict[str, Any] | None = None
 
 
+class _Footnotes:
+    """One footnote per distinct reason: ``mark`` numbers a reason at its first use (‡1, ‡2, ...),
+    and each note lists the cells it is about."""
+
+    def __init__(self, sign: str, lead: str) -> None:
+        self.sign, self.lead = sign, lead
+        self.cells: dict[str, list[str]] = {}  # reason -> "row: column" cells, in order of first use
+
+    def mark(self, reasons: Sequence[str], cell: str) -> str:
+        numbers = []
+        for reason in reasons:
+            self.cells.setdefault(reason, []).append(cell)
+            numbers.append(str(list(self.cells).index(reason) + 1))
+        return self.sign + ",".join(numbers)
+
+    def notes(self) -> list[str]:
+        return [
+            f"{self.sign}{i} {self.lead}{reason} ({'; '.join(cells)})"
+            for i, (reason, cells) in enumerate(self.cells.items(), start=1)
+        ]
+
+
 def _table(rows: Sequence[ReportRow], baseline: ReportRow | None) -> tuple[str, str, list[str]]:
     best = _best(rows)
+    daggers = _Footnotes("†", "incomplete: ")
+    double_daggers = _Footnotes("‡", "not comparable with the paper's Table 1: ")
+    titles = {key: title for key, title, _ in COLUMNS}
     header = ["Model"]
     for _, title, has_delta in COLUMNS:
         header += [title, "Δ"] if has_delta else [title]
@@ -242,21 +288,19 @@ def _table(rows: Sequence[ReportRow], baseline: ReportRow | None) -> tuple[str, 
             if has_delta and value is not None and best.get((row.group, key)) == value:
                 text = f"**{text}**"
                 best_here.append(key)
+            cell = f"{row.name}: {titles[key]}"
             if key in row.incomplete:
-                text += "†"
-                notes.append(f"† {row.name}, {key}: incomplete ({row.incomplete[key]}); see its eval.json")
+                text += daggers.mark([f"{row.incomplete[key]}; see its eval.json"], cell)
             if key in row.not_comparable:
-                text += "‡"
-                notes.append(
-                    f"‡ {row.name}, {key}: not comparable with the paper's Table 1: "
-                    + "; ".join(row.not_comparable[key])
-                )
+                text += double_daggers.mark(row.not_comparable[key], cell)
             cells.append(text)
             record.append("" if value is None else round(value, 4))
             if has_delta:
                 d = (
                     _delta(value, baseline.values.get(key))
-                    if baseline is not None and row is not baseline
+                    if baseline is not None
+                    and row is not baseline
+                    and row.comparability(key) == baseline.comparability(key)
                     else None
                 )
                 cells.append("–" if d is None else f"{d:+.1f}")
@@ -268,6 +312,7 @@ def _table(rows: Sequence[ReportRow], baseline: ReportRow | None) -> tuple[str, 
         ]
         writer.writerow(record)
         lines.append("| " + " | ".join(cells) + " |")
+    notes += daggers.notes() + double_daggers.notes()
     return "\n".join(lines) + "\n", out.getvalue(), notes
 
 
@@ -392,6 +437,7 @@ def human_alignment(rows: Sequence[ReportRow], human: dict[str, float]) -> dict[
 
 FIGURE_TITLE = (
     "Caption quality from three views (grey: the paper's published rows; outlined: baseline; "
+    "whiskers: 95% bootstrap interval where the evaluation recorded one; "
     "†: incomplete evaluation; ‡: not comparable with the paper's Table 1)"
 )
 
@@ -435,8 +481,11 @@ def report_figure(rows: Sequence[ReportRow], baseline: ReportRow | None = None) 
                 ax.text(0, pos, " n/a", va="center", fontsize=8, color="0.5")
                 continue
             colour = "0.75" if row.published else palette(index % 10)
+            interval = row.intervals.get(key)
+            whisker = None if interval is None else [[value - interval[0]], [interval[1] - value]]
             bar = ax.barh(pos, value, color=colour, edgecolor="black" if row is baseline else colour,
-                          linewidth=1.6 if row is baseline else 0.5, height=0.7)  # fmt: skip
+                          linewidth=1.6 if row is baseline else 0.5, height=0.7, xerr=whisker,
+                          error_kw={"elinewidth": 0.9, "capsize": 2})  # fmt: skip
             label = f"{value:.0f}" if key == "arena_length" else f"{value:.1f}"
             marks = ("†" if key in row.incomplete else "") + ("‡" if key in row.not_comparable else "")
             ax.bar_label(bar, labels=[label + marks], fontsize=7, padding=2)
@@ -469,14 +518,21 @@ def build_report(
         rows += published_rows(published)
     if not rows:
         raise InputError("nothing to report: give evaluation folders and/or --published")
-    base = _find(rows, baseline) if baseline else None
+    # The baseline: --baseline, else the first run given (the model before training, as a report's
+    # first argument usually is), else none (published rows alone).
+    runs = [row for row in rows if not row.published]
+    base = _find(rows, baseline) if baseline else (runs[0] if runs else None)
     table_md, table_csv, notes = _table(rows, base)
     parts = [f"# {title}\n", table_md]
     if base is not None:
+        chosen = "" if baseline else " (the first run; --baseline chooses another)"
         parts.append(
-            f"Δ: difference to the baseline, **{base.name}**. Bold values: the best of their group.\n"
+            f"Δ: difference to the baseline, **{base.name}**{chosen}, taken only between numbers of one "
+            "comparability class (both comparable with the paper's Table 1, or both not for the same "
+            "reasons). Bold values: the best of their group.\n"
         )
     parts.extend(f"{n}\n" for n in dict.fromkeys(notes))
+    parts.extend(f"Scoring rules, {row.name}: " + " | ".join(row.rules) + "\n" for row in rows if row.rules)
     if any(row.not_comparable for row in rows):
         parts.append(
             "‡ numbers compare with the paper's Table 1 only when they come from the benchmarks' official "

@@ -47,6 +47,7 @@ from balcaprl.judge.cache import endpoint_identity
 from balcaprl.judge.client import OpenAICompatibleJudge
 from balcaprl.judge.prompt import clean_caption
 from balcaprl.judge.protocol import JudgeFailure, JudgeOutcome, JudgeRequest
+from balcaprl.judge.throughput import announce, span_rows
 from balcaprl.outputs import ensure_writable_dir
 from balcaprl.rewards import BCAPSCORE_REWARDS, Verdict, failed_rollout, score_rollout
 
@@ -190,7 +191,7 @@ def score_captions(
     resumed)`` is called before the first call; ``on_outcome(i, outcome)`` as each caption is judged.
     Raises :class:`~balcaprl.errors.OutputError` before any call when ``out`` cannot be written.
 
-    Rows stream to disk: the captions are judged in spans of twice the judge's concurrency, at most two
+    Rows stream to disk: the captions are judged in spans of twice the judge's calls in flight (``span_rows``), at most two
     at a time (:func:`~balcaprl.evaluate.results.in_spans`), and a span's rows and verdicts are written,
     in input order, as soon as it and the spans before it are done.
     """
@@ -217,7 +218,7 @@ def score_captions(
         if target.is_dir():
             raise OutputError(f"--out {out}: {target.name} is a folder; remove it or choose another --out")
     keys = _row_keys(judge, caption_rows, by_image)
-    span = 2 * max(1, judge.config.concurrency)
+    span = span_rows(judge.config)
     with (
         JsonlLog(out / RECORD_FILE, sync_every=1 << 62) as record,  # fsynced once a second (below)
         RowsFile(scores_path, out / PART_DIR) as scores,
@@ -235,6 +236,7 @@ def score_captions(
         record.append({"run": "started", "captions": len(keys), "resumed": resumed})  # proves it is writable
         if on_start is not None:
             on_start(len(keys), resumed)
+        announce(judge.config, len(keys) - resumed - len(refused))
         for i, failure in refused.items():
             if on_outcome is not None:
                 on_outcome(i, failure)

@@ -31,7 +31,7 @@ from typing import Any
 from balcaprl.errors import InputError
 from balcaprl.evaluate.config import PROTOCOLS, EvaluationConfig
 from balcaprl.evaluate.formats import CaptionSet, read_caption_sets
-from balcaprl.evaluate.official import departures, paper_comparability
+from balcaprl.evaluate.official import departures, paper_comparability, scoring_rules
 from balcaprl.evaluate.results import ProtocolResult
 from balcaprl.files import atomic_write_text
 
@@ -170,6 +170,7 @@ def run_suite(
         reasons = comparability(result)
         entry["comparable_with_paper"] = not reasons
         entry["not_comparable"] = reasons
+        entry["rules"] = scoring_rules(name, result.settings, protocol.official_options)
         entry["captions"] = chosen.sources
         entry["finished"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         record["results"][name] = entry

@@ -29,7 +29,8 @@ from balcaprl.inspect.inspection import Inspection, RunView
 RUN_FACTS = (
     ("rewards/precision/mean", "precision", ".3f"),
     ("rewards/recall/mean", "recall", ".3f"),
-    ("rewards/linguistic/mean", "linguistic", ".3f"),
+    ("rewards/linguistic/mean", "linguistic (after length mask)", ".3f"),
+    ("rewards/linguistic_unmasked/mean", "linguistic (judge, unmasked)", ".3f"),
     ("length/caption_tokens_mean", "caption tokens", ".1f"),
     ("length/masked_share", "masked", ".0%"),
     ("judge/failures", "judge failures", ".0f"),
@@ -91,7 +92,7 @@ def _run_facts(run: RunView) -> str:
             for key, label, spec in RUN_FACTS
             if isinstance(last.get(key), int | float) and math.isfinite(last[key])
         ]
-        parts.append(f"last step ({last.get('step')}): " + ", ".join(figures))
+        parts.append(f"last judged step ({last.get('step')}): " + (", ".join(figures) or "no figures logged"))
     return " · ".join(parts)
 
 

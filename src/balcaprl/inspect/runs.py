@@ -10,6 +10,7 @@ as it is.
 
 from __future__ import annotations
 
+import io
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,15 +80,39 @@ def _matches(verdict, pointability: bool, expected: dict[str, Any]) -> bool:
     return all(e is not None and abs(s - e) <= _CLOSE for s, e in pairs)
 
 
-def _curves(metrics: Sequence[dict[str, Any]], title: str) -> bytes | None:
+def _curves(
+    metrics: Sequence[dict[str, Any]], title: str, held_out: tuple[float, float] | None = None
+) -> bytes | None:
+    """The reward curves (``demo.report``) above the run's dynamics (``train.curves``), one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
     from balcaprl.demo.report import plot_training_curves
+    from balcaprl.train.curves import training_dynamics_figure
 
     steps = [m for m in metrics if m.get("kind", "step") == "step"]
     if not steps:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        path = plot_training_curves(steps, Path(tmp) / "curves.png", title=title)
-        return path.read_bytes()
+        rewards = plot_training_curves(steps, Path(tmp) / "curves.png", title=title)
+        figure = training_dynamics_figure(steps, held_out=held_out)
+        figure.savefig(Path(tmp) / "dynamics.png", dpi=110)
+        plt.close(figure)
+        top, bottom = Image.open(rewards), Image.open(Path(tmp) / "dynamics.png")
+        both = Image.new("RGB", (max(top.width, bottom.width), top.height + bottom.height), "white")
+        both.paste(top, (0, 0))
+        both.paste(bottom, (0, top.height))
+        out = io.BytesIO()
+        both.save(out, format="PNG")
+        return out.getvalue()
+
+
+def _heldout_bcapscore(path: Path) -> float | None:
+    """A demo evaluation's held-out b-CapScore (x100), or None where there is none."""
+    return finite_number(read_json(path).get("b_capscore")) if path.is_file() else None
 
 
 def _recipe(run: Path) -> dict[str, Any]:
@@ -107,6 +132,7 @@ def add_training_run(
     data_dir: Path | None,
     label: str,
     datasets: dict[Path, _Dataset],
+    held_out: tuple[float, float] | None = None,
 ) -> None:
     from balcaprl.train.metrics import read_jsonl
 
@@ -122,13 +148,16 @@ def add_training_run(
             f"{_ranges(logged)} (recipe run.log_rollouts_every)"
         )
     step_rows = [m for m in metrics if m.get("kind", "step") == "step"]
+    # A batch's later updates reuse its rollouts and log no rewards: the header's figures come from
+    # the last step that judged a batch.
+    judged = [m for m in step_rows if finite_number(m.get("rewards/precision/mean")) is not None]
     found.runs.append(
         RunView(
             label=label,
-            curves_png=_curves(metrics, label),
+            curves_png=_curves(metrics, label, held_out),
             steps_logged=logged,
             steps_shown=[s for s in chosen if s in logged],
-            last_metrics=step_rows[-1] if step_rows else {},
+            last_metrics=(judged or step_rows or [{}])[-1],
         )
     )
     if not rollouts:
@@ -269,7 +298,9 @@ def load_demo(found: Inspection, root: Path, steps: Sequence[int] | None, data_d
         raise InputError(f"{root} is a demo run without its dataset ({data}); pass --data DIR")
     datasets = {data: _Dataset(data)}
     for run in sorted(p for p in (root / "rl").glob("*") if (p / METRICS_FILE).is_file()):
-        add_training_run(found, run, steps, data, f"rollouts: {run.name}", datasets)
+        before, after = (_heldout_bcapscore(root / "eval" / f"{name}.json") for name in ("sft", run.name))
+        held_out = (before, after) if before is not None and after is not None else None
+        add_training_run(found, run, steps, data, f"rollouts: {run.name}", datasets, held_out)
     for path in sorted((root / "eval").glob("*.json")):
         name = "SFT" if path.stem == "sft" else path.stem
         _add_heldout(found, path, datasets[data], f"held-out: {name}")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from balcaprl.errors import InputError
+from balcaprl.evaluate.official import rules_line
 from balcaprl.inspect.cards import verdict_fields, word_ratio
 from balcaprl.inspect.inspection import (
     EVAL_FILE,
@@ -88,4 +89,6 @@ def load_evaluation(found: Inspection, folder: Path, image_root: Path | None) ->
     others = sorted(set(record.get("results", {})) - {"bcapscore"})
     if others:
         found.notes.append(f"other protocols in {EVAL_FILE} ({', '.join(others)}) are not shown")
+    found.notes += [f"scoring rules, {rules_line(p, e)}" for p, e in record.get("results", {}).items()
+                    if p != "general" and isinstance(e, dict)]  # fmt: skip
     add_scores(found, bcap, image_root, f"b-CapScore: {record.get('label') or folder.name}")

@@ -8,12 +8,16 @@
 2. **Coalescing.** Identical calls in flight share one (:meth:`Endpoint.coalesce`): the G rollouts of
    a prompt often repeat a caption, TRL calls each reward function on the same completions, and in
    cached-reference mode all G rollouts need the same reference decomposition at once.
-3. **Limits.** The request and token rate limiters, then the concurrency bound
-   (:meth:`Endpoint.send`). The token limiter budgets a call's prompt at its model's image rate and
-   a realistic answer (:class:`~balcaprl.judge.tokens.CompletionBudget`), not the whole ``max_tokens``.
+3. **Limits, per attempt.** Every attempt -- first, retry or hedge -- takes a slot of the
+   concurrency bound, then is admitted by the request and token rate limits over a sliding minute,
+   and starts at once (:meth:`Endpoint.send`; :mod:`balcaprl.judge.throughput`). The token limiter
+   budgets a call's prompt at its model's image rate and a realistic answer
+   (:class:`~balcaprl.judge.tokens.CompletionBudget`), not the whole ``max_tokens``. A 429 halves
+   the calls in flight allowed; ``auto`` sizes from first attempts' latency only.
 4. **Retries.** Timeouts, dropped connections, 408/409/429 and 5xx are tried again, up to
    ``max_retries`` times, after ``retry-after`` when the server gives one (up to
-   :data:`RETRY_AFTER_CAP_S`), else an exponential backoff with jitter (:func:`backoff_s`).
+   :data:`RETRY_AFTER_CAP_S`), else an exponential backoff with jitter (:func:`backoff_s`). A call
+   waiting to retry holds no slot.
 5. **One attempt** (:meth:`Endpoint.attempt`): one HTTP exchange, under ``timeout_s`` for the whole
    of it. The answer is read in chunks up to :func:`answer_byte_limit` -- bytes read and bytes
    decompressed alike -- so an endless body, a gzip bomb or a 20 MB explanation ends as an
@@ -23,7 +27,9 @@
 
 Authentication, permission and not-found errors (401/403/404) are not failures of one request but
 a broken configuration that would fail every request: they raise :class:`JudgeConfigError` instead
-of filling a training run with NaN rewards.
+of filling a training run with NaN rewards, and from the first one seen no request of the endpoint
+starts again (every later attempt raises the same error before sending), so at most the calls
+already in flight are paid.
 
 The HTTP client is aiohttp, directly, one session per event loop: at 128+ calls in flight the
 client's CPU per call bounds the judge's throughput (``docs/measurements.md``). Repeated trials of one
@@ -52,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiolimiter import AsyncLimiter
 from pydantic import BaseModel, ValidationError
 
 from balcaprl.judge.accounting import JudgeStats
@@ -63,7 +68,7 @@ from balcaprl.judge.protocol import FailureReason, JudgeFailure
 from balcaprl.judge.rubrics import Rubric
 from balcaprl.judge.schemas import json_response_format, schema_digest
 from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
-from balcaprl.judge.throughput import AdaptiveLimit, auto_concurrency
+from balcaprl.judge.throughput import RateWindow, Slots, auto_bound, auto_concurrency, sizing_limits
 from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
 
 log = logging.getLogger("balcaprl.judge")
@@ -288,6 +293,8 @@ class JudgeCaller:
         extra_body: dict[str, Any] | None = None,
         truncated_ok: bool = False,
         token_field: str = "max_completion_tokens",
+        max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallResult:
         """A free-text answer (stripped; no ``response_format`` is sent). ``accept(text)`` may raise
         ``ValueError`` to have an unusable answer re-asked once (a ``schema_violation`` if it fails
@@ -298,8 +305,56 @@ class JudgeCaller:
         result = await self.call(
             messages, kind=kind, check=accept, temperature=temperature, max_tokens=max_tokens,
             trial=trial, identity=identity, extra_body=extra_body, truncated_ok=truncated_ok,
-            token_field=token_field,
+            token_field=token_field, max_retries=max_retries, encode=encode,
         )  # fmt: skip
+        return self._counted(result)
+
+    async def call_texts(
+        self,
+        messages: list[dict[str, Any]],
+        n: int,
+        *,
+        kind: str,
+        temperature: float | None,
+        max_tokens: int | None = None,
+        trial: int | None = None,
+        token_field: str = "max_completion_tokens",
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
+    ) -> CallResult:
+        """``n`` free-text samples in one request (``"n": n`` in the body, as a benchmark's official
+        script asks for them): ``value`` is the list of the answer's choices' texts, stripped, a choice
+        without text as ``""`` (a cut-off choice is kept); an endpoint that ignores ``n`` gives fewer.
+        No re-ask. Counted as one request in :attr:`stats`."""
+        cfg = self.config
+        max_tokens = max_tokens or cfg.max_tokens
+        key = self.key(kind, messages=messages, temperature=temperature, max_tokens=max_tokens, trial=trial,
+                       extra_body={"n": n})  # fmt: skip
+
+        async def compute() -> CallResult:
+            stored = self.cache.get(key) if self.cache is not None else None
+            texts = stored.get("texts") if isinstance(stored, dict) else None
+            if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+                return CallResult(texts, None, key, cached=True)
+            body: dict[str, Any] = {"model": cfg.model, "messages": messages, token_field: max_tokens}
+            if temperature is not None:
+                body["temperature"] = temperature
+            body["n"] = n
+            read = functools.partial(_choice_texts, secret=self.endpoint.api_key, where=cfg.base_url)
+            answer = await self.endpoint.send(body, self.stats, read, None, encode)
+            paid = {
+                "calls": 1,
+                "prompt_tokens": answer.prompt_tokens,
+                "completion_tokens": answer.completion_tokens,
+            }
+            if answer.failure is not None:
+                return CallResult(None, answer.failure, key, **paid)
+            if self.cache is not None:
+                self.cache.put(key, {"texts": answer.parsed, "kind": kind, "model": cfg.model})
+            return CallResult(answer.parsed, None, key, **paid)
+
+        result, shared = await self.endpoint.coalesce(key, compute)
+        if shared:
+            result = CallResult(result.value, result.failure, key, cached=result.cached, shared=True)
         return self._counted(result)
 
     def _counted(self, result: CallResult) -> CallResult:
@@ -325,6 +380,8 @@ class JudgeCaller:
         truncated_ok: bool = False,
         stats: JudgeStats | None = None,
         token_field: str = "max_completion_tokens",
+        max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
     ) -> CallResult:
         """The one call path (see the module docstring): a ``schema`` instance, or with ``schema=None``
         the answer's text. The endpoint calls it makes are recorded in ``stats`` (default
@@ -334,7 +391,11 @@ class JudgeCaller:
         only when a call is made (a cache hit or a shared call never needs the messages).
 
         ``token_field``: the name the answer's token budget goes under; ``max_tokens`` where a
-        benchmark's official request sends that older name (a server may read only one of them)."""
+        benchmark's official request sends that older name (a server may read only one of them).
+        ``max_retries``: this call's retries of a failed attempt (default: the config's); 0 where a
+        benchmark's official script counts every HTTP error as one of its own tries. ``encode``: the
+        body's bytes (default :func:`json_bytes`); a benchmark's official client's layout, where the
+        request must be the official one byte for byte."""
         if callable(messages) and identity is None:
             raise ValueError("messages given as a function need an `identity` for the cache key")
         cfg = self.config
@@ -367,14 +428,14 @@ class JudgeCaller:
                 classify, schema=schema, check=check, max_tokens=max_tokens, truncated_ok=truncated_ok,
                 secret=self.endpoint.api_key, where=cfg.base_url,
             )  # fmt: skip
-            answer = await self.endpoint.send(body, stats, read)
+            answer = await self.endpoint.send(body, stats, read, max_retries, encode)
             calls, tokens = 1, [answer.prompt_tokens, answer.completion_tokens]
             # A structured answer that is broken is re-asked once; a free-text one only when `check`
             # rejected what it said (an empty text answer is a failure at once).
             if answer.worth_reasking and (schema is not None or answer.content is not None):
                 stats.reasks += 1
                 body = {**body, "messages": reask_messages(conversation, answer)}
-                answer = await self.endpoint.send(body, stats, read)
+                answer = await self.endpoint.send(body, stats, read, max_retries, encode)
                 calls, tokens = 2, [tokens[0] + answer.prompt_tokens, tokens[1] + answer.completion_tokens]
             paid = {"calls": calls, "prompt_tokens": tokens[0], "completion_tokens": tokens[1]}
             if answer.failure is not None:
@@ -442,9 +503,11 @@ class AttemptFailed(Exception):
     """An attempt that ended without an answer to classify: its failure, whether another attempt may
     succeed (``retry``), and the wait the server asked for."""
 
-    def __init__(self, answer: CallAnswer, *, retry: bool, retry_after_s: float | None = None):
+    def __init__(
+        self, answer: CallAnswer, *, retry: bool, retry_after_s: float | None = None, status: int = 0
+    ):
         super().__init__(answer.failure)
-        self.answer, self.retry, self.retry_after_s = answer, retry, retry_after_s
+        self.answer, self.retry, self.retry_after_s, self.status = answer, retry, retry_after_s, status
 
 
 @dataclass
@@ -453,9 +516,9 @@ class _Runtime:
 
     loop: asyncio.AbstractEventLoop
     session: aiohttp.ClientSession
-    semaphore: asyncio.Semaphore | AdaptiveLimit
-    rpm: AsyncLimiter | None
-    tpm: AsyncLimiter | None
+    slots: Slots
+    rpm: RateWindow | None
+    tpm: RateWindow | None
     in_flight: dict[str, asyncio.Future] = field(default_factory=dict)
     completion_budget: CompletionBudget = field(default_factory=CompletionBudget)
     hedging: Hedging | None = None  # tail.py: when an attempt gets a duplicate (None: hedge off)
@@ -484,6 +547,8 @@ class Endpoint:
                 self.headers[header] = os.environ[variable]
         self._session = session
         self.state: _Runtime | None = None
+        self.rejected: str | None = None  # the first 401/403/404 seen: no request starts after it
+        self.streams: bool | None = None  # whether the server streams when asked (None: not seen yet)
         self._finalizer: weakref.finalize | None = None  # closes a session left open (see retire)
 
     def runtime(self) -> _Runtime:
@@ -495,7 +560,7 @@ class Endpoint:
         cfg = self.config
         session = self._session
         if session is None:
-            # No connection cap of aiohttp's own (its default is 100): the semaphore is the bound.
+            # No connection cap of aiohttp's own (its default is 100): the Slots are the bound.
             # auto_decompress off: answer_byte_limit must hold for decompressed bytes too (read_answer).
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             session = aiohttp.ClientSession(
@@ -508,11 +573,9 @@ class Endpoint:
             loop=loop,
             session=session,
             # concurrency: auto -- a bound that follows the rate limits and the observed latency
-            semaphore=AdaptiveLimit(cfg.concurrency)
-            if cfg.concurrency_auto
-            else asyncio.Semaphore(cfg.concurrency),
-            rpm=AsyncLimiter(cfg.requests_per_minute, 60) if cfg.requests_per_minute else None,
-            tpm=AsyncLimiter(cfg.tokens_per_minute, 60) if cfg.tokens_per_minute else None,
+            slots=Slots(auto_bound(cfg) if cfg.concurrency_auto else cfg.concurrency),
+            rpm=RateWindow(cfg.requests_per_minute) if cfg.requests_per_minute else None,
+            tpm=RateWindow(cfg.tokens_per_minute) if cfg.tokens_per_minute else None,
             hedging=Hedging(cfg.hedge_quantile, cfg.hedge_floor_s, cfg.hedge_max_share)
             if cfg.hedge
             else None,
@@ -545,60 +608,134 @@ class Endpoint:
         return approx_prompt_tokens(messages, self.config.max_image_side, self.config.model)
 
     async def send(
-        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer]
-    ) -> CallAnswer:
-        """One call of a chat-completions ``body``: the rate limits, the concurrency bound, then
-        attempts until one is final or ``max_retries`` retries are spent; ``read(status, body)``
-        classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries included)."""
+        self, body: dict[str, Any], stats: JudgeStats, read: Callable[[int, bytes], CallAnswer],
+        max_retries: int | None = None,
+        encode: Callable[[dict[str, Any]], bytes] | None = None,
+    ) -> CallAnswer:  # fmt: skip
+        """One call of a chat-completions ``body``: attempts, each admitted by the limits
+        (:meth:`_admitted`), until one is final or ``max_retries`` retries (default: the config's)
+        are spent, with the backoff between them outside the concurrency bound; ``read(status,
+        body)`` classifies an answer (:func:`classify`). Recorded in ``stats`` (latency: retries
+        included). ``encode``: how the body becomes bytes (default :func:`json_bytes`)."""
         runtime = self.runtime()
         cfg = self.config
-        max_tokens = body.get("max_completion_tokens") or body["max_tokens"]
-        if cfg.stream:  # the first byte is then the first token (tail.py)
+        retries = cfg.max_retries if max_retries is None else max_retries
+        # n answers in one (a benchmark's official `n`): n times the tokens and bytes of one
+        max_tokens = (body.get("max_completion_tokens") or body["max_tokens"]) * int(body.get("n") or 1)
+        # Streamed, so the first byte is the first token (tail.py); never a body whose bytes are a
+        # benchmark's official request (``encode``), sent as its official client sends it, nor one
+        # asking for n answers (tail.assemble_stream puts one choice back together).
+        if cfg.stream and self.streams is not False and encode is None and int(body.get("n") or 1) == 1:
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        payload = json_bytes(body)  # once, for every attempt
+        payload = (encode or json_bytes)(body)  # once, for every attempt
         # What a call really uses: its prompt at the model's image rate and a realistic answer
         # (reserving the whole max_tokens paced the client at a fraction of its budget).
         tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
-        if isinstance(runtime.semaphore, AdaptiveLimit):
-            runtime.semaphore.limit = auto_concurrency(
-                cfg.requests_per_minute,
-                cfg.tokens_per_minute,
-                tokens,
-                runtime.semaphore.latency_s(),
-                cfg.concurrency,
-            )
+        ticket = runtime.hedging.begin() if runtime.hedging is not None else None
+        start = time.perf_counter()
+        for retry in range(retries + 1):
+            try:
+                status, raw = await self._admitted(
+                    runtime, payload, max_tokens, body, tokens, stats, ticket, first=retry == 0
+                )
+                answer = read(status, raw)
+                break
+            except AttemptFailed as failed:
+                answer, wait = failed.answer, failed.retry_after_s
+                if not failed.retry:
+                    break
+            except TimeoutError:
+                answer = _fail("timeout", f"no answer within timeout_s ({cfg.timeout_s:g} s) per attempt")
+                wait = None
+            except aiohttp.ClientError as error:  # refused, reset, dropped mid-body
+                detail = f"{type(error).__name__}: connection failed or dropped ({error})"
+                answer, wait = _fail("server_error", detail, self.api_key), None
+            if retry == retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
+                break
+            await asyncio.sleep(backoff_s(retry, wait))  # holding no slot
+        stats.record_call(time.perf_counter() - start, answer.prompt_tokens, answer.completion_tokens)
+        runtime.completion_budget.observe(answer.completion_tokens)
+        return answer
+
+    def _refuse_if_rejected(self) -> None:
+        if self.rejected is not None:
+            raise JudgeConfigError(self.rejected)
+
+    async def _admit(self, runtime: _Runtime, tokens: int) -> None:
+        """Wait until the rate limits admit one more request of ``tokens`` budgeted tokens."""
         if runtime.rpm is not None:
             await runtime.rpm.acquire(1)
         if runtime.tpm is not None:
-            await runtime.tpm.acquire(min(tokens, cfg.tokens_per_minute))
-        async with runtime.semaphore:
-            start = time.perf_counter()
-            for retry in range(cfg.max_retries + 1):
-                try:
-                    status, raw = await self._attempt_hedged(
-                        runtime, payload, max_tokens, body["messages"], stats
-                    )
-                    answer = read(status, raw)
-                    break
-                except AttemptFailed as failed:
-                    answer, wait = failed.answer, failed.retry_after_s
-                    if not failed.retry:
-                        break
-                except TimeoutError:
-                    answer = _fail("timeout", f"no answer within timeout_s ({cfg.timeout_s:g} s) per attempt")
-                    wait = None
-                except aiohttp.ClientError as error:  # refused, reset, dropped mid-body
-                    detail = f"{type(error).__name__}: connection failed or dropped ({error})"
-                    answer, wait = _fail("server_error", detail, self.api_key), None
-                if retry == cfg.max_retries or (wait is not None and wait > RETRY_AFTER_CAP_S):
-                    break
-                await asyncio.sleep(backoff_s(retry, wait))
-            latency = time.perf_counter() - start
-        if isinstance(runtime.semaphore, AdaptiveLimit):
-            runtime.semaphore.observe(latency)
-        stats.record_call(latency, answer.prompt_tokens, answer.completion_tokens)
-        runtime.completion_budget.observe(answer.completion_tokens)
-        return answer
+            await runtime.tpm.acquire(tokens)
+
+    def _spare(self, runtime: _Runtime, tokens: int) -> Callable[[], None] | None:
+        """A hedge admitted now, or None: a free slot and room in both rate limits (a duplicate never
+        waits: one that must wait would only take the budget of first attempts)."""
+        slots = runtime.slots
+        limits = [(w, n) for w, n in ((runtime.rpm, 1), (runtime.tpm, tokens)) if w is not None]
+        if self.rejected is not None or slots.in_use >= slots.allowed:
+            return None
+        if not all(window.has_room(amount) for window, amount in limits):
+            return None
+        for window, amount in limits:
+            window.take(amount)
+        slots.in_use += 1
+
+        def release() -> None:
+            slots.in_use -= 1
+
+        return release
+
+    async def _admitted(
+        self,
+        runtime: _Runtime,
+        payload: bytes,
+        max_tokens: int,
+        body: dict[str, Any],
+        tokens: int,
+        stats: JudgeStats,
+        ticket: Any,
+        *,
+        first: bool,
+    ) -> tuple[int, bytes]:
+        """One attempt: a slot of the concurrency bound, then the rate limits (so a request starts as
+        soon as it is admitted, and no window holds more starts than its limit), then the exchange."""
+        cfg = self.config
+        slots = runtime.slots
+        if cfg.concurrency_auto:
+            rpm, tpm = sizing_limits(cfg)
+            slots.limit = auto_concurrency(rpm, tpm, tokens, slots.latency_s(), auto_bound(cfg))
+        self._refuse_if_rejected()
+        async with slots:
+            self._refuse_if_rejected()
+            await self._admit(runtime, tokens)
+            started = time.perf_counter()
+            try:
+                result = await self._attempt_hedged(
+                    runtime,
+                    payload,
+                    max_tokens,
+                    body["messages"],
+                    stats,
+                    tokens,
+                    ticket,
+                    bool(body.get("stream")),
+                )
+            except AttemptFailed as failed:
+                if failed.status == 429:
+                    slots.throttled()
+                slots.timed_out(
+                    failed.answer.failure is not None and failed.answer.failure.reason == "timeout"
+                )
+                raise
+            except TimeoutError:
+                slots.timed_out(True)
+                raise
+            slots.timed_out(False)
+            slots.answered()
+            if first:  # auto's latency: the endpoint's, not a retry's wait
+                slots.observe(time.perf_counter() - started)
+            return result
 
     async def _attempt_hedged(
         self,
@@ -607,18 +744,26 @@ class Endpoint:
         max_tokens: int,
         messages: list[dict[str, Any]],
         stats: JudgeStats,
+        tokens: int,
+        ticket: Any,
+        asks_stream: bool,
     ) -> tuple[int, bytes]:
         """One attempt, each copy under ``timeout_s`` as a whole (it holds against a trickle), with a
-        duplicate when it stalls (:func:`~balcaprl.judge.tail.first_answer`)."""
+        duplicate when it stalls (:func:`~balcaprl.judge.tail.first_answer`), itself admitted by the
+        limits (:meth:`_spare`)."""
 
         async def deadlined(on_first_byte: Callable[[], None]) -> tuple[int, bytes]:
             async with asyncio.timeout(self.config.timeout_s):
-                return await self.attempt(runtime.session, payload, max_tokens, on_first_byte=on_first_byte)
+                return await self.attempt(
+                    runtime.session, payload, max_tokens, on_first_byte=on_first_byte, asks_stream=asks_stream
+                )
 
         def hedged(won: bool) -> None:
             stats.record_hedge(won, self.estimate_tokens(messages))
 
-        return await first_answer(deadlined, runtime.hedging, hedged)
+        return await first_answer(
+            deadlined, runtime.hedging, hedged, spare=lambda: self._spare(runtime, tokens), ticket=ticket
+        )
 
     async def attempt(
         self,
@@ -626,6 +771,7 @@ class Endpoint:
         payload: bytes,
         max_tokens: int,
         on_first_byte: Callable[[], None] = lambda: None,
+        asks_stream: bool = False,
     ) -> tuple[int, bytes]:
         """One HTTP exchange: ``(status, body)``, the body read up to its limit (an error's
         to 16 KiB). Raises ``aiohttp.ClientError`` (the connection), ``TimeoutError``, or
@@ -635,9 +781,16 @@ class Endpoint:
         cfg = self.config
         headers = {**self.headers, "Content-Type": "application/json"}
         response = None
+        self._refuse_if_rejected()  # the last check before a request starts (hedges included)
+        # The first-byte limit where the first byte is the first token (a server seen to stream), or
+        # where streaming is off by choice; never for a server that answers streamed requests whole.
+        limited = self.streams if asks_stream else not cfg.stream
+        first_byte_s = cfg.first_byte_timeout_s if limited else None
         try:
-            async with asyncio.timeout(cfg.first_byte_timeout_s):  # None: no limit of its own
+            async with asyncio.timeout(first_byte_s):  # None: no limit of its own
                 response = await session.post(self.url, data=payload, headers=headers)
+                if response.status in (401, 403, 404) and self.rejected is None:
+                    self.rejected = rejection(response.status, cfg.base_url)
                 first = await response.content.readany()
         except BaseException as error:  # cancelled (a hedge won), timed out, dropped: free the connection
             if response is not None:
@@ -645,15 +798,15 @@ class Endpoint:
             if not isinstance(error, TimeoutError):
                 raise
             raise AttemptFailed(
-                _fail(
-                    "timeout", f"no first byte within first_byte_timeout_s ({cfg.first_byte_timeout_s:g} s)"
-                ),
+                _fail("timeout", f"no first byte within first_byte_timeout_s ({first_byte_s:g} s)"),
                 retry=True,
             ) from None
         on_first_byte()
         async with response:
             status = response.status
             streamed = response.headers.get("Content-Type", "").startswith("text/event-stream")
+            if status == 200 and asks_stream:
+                self.streams = streamed  # a server that answers a streamed request whole: ask it unstreamed
             # A stream repeats its envelope for every token: a few hundred bytes a token, not 64.
             limit = (
                 answer_byte_limit(max_tokens * (8 if streamed else 1)) if status < 400 else _ERROR_BODY_BYTES
@@ -665,7 +818,8 @@ class Endpoint:
                 raw = assemble_stream(raw)
             if status >= 400 and _should_retry(status, response.headers):
                 failure = status_failure(status, raw, self.api_key, self.config.base_url)
-                raise AttemptFailed(failure, retry=True, retry_after_s=_retry_after_s(response.headers))
+                wait = _retry_after_s(response.headers)
+                raise AttemptFailed(failure, retry=True, retry_after_s=wait, status=status)
             return status, raw
 
     async def aclose(self) -> None:
@@ -786,14 +940,19 @@ def _error_message(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
+def rejection(status: int, where: str) -> str:
+    """The one-line error of an endpoint that rejects the configuration (401/403/404)."""
+    return (
+        f"the judge endpoint {where} rejected the request with HTTP {status}: "
+        "check base_url, model and the API key variable named by api_key_env"
+    )
+
+
 def status_failure(status: int, raw: bytes, secret: str | None, where: str) -> CallAnswer:
     """The failure an HTTP error status stands for (after retries, where it is retried)."""
     message = f"HTTP {status}: {_error_message(raw)}"
     if status in (401, 403, 404):
-        raise JudgeConfigError(
-            f"the judge endpoint {where} rejected the request with HTTP {status}: "
-            "check base_url, model and the API key variable named by api_key_env"
-        )
+        raise JudgeConfigError(rejection(status, where))
     if status == 429:
         return _fail("rate_limited", f"still rate limited: {message}", secret)
     if status == 408:
@@ -822,6 +981,23 @@ def _completion_fields(raw: bytes) -> tuple[Any, str | None, str | None, dict[st
     message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
     fields = (message.get("content"), message.get("refusal"), choices[0].get("finish_reason"))
     return (*(v if isinstance(v, str) else None for v in fields), tokens)
+
+
+def _choice_texts(status: int, raw: bytes, *, secret: str | None, where: str) -> CallAnswer:
+    """A chat completion with several choices (``n``): ``parsed`` is each choice's text, stripped
+    (``""`` for a choice without text); a body without choices is ``invalid_json``."""
+    if status >= 400:
+        return status_failure(status, raw, secret, where)
+    fields = _completion_fields(raw)
+    if fields is None or fields[0] is _NO_CHOICE:
+        return _fail("invalid_json", "the answer has no choices", secret, **(fields[3] if fields else {}))
+    choices = json.loads(raw)["choices"]
+    texts = []
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        texts.append(content.strip() if isinstance(content, str) else "")
+    return CallAnswer(texts, None, None, **fields[3])
 
 
 def _schema_failure(error: ValidationError) -> tuple[FailureReason, str]:

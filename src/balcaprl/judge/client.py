@@ -25,6 +25,7 @@ whose field descriptions agree with its text (:mod:`balcaprl.judge.schemas`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import traceback
@@ -32,9 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from balcaprl.judge.accounting import JudgeStats
 from balcaprl.judge.cache import JudgeCache
@@ -56,7 +55,11 @@ from balcaprl.judge.schemas import (
     to_verdict,
     verdict_schema,
 )
+from balcaprl.judge.tail import hedge_batch
 from balcaprl.rewards import Verdict
+
+if TYPE_CHECKING:  # torch only for BatchResult.rewards: the judge's path never imports it
+    import torch
 
 log = logging.getLogger("balcaprl.judge")
 
@@ -70,7 +73,7 @@ class BatchResult:
     outcomes: list[JudgeOutcome]
     stats: JudgeStats
 
-    def rewards(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def rewards(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """``(N, 3)`` precision/recall/linguistic, NaN rows for failures (see :func:`rewards_tensor`)."""
         return rewards_tensor(self.outcomes, dtype=dtype)
 
@@ -145,11 +148,15 @@ class OpenAICompatibleJudge:
             if on_outcome is not None:
                 on_outcome(i, outcome)
 
+        # The batch's calls are one batch for the hedge cap (tail.py), unless an outer one is open;
+        # a batch of one call (a rollout judged as it finishes) is held by the cap's other windows.
+        batch = hedge_batch() if len(requests) > 1 else contextlib.nullcontext()
         try:
-            async with asyncio.TaskGroup() as group:
-                for i, request in enumerate(requests):
-                    if outcomes[i] is None:  # not answered from the cache above
-                        group.create_task(run(i, request))
+            with batch:
+                async with asyncio.TaskGroup() as group:
+                    for i, request in enumerate(requests):
+                        if outcomes[i] is None:  # not answered from the cache above
+                            group.create_task(run(i, request))
         except* JudgeConfigError as errors:
             raise errors.exceptions[0] from None
         self.stats.merge(stats)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +19,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 from balcaprl.config import Override, Section, load_config, read_config_file
 from balcaprl.errors import ConfigError
 from balcaprl.judge.rubrics import ReferenceMode
+from balcaprl.judge.tokens import CompletionBudget
 
 # Each call in flight holds one connection (a file descriptor) and up to one answer's bytes
 # (calls.answer_byte_limit: 320 KiB at max_tokens 4096, so 1.3 GiB here at most). 4096 is 16x the
@@ -83,12 +84,25 @@ class JudgeConfig(Section):
         default_factory=RubricOptions,
         description="Deliberate differences from the paper's judge prompts (docs/rubrics.md).",
     )
-    concurrency: int = Field(
-        256,
+    concurrency: int | Literal["auto"] = Field(
+        "auto",
+        description="Judge calls in flight at once (for the whole run: a training launch on N processes gives "
+        f"each 1/N of this and of the rate caps), at most {MAX_CONCURRENCY}; or auto: as many as the rate "
+        "limits (stated, or a default tier's) feed at the observed latency, up to auto_max_concurrency and "
+        "the process's open-file limit (judge/throughput.py).",
+    )
+    auto_max_concurrency: int = Field(
+        2048,
         ge=1,
         le=MAX_CONCURRENCY,
-        description="Most judge calls in flight at once (for the whole run: a training launch on N processes "
-        f"gives each 1/N of this and of the rate caps); at most {MAX_CONCURRENCY}.",
+        description="concurrency: auto puts at most this many calls in flight (a paper step's 2,048 rollouts "
+        "all at once), fewer where the open-file limit leaves fewer sockets.",
+    )
+    horizon_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A command whose calls the rate limits alone make take longer than this says so, with "
+        "the predicted time, before its first call.",
     )
     timeout_s: float = Field(
         60.0,
@@ -131,19 +145,23 @@ class JudgeConfig(Section):
 
     # -- tail control (issue 24, judge-speed; judge/tail.py) --
     stream: bool = Field(
-        False,
+        True,
         description="Ask for a streamed answer (stream: true, usage in its last chunk), so the time to the first "
-        "byte is the time to the first token: what tells a stalled call from a long one. For endpoints that "
-        "stream (OpenAI, vLLM, SGLang).",
+        "byte is the time to the first token: what tells a stalled call from a long one. A server that answers "
+        "a streamed request whole is seen to, and asked unstreamed from then on.",
     )
     first_byte_timeout_s: float | None = Field(
-        None,
+        30.0,
         gt=0,
-        description="Time limit to an attempt's first byte of answer (streamed: its first token); null = "
-        "timeout_s alone. Unstreamed, the first byte comes with the whole answer: keep it near timeout_s.",
+        description="Time limit to an attempt's first token, once the endpoint is seen to stream (unstreamed, "
+        "the first byte comes with the whole answer: timeout_s alone holds); null = no limit of its own. "
+        "30 s: a hosted judge's p99 for a whole call; a first token later than that is a stall.",
     )
     chunk_gap_timeout_s: float | None = Field(
-        None, gt=0, description="Longest silence between two chunks of an answer being read; null = no limit."
+        30.0,
+        gt=0,
+        description="Longest silence between two chunks of an answer being read; null = no limit. As long as a "
+        "first token: a healthy stream pauses only when its server re-computes a preempted sequence.",
     )
     hedge: bool = Field(
         True,
@@ -161,23 +179,32 @@ class JudgeConfig(Section):
         0.05,
         ge=0,
         le=1,
-        description="Duplicates at most this share of the attempts started (counted in the cost).",
+        description="Duplicates at most this share of the calls of any batch and of any 1,000 consecutive "
+        "calls (counted in the cost).",
     )
 
-    # -- concurrency: auto (issue 24, judge-speed; judge/throughput.py) --
-    concurrency_auto: bool = Field(
-        False,
-        description="Set by `concurrency: auto`: as many calls in flight as requests_per_minute and "
-        f"tokens_per_minute can feed at the observed latency (Little's law), at most {MAX_CONCURRENCY} "
-        "for the run; all of them without rate limits.",
-    )
+    @property
+    def concurrency_auto(self) -> bool:
+        return self.concurrency == "auto"
 
-    @model_validator(mode="before")
+    @field_validator("concurrency")
     @classmethod
-    def _concurrency_auto(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and data.get("concurrency") == "auto":
-            data = {**data, "concurrency": MAX_CONCURRENCY, "concurrency_auto": True}
-        return data
+    def _in_flight(cls, value: int | str) -> int | str:
+        if value != "auto" and not 1 <= value <= MAX_CONCURRENCY:
+            raise ValueError(f"must be auto or a number of calls in flight from 1 to {MAX_CONCURRENCY}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_call_fits(self) -> JudgeConfig:
+        # The token limiter reserves this much for a call's answer before any answer is seen
+        # (tokens.CompletionBudget): a budget below it would admit one call a minute at best.
+        reserve = min(self.max_tokens, CompletionBudget().first_guess)
+        if self.tokens_per_minute is not None and self.tokens_per_minute < reserve:
+            raise ValueError(
+                f"tokens_per_minute {self.tokens_per_minute:,} is less than one call's answer budget "
+                f"({reserve:,} tokens): raise it to your tier's limit, or set it to null"
+            )
+        return self
 
     @field_validator("cache_path")
     @classmethod
@@ -223,7 +250,8 @@ class JudgeConfig(Section):
 
         return self.model_copy(
             update={
-                "concurrency": share(self.concurrency),
+                "concurrency": "auto" if self.concurrency_auto else share(self.concurrency),
+                "auto_max_concurrency": share(self.auto_max_concurrency),
                 "requests_per_minute": share(self.requests_per_minute),
                 "tokens_per_minute": share(self.tokens_per_minute),
             }

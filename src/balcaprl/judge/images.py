@@ -89,6 +89,8 @@ class ImageLoader:
     (:class:`balcaprl.images.ImageRoot`: a folder symlink inside it, such as a dataset's ``images/``
     on shared storage, is part of it) — image paths in caption files are untrusted input. ``jpeg_quality``: re-encode every
     image as JPEG at this quality, whatever its format and size (a benchmark's official script does).
+    ``upright``: a re-encoded image is turned upright per its EXIF orientation; False keeps the stored
+    pixels as they are (as a benchmark's official script that never reads EXIF sends them).
     """
 
     def __init__(
@@ -97,9 +99,11 @@ class ImageLoader:
         root: Path | str | None = None,
         remember: int = 4096,
         jpeg_quality: int | None = None,
+        upright: bool = True,
     ):
         self.max_side = max_side
         self.jpeg_quality = jpeg_quality
+        self.upright = upright
         self.root = Path(root).resolve() if root is not None else None
         self._inside = ImageRoot(self.root) if self.root is not None else None  # its folders, resolved once
         self._root_text = os.fspath(self.root) if self.root is not None else ""
@@ -218,7 +222,7 @@ class ImageLoader:
         return self._stat_key(os.fspath(path), os.stat(path))
 
     def _stat_key(self, path: str, stat: os.stat_result) -> tuple:
-        return (path, stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality)
+        return (path, stat.st_size, stat.st_mtime_ns, self.max_side, self.jpeg_quality, self.upright)
 
     def _prepare(self, data: bytes, where: str, digest: str | None = None) -> PreparedImage:
         if not data:
@@ -248,8 +252,10 @@ class ImageLoader:
         return self._reencode(image, fmt, digest)
 
     def _reencode(self, image: Image.Image, fmt: str, digest: str) -> PreparedImage:
-        """A re-encoding of ``image`` (already no longer than ``max_side``), upright per its EXIF."""
-        image = ImageOps.exif_transpose(image)
+        """A re-encoding of ``image`` (already no longer than ``max_side``), upright per its EXIF
+        (unless :attr:`upright` is off)."""
+        if self.upright:
+            image = ImageOps.exif_transpose(image)
         if max(image.size) > self.max_side:
             image.thumbnail((self.max_side, self.max_side), Image.Resampling.LANCZOS)
         has_alpha = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info

@@ -9,8 +9,7 @@ three rewards, without a judge call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from balcaprl.judge.protocol import JudgeFailure, Judgement, JudgeOutcome
 from balcaprl.rewards import (
@@ -48,9 +47,13 @@ def empty_caption_judgement(reference: str) -> Judgement:
     return judgement_from_verdict(verdict)
 
 
+if TYPE_CHECKING:  # torch only where rewards become a tensor: the judge's path (score) never needs it
+    import torch
+
+
 def rewards_tensor(
     outcomes: Sequence[JudgeOutcome],
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     rewards: RewardConfig = BCAPSCORE_REWARDS,
     caption_tokens: Sequence[int] | None = None,
     reference_tokens: Sequence[int] | None = None,
@@ -58,7 +61,10 @@ def rewards_tensor(
     """``(N, 3)`` rewards in the column order of ``REWARD_NAMES`` (precision, recall, linguistic), each
     verdict scored with ``score_rollout`` under ``rewards`` (by default the metric's rule: pointability
     on, no length control); a :class:`JudgeFailure` row is all NaN. A length-controlled config needs
-    the token counts (policy tokens) of every caption and reference."""
+    the token counts (policy tokens) of every caption and reference. ``dtype``: float32 by default."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     lengths: list[tuple[int | None, int | None]] = [(None, None)] * len(outcomes)
     if caption_tokens is not None or reference_tokens is not None:
         if caption_tokens is None or reference_tokens is None:

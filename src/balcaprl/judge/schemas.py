@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from openai.lib._parsing import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from balcaprl.judge.rubrics import VERDICT_RUBRICS
@@ -261,6 +260,47 @@ def _portable(node: Any) -> Any:
     return node
 
 
+def strict_json_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    """``schema``'s JSON schema as OpenAI's strict structured outputs want it -- every object closed
+    (``additionalProperties: false``) with all its properties required, ``null`` defaults dropped,
+    a ``$ref`` with other keys beside it inlined, a one-entry ``allOf`` unwrapped -- the rules the
+    openai SDK applies (a test compares the two on every schema the package sends), without importing
+    the SDK on the judge's path."""
+    root = schema.model_json_schema()
+
+    def strict(node: dict[str, Any]) -> dict[str, Any]:
+        for key in ("$defs", "definitions"):
+            for sub in (node.get(key) or {}).values():
+                strict(sub)
+        if node.get("type") == "object" and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        if isinstance(node.get("properties"), dict):
+            node["required"] = list(node["properties"])
+            node["properties"] = {k: strict(v) for k, v in node["properties"].items()}
+        if isinstance(node.get("items"), dict):
+            node["items"] = strict(node["items"])
+        if isinstance(node.get("anyOf"), list):
+            node["anyOf"] = [strict(v) for v in node["anyOf"]]
+        if isinstance(node.get("allOf"), list):
+            if len(node["allOf"]) == 1:
+                node.update(strict(node.pop("allOf")[0]))
+            else:
+                node["allOf"] = [strict(v) for v in node["allOf"]]
+        if "default" in node and node["default"] is None:
+            del node["default"]
+        ref = node.get("$ref")
+        if ref and len(node) > 1:
+            resolved: Any = root
+            for part in ref.removeprefix("#/").split("/"):
+                resolved = resolved[part]
+            node.update({**resolved, **node})
+            del node["$ref"]
+            return strict(node)
+        return node
+
+    return strict(root)
+
+
 @cache
 def json_response_format(schema: type[BaseModel], kind: str) -> dict[str, Any]:
     """The strict json_schema ``response_format`` of ``schema``, named :func:`schema_name` (kind).
@@ -268,8 +308,7 @@ def json_response_format(schema: type[BaseModel], kind: str) -> dict[str, Any]:
     Cached: generating the schema costs milliseconds, and the judge makes thousands of calls a step.
     Treat the returned dict as read-only.
     """
-    param = type_to_response_format_param(schema)
-    body = _portable(param["json_schema"]["schema"])  # type: ignore[index]
+    body = _portable(strict_json_schema(schema))
     return {"type": "json_schema", "json_schema": {"name": schema_name(kind), "schema": body, "strict": True}}
 
 

@@ -10,9 +10,13 @@ its chunks; and what bounds an answer that trickles in is a deadline on the whol
 Hedging (:func:`first_answer`, on by default): an attempt that has produced nothing after a high
 quantile (``hedge_quantile``) of the recently observed times to first byte -- never less than
 ``hedge_floor_s`` -- gets one duplicate; the first to answer wins and the other is cancelled.
-Duplicates are capped at ``hedge_max_share`` of the calls started (default 5%), counted in the
-accounting (``hedges``, ``hedge_wins``, one more call each, and the cancelled attempt's prompt
-tokens as estimated, since a provider bills a prompt it has read).
+Duplicates are capped at ``hedge_max_share`` (default 5%) in every window, not over a lifetime (a quiet
+stretch must not save up duplicates for a later slow batch): of the calls of any batch
+(:func:`hedge_batch`), of any 1,000 consecutive calls, and of the calls started so far. A duplicate is
+a request like any other: admitted by the rate limits and given a slot of the concurrency bound, or
+not sent yet (``spare``). Duplicates are counted in the accounting (``hedges``, ``hedge_wins``, one
+more call each, and the cancelled attempt's prompt tokens as estimated, since a provider bills a
+prompt it has read).
 
 :func:`assemble_stream` turns a streamed answer (server-sent events) back into the one chat
 completion it stands for, so everything after the HTTP exchange is the same for both.
@@ -21,14 +25,44 @@ completion it stands for, so everything after the HTTP exchange is the same for 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
+import contextvars
 import json
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+WINDOW_CALLS = 1000  # the cap holds in any this many consecutive calls
+
+
+class _Batch:
+    """The calls started and duplicates sent within one batch (:func:`hedge_batch`)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.hedges = 0
+
+
+_BATCH: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar("balcaprl_hedge_batch", default=None)
+
+
+@contextlib.contextmanager
+def hedge_batch() -> Iterator[None]:
+    """Calls started within this block (and the tasks it creates) are one batch for the hedge cap;
+    within a batch already open, nothing changes (the outer batch counts)."""
+    if _BATCH.get() is not None:
+        yield
+        return
+    token = _BATCH.set(_Batch())
+    try:
+        yield
+    finally:
+        _BATCH.reset(token)
 
 
 class Hedging:
@@ -40,8 +74,9 @@ class Hedging:
         self.quantile, self.floor_s, self.max_share, self.min_seen = quantile, floor_s, max_share, min_seen
         self._seen: deque[float] = deque(maxlen=window)
         self.waiting: dict[int, float] = {}  # attempts without a first byte yet: when each started
-        self.started = 0  # attempts started (duplicates not counted)
+        self.started = 0  # calls started (duplicates not counted): the next call's position
         self.hedges = 0
+        self._hedged: list[int] = []  # positions of the calls that got a duplicate, sorted
 
     def observe(self, seconds: float) -> None:
         self._seen.append(seconds)
@@ -58,23 +93,63 @@ class Hedging:
         ordered = sorted([*self._seen, *(now - start for start in self.waiting.values())])
         return max(self.floor_s, ordered[min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)])
 
-    def allow(self) -> bool:
-        """One more duplicate keeps them within ``max_share`` of the attempts started."""
-        return self.hedges + 1 <= self.max_share * self.started
+    def begin(self) -> tuple[int, _Batch | None]:
+        """A call started: its position among the calls, and the batch it belongs to."""
+        batch = _BATCH.get()
+        if batch is not None:
+            batch.started += 1
+        self.started += 1
+        return self.started - 1, batch
+
+    def allow(self, position: int | None = None, batch: _Batch | None = None) -> bool:
+        """A duplicate for the call at ``position`` (default: the last started) keeps duplicates within
+        ``max_share`` of the calls started so far, of ``batch``'s calls, and of any
+        :data:`WINDOW_CALLS` consecutive calls."""
+        position = self.started - 1 if position is None else position
+        if self.hedges + 1 > self.max_share * self.started:
+            return False
+        if batch is not None and batch.hedges + 1 > self.max_share * batch.started:
+            return False
+        return self.window_peak(position) + 1 <= self.max_share * WINDOW_CALLS
+
+    def window_peak(self, position: int) -> int:
+        """The most duplicates already sent in any :data:`WINDOW_CALLS` consecutive calls that hold
+        ``position`` (the busiest window starts at a hedged call, or at ``position`` itself)."""
+        hedged = self._hedged
+        near = hedged[
+            bisect.bisect_right(hedged, position - WINDOW_CALLS) : bisect.bisect_left(
+                hedged, position + WINDOW_CALLS
+            )
+        ]
+        starts = [p for p in near if p <= position] + [position]
+        return max(sum(1 for p in near if start <= p < start + WINDOW_CALLS) for start in starts)
+
+    def record(self, position: int, batch: _Batch | None) -> None:
+        """A duplicate sent for the call at ``position``."""
+        self.hedges += 1
+        if batch is not None:
+            batch.hedges += 1
+        bisect.insort(self._hedged, position)
+        if len(self._hedged) > 8 * WINDOW_CALLS:  # the oldest are far behind any call still in flight
+            del self._hedged[: 4 * WINDOW_CALLS]
 
 
 async def first_answer(
     attempt: Callable[[Callable[[], None]], Awaitable[T]],
     hedging: Hedging | None,
     on_hedge: Callable[[bool], None] = lambda won: None,
+    spare: Callable[[], Callable[[], None] | None] = lambda: lambda: None,
+    ticket: tuple[int, _Batch | None] | None = None,
 ) -> T:
     """``attempt(on_first_byte)``'s result; with ``hedging``, a duplicate ``attempt`` when the first
-    has produced no byte after :meth:`Hedging.threshold_s` (and the cap allows): the first to
-    succeed wins, the other is cancelled, ``on_hedge(hedge_won)`` is told. When both fail, the first
-    attempt's exception is raised."""
+    has produced no byte after :meth:`Hedging.threshold_s`, the cap allows it and ``spare()`` admits
+    it (returning the function that frees what it took; None: not now): the first to succeed wins,
+    the other is cancelled, ``on_hedge(hedge_won)`` is told. When both fail, the first attempt's
+    exception is raised. ``ticket``: the call's :meth:`Hedging.begin` (a retry keeps its call's);
+    None begins a new call."""
     if hedging is None:
         return await attempt(lambda: None)
-    hedging.started += 1
+    position, batch = hedging.begin() if ticket is None else ticket
     started = time.perf_counter()
     first_byte = asyncio.Event()
     token = id(first_byte)
@@ -94,14 +169,23 @@ async def first_answer(
                 return await primary
             threshold = hedging.threshold_s()
             due = None if threshold is None else started + threshold - time.perf_counter()
-            if due is not None and due <= 0 and hedging.allow():
-                break
-            # Not yet due, too few first bytes seen to tell, or the cap spent for now (it grows with
-            # the calls started): look again then, or every floor_s.
+            if due is not None and due <= 0 and hedging.allow(position, batch):
+                release = spare()
+                if release is not None:
+                    break
+            # Not yet due, too few first bytes seen to tell, the cap spent for now (it grows with
+            # the calls started), or no rate or slot to spare: look again then, or every floor_s.
             wait = hedging.floor_s if due is None or due <= 0 else due
             await asyncio.wait({primary, byte_seen}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        hedging.hedges += 1
-        duplicate = asyncio.ensure_future(attempt(lambda: None))
+        hedging.record(position, batch)
+
+        async def duplicated() -> T:
+            try:
+                return await attempt(lambda: None)
+            finally:
+                release()
+
+        duplicate = asyncio.ensure_future(duplicated())
         pending = {primary, duplicate}
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

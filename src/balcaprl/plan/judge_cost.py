@@ -12,8 +12,8 @@ paper: one generation batch, ``prompts_per_batch x rollouts_per_prompt`` caption
   assumption (a verdict lists each assertion once), never more than ``max_tokens``;
 - dollars, with the judge config's ``price_per_million_tokens``;
 - minutes: the larger of what the rate limits allow (``requests_per_minute``,
-  ``tokens_per_minute``) and what ``concurrency`` calls in flight at :data:`CALL_LATENCY_S` each
-  allow, and which of them binds.
+  ``tokens_per_minute``) and what the calls in flight (:func:`~balcaprl.judge.throughput.calls_in_flight`,
+  the client's own rule, ``auto`` included) at :data:`CALL_LATENCY_S` each allow, and which binds.
 
 All of it is an estimate for planning, not a bill: the judge's real answers and images decide.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from balcaprl.judge.config import JudgeConfig
-from balcaprl.judge.throughput import auto_concurrency
+from balcaprl.judge.throughput import calls_in_flight
 from balcaprl.judge.tokens import approx_tokens, image_cost_rule
 from balcaprl.recipe import Recipe
 
@@ -137,10 +137,7 @@ def plan_judge(recipe: Recipe, judge: JudgeConfig | None = None) -> JudgePlan | 
     if cfg.tokens_per_minute:
         tokens = calls * (prompt + completion)
         rate_minutes[f"tokens_per_minute ({cfg.tokens_per_minute:,})"] = tokens / cfg.tokens_per_minute
-    concurrency = cfg.concurrency
-    if cfg.concurrency_auto:
-        rpm, tpm = cfg.requests_per_minute, cfg.tokens_per_minute
-        concurrency = auto_concurrency(rpm, tpm, prompt + completion, CALL_LATENCY_S, cfg.concurrency)
+    concurrency = calls_in_flight(cfg, CALL_LATENCY_S, prompt + completion)  # the client's own rule
     waves = math.ceil(calls / concurrency)
     latency_minutes = waves * CALL_LATENCY_S / 60
     name = f"auto: {concurrency}" if cfg.concurrency_auto else str(concurrency)

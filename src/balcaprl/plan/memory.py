@@ -12,18 +12,25 @@ Two phases, each GPU's peak being the larger:
   each GPU and the KV cache of every caption of the GPU's generation batch at once (TRL generates the
   local generation batch in one ``generate`` call).
 
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-Sec. 4: a GPT layer keeps ``34 h`` bytes per token without the attention scores; written here for the
-layers these models have, 16-bit activations, SDPA/flash attention so no ``s x s`` scores). Per token
-and layer, the tensors saved for the backward pass are: the two norm inputs and outputs (4h), Q (h), K
-and V (2 kv), the attention output (h), and the MLP's intermediate tensors, four of width I for SwiGLU
-(gate, up, act(gate), product) or two for GELU (fc1 output, its GELU):
+Activations: the bytes autograd keeps per token and decoder layer, as counted on the real transformers
+layers (``balcaprl.plan.measured``; ``tests/train/test_memory_measured.py`` holds this arithmetic to the
+count within 5% at each recipe model's widths). With ``h`` the width, ``kv`` K's (and V's) width, ``I``
+the MLP's and ``a`` the heads, 16-bit weights and SDPA (no ``s x s`` scores kept):
 
-    a_layer = 2 bytes x (6 h + 2 kv + 4 I)     (SwiGLU)        2 bytes x (6 h + 2 kv + 2 I)     (GELU)
+    a_layer = 20 h + 4 kv + 8 I + 4 a + 8                        (no mask: causal, or packed varlen)
+    a_layer + 4 (h - kv) + 2 L                                   (a padding mask of width L under sdpa)
+
+Each RMSNorm keeps its input in fp32, 1/rms, the normalised bf16 and its output (8h + 4); attention
+keeps q, k, v after rotary embedding, its output and the fp32 log-sum-exp (4h + 4kv + 4a); the SwiGLU
+keeps gate, act(gate), up and their product (8I). With a mask transformers expands k and v to every head
+and each layer converts and keeps the mask. (Korthikanti et al. 2022's ``34 h`` per token is the same
+kind of count for a GPT layer; the textbook ``2 (6h + 2kv + 4I)`` missed the fp32 norms and the mask.)
+CLIP's layers (LLaVA's vision tower) keep the textbook count, an estimate.
 
 With per-layer gradient checkpointing only each layer's input stays (2 h bytes per token and layer)
 and one layer is recomputed at a time (``a_layer`` once). The vision tower is counted the same way on
-its patches (Qwen2.5-VL: 4 patches per image token; LLaVA-1.5: 577 CLIP tokens per image).
+its patches (Qwen2.5-VL: 4 patches per image token; LLaVA-1.5: 577 CLIP tokens per image), an estimate:
+its attention route differs from the language model's.
 
 KV cache per token: ``layers x 2 (K, V) x kv_heads x head_dim x bytes``. Logits: TRL 1.16 computes the
 completion tokens' log-probs with a fused, tiled LM head (``trl.kernels.ChunkedLogProbFunction``: tiles
@@ -35,9 +42,10 @@ verl's micro-batches are token-balanced (``use_dynamic_bsz``): the plan gives th
 memory left after the static state holds (:attr:`MemoryPlan.token_budget`, rendered as
 ``ppo_max_token_len_per_gpu``), instead of ``train.per_device_batch_size`` captions.
 
-These are estimates: allocator fragmentation, NCCL buffers and the CUDA context come on top, and a
-fixed reserve (:data:`RUNTIME_RESERVE_GIB`) stands in for them. Check them against a measured step
-(``benchmarks/gpu_step.py``).
+Allocator fragmentation, NCCL buffers and the CUDA context come on top, and a fixed reserve
+(:data:`RUNTIME_RESERVE_GIB`) stands in for them; TRL's kept layers leave :data:`HEADROOM_GIB` of the card
+free beyond the peak. ``--plan`` marks each figure counted, measured or estimated (:func:`basis`). Check
+them against a GPU (``benchmarks/gpu_check.py``, ``benchmarks/gpu_step.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +54,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from balcaprl.config import parse_yaml
 from balcaprl.errors import ConfigError, InputError
-from balcaprl.recipe import Recipe
+
+if TYPE_CHECKING:  # the shapes and per-layer bytes need neither (the GPU check imports them bare)
+    from balcaprl.recipe import Recipe
 
 GiB = 2**30
 BF16 = 2
@@ -64,7 +73,8 @@ TRL_LOGPROB_TILE = (
 )  # trl.kernels.chunked_logprob: TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE
 VERL_FUSED_CHUNK = 512  # verl.utils.experimental.torch_functional.FusedLinearForPPO's chunk_size (tokens)
 TOKEN_BUDGET_STEP = 1024  # verl's token budget is rounded down to a multiple of this
-ACTIVATION_SHARE = 0.9  # of the memory left for activations (verl's token budget, layers kept): a margin
+ACTIVATION_SHARE = 0.9  # of the memory left for activations (verl's token budget): a margin
+HEADROOM_GIB = 6.0  # free memory the TRL recipes' kept layers leave on the card beyond the plan's peak
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -90,18 +100,35 @@ class Stack:
         """Width of K (and of V): kv_heads x head_dim."""
         return self.kv_heads * self.head_dim
 
-    def layer_activation_bytes(self) -> int:
-        """Bytes one layer keeps per token for the backward pass (module docstring, 16-bit)."""
-        mlp = 4 * self.intermediate if self.mlp == "swiglu" else 2 * self.intermediate
-        return BF16 * (6 * self.hidden + 2 * self.kv + mlp)
+    def layer_activation_bytes(self, mask_width: int = 0) -> int:
+        """Bytes one layer keeps per token for the backward pass, 16-bit weights (module docstring).
 
-    def activation_bytes(self, tokens: int, checkpointing: bool, kept: int = 0) -> int:
+        ``mask_width``: the width of the dense attention mask the layer gets (a padded micro-batch under
+        sdpa: the padded length), 0 when it gets none (causal attention, or packed rows through a
+        variable-length kernel)."""
+        h, kv, inter = self.hidden, self.kv, self.intermediate
+        if self.mlp == "gelu":  # CLIP (LayerNorm, GELU): the textbook count, not measured (an estimate)
+            return BF16 * (6 * h + 2 * kv + 2 * inter)
+        # RMSNorm x 2: its fp32 input, 1/rms (fp32), the normalised bf16 before the weight, its output
+        # (the next linear layers' input).
+        norms = 2 * (FP32 * h + FP32 + BF16 * h + BF16 * h)
+        # q, k, v after rotary embedding, the output (o_proj's input, same storage), log-sum-exp (fp32).
+        attention = BF16 * (h + 2 * kv + h) + FP32 * self.heads
+        if mask_width:
+            # transformers expands k and v to all heads when a mask is passed (no GQA in sdpa then), and
+            # the mask is converted for sdpa in every layer: 16-bit, one row per token.
+            attention += 2 * BF16 * (h - kv) + BF16 * mask_width
+        mlp = 4 * BF16 * inter  # SwiGLU: gate, act(gate), up, act(gate) * up
+        return norms + attention + mlp
+
+    def activation_bytes(self, tokens: int, checkpointing: bool, kept: int = 0, mask_width: int = 0) -> int:
         """Activations of ``tokens`` tokens through the whole stack; with checkpointing, ``kept`` layers
         keep all theirs (selective checkpointing) and the others their input, plus one recomputed layer."""
+        layer = self.layer_activation_bytes(mask_width)
         if checkpointing and kept < self.layers:
             recomputed = self.layers - kept
-            return tokens * (recomputed * BF16 * self.hidden + (kept + 1) * self.layer_activation_bytes())
-        return tokens * self.layers * self.layer_activation_bytes()
+            return tokens * (recomputed * BF16 * self.hidden + (kept + 1) * layer)
+        return tokens * self.layers * layer
 
     def kv_bytes_per_token(self, dtype_bytes: int = BF16) -> int:
         return self.layers * 2 * self.kv * dtype_bytes
@@ -394,6 +421,8 @@ class Launcher:
 def launcher_from_accelerate(path: str | Path, gpus: int | None = None) -> Launcher:
     """A :class:`Launcher` from an accelerate config file (``configs/accelerate/*.yaml``)."""
     try:
+        from balcaprl.config import parse_yaml
+
         config = parse_yaml(Path(path).read_text(encoding="utf-8")) or {}  # bounded, no duplicate keys
     except (OSError, ValueError) as error:
         raise InputError(f"--launcher {path}: cannot read it as an accelerate config ({error})") from None
@@ -470,21 +499,33 @@ class MemoryPlan:
         gib = self.gpu_bytes / GiB
         lines = [
             f"memory plan for {self.model.name} ({self.model.params / 1e9:.2f} B parameters), "
-            f"{self.launcher.description}, {gib:g} GiB per GPU (estimates, GiB per GPU)",
+            f"{self.launcher.description}, {gib:g} GiB per GPU (GiB per GPU; counted: sizes of known tensors; "
+            "measured: bytes per token held to autograd's saved tensors by tests; estimate: not measured)",
         ]
         for phase, parts in (("update", self.update), ("rollout", self.rollout)):
             lines.append(f"  {phase} phase")
             for name, value in parts.items():
-                lines.append(f"    {name:<52} {value / GiB:8.1f}")
+                lines.append(f"    {name:<52} {value / GiB:8.1f}  {basis(name, self.model)}")
             lines.append(f"    {'total':<52} {sum(parts.values()) / GiB:8.1f}")
         lines.append("  activations of one micro-batch, both ways")
         for name, value in self.activations.items():
-            lines.append(f"    {name:<52} {value / GiB:8.1f}")
+            lines.append(f"    {name:<52} {value / GiB:8.1f}  {basis(name, self.model)}")
         verdict = "fits" if self.fits else "DOES NOT FIT"
         lines.append(f"  peak {self.peak / GiB:.1f} of {gib:g} GiB: {verdict}")
         lines.extend(f"  note: {note}" for note in self.notes)
         lines.extend(f"  warning: {warning}" for warning in self.warnings)
         return "\n".join(lines)
+
+
+def basis(component: str, shape: ModelShape) -> str:
+    """How a plan line's figure is known: counted (sizes of known tensors), measured (per-token bytes held
+    to autograd's count by tests: the decoder layers) or estimate."""
+    if component.startswith(("activations", "with", "without")):
+        vision = "CLIP" if shape.kind == "llava" else "vision tower"
+        return f"measured (decoder layers); {vision}: estimate"
+    if component.startswith(("CUDA context", "vLLM engine", "prefill")):
+        return "estimate"
+    return "counted"
 
 
 def plan_memory(
@@ -581,9 +622,23 @@ def plan_memory(
         micro = t.per_device_batch_size
         shown = f"{micro} x {sequence} tokens"
         vision_tokens = micro * shape.vision_tokens(m.image.max_pixels)
+        # A padded micro-batch under sdpa passes a dense mask of the padded width to every layer; packed rows
+        # (train.padding_free, Qwen2/2.5-VL) take the variable-length route and none.
+        packed = t.padding_free and shape.kind == "qwen2_vl"
+        mask_width = sequence if not packed and m.attn_implementation in (None, "sdpa") else 0
+        notes.append(
+            "language model attention: "
+            + (
+                "packed rows, variable-length kernel, no mask"
+                if packed
+                else f"padded rows, {sequence}-wide mask"
+            )
+            + f" ({shape.text.layer_activation_bytes(mask_width):,} bytes per token per kept layer, measured "
+            "arithmetic: autograd's saved tensors, tests)"
+        )
 
         def micro_batch(checkpointing: bool, kept: int = 0) -> int:
-            return shape.text.activation_bytes(micro * sequence, checkpointing, kept) + (
+            return shape.text.activation_bytes(micro * sequence, checkpointing, kept, mask_width) + (
                 shape.vision.activation_bytes(vision_tokens, checkpointing)
             )
 
@@ -657,10 +712,14 @@ def plan_memory(
     rollout["CUDA context, NCCL, fragmentation (reserve)"] = reserve
     most_kept = None
     if m.gradient_checkpointing and not verl:
-        # Selective checkpointing: the most decoder layers whose activations fit the share of what is left.
-        left = gpu_bytes - sum(v for k, v in update.items() if not k.startswith("activations ("))
+        # Selective checkpointing: the most decoder layers whose activations leave HEADROOM_GIB free.
+        left = (
+            gpu_bytes
+            - HEADROOM_GIB * GiB
+            - sum(v for k, v in update.items() if not k.startswith("activations ("))
+        )
         most_kept = next(
-            (n for n in range(shape.text.layers, -1, -1) if micro_batch(True, n) <= ACTIVATION_SHARE * left),
+            (n for n in range(shape.text.layers, -1, -1) if micro_batch(True, n) <= left),
             None,
         )
         if most_kept is None:
@@ -668,8 +727,11 @@ def plan_memory(
         else:
             notes.append(
                 f"selective checkpointing: up to {most_kept} of the {shape.text.layers} decoder layers can keep "
-                f"their activations at {shown} (model.layers_without_recompute={most_kept}; the recipe has {kept})"
+                f"their activations at {shown} with {HEADROOM_GIB:g} GiB free "
+                f"(model.layers_without_recompute={most_kept}; the recipe has {kept})"
             )
+    if not verl and (Path(recipe.data.path) / "dataset.json").is_file():
+        notes.append(real_token_note(recipe, gpus))
     checkpoint, final, form = checkpoint_disk(shape, recipe, launcher)
     limit = recipe.run.save_total_limit
     kept = (
@@ -703,6 +765,18 @@ def plan_memory(
                 f"the largest part is {biggest} ({parts[biggest] / GiB:.1f} GiB)"
             )
     return plan
+
+
+def real_token_note(recipe: Recipe, gpus: int) -> str:
+    """The real-token share of the update's micro-batches on the recipe's prepared data."""
+    from balcaprl.plan.token_share import expected_share
+
+    share = expected_share(recipe.data.path, recipe, gpus)
+    source = "reference_tokens" if share.counted else "reference words x 4/3, an estimate"
+    padded = f"padded rows would hold {share.share:.0%} real tokens"
+    if recipe.train.padding_free:
+        return f"real tokens on {recipe.data.path}: packed rows, 100%; {padded} (caption lengths: {source})"
+    return f"real tokens on {recipe.data.path}: {padded}; packed rows (train.padding_free) 100% (caption lengths: {source})"
 
 
 def checkpoint_disk(shape: ModelShape, recipe: Recipe, launcher: Launcher) -> tuple[float, float, str]:

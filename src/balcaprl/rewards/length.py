@@ -6,6 +6,8 @@ Both take one rollout's token lengths, counted with the *policy's* tokenizer.
 
 from __future__ import annotations
 
+from balcaprl.rewards.bcapscore import float_tensors, is_tensor
+
 # The paper's length band [tau_l, tau_u] (Sec. 2.3): the defaults of every config that holds one.
 TAU_LOW = 0.5
 TAU_HIGH = 2.0
@@ -27,14 +29,23 @@ def _check_band(tau_low: float, tau_high: float) -> None:
 
 
 def mask_linguistic_by_length(
-    linguistic: float, pred_len: float, ref_len: float, tau_low: float = TAU_LOW, tau_high: float = TAU_HIGH
-) -> float:
+    linguistic, pred_len, ref_len, tau_low: float = TAU_LOW, tau_high: float = TAU_HIGH
+):
     """R~_ling = R_ling if tau_l <= rho <= tau_u else 0 (Sec. 2.3, bounds inclusive).
 
     A NaN linguistic reward (a failed judge) stays NaN in range and is also masked to 0 outside it,
     which is exactly what the paper's gate does: out of range the judge's opinion is not used.
+    Tensors (torch) are taken element by element, each element as the scalar form gives it.
     """
     _check_band(tau_low, tau_high)
+    if any(is_tensor(x) for x in (linguistic, pred_len, ref_len)):
+        import torch
+
+        ling, pred, ref = float_tensors(linguistic, pred_len, ref_len)
+        if bool((ref <= 0).any()):
+            length_ratio(0.0, 0.0)  # the scalar form's error for a reference without tokens
+        rho = pred / ref  # eq. A.2
+        return torch.where((tau_low <= rho) & (rho <= tau_high), ling, torch.zeros_like(ling))
     rho = length_ratio(pred_len, ref_len)
     return float(linguistic) if tau_low <= rho <= tau_high else 0.0
 

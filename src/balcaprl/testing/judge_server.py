@@ -71,7 +71,7 @@ from balcaprl.testing.rubrics import packaged_rubric_name
 
 FAULTS = (
     "ok",
-    "rate_limit",  # 429 with retry-after (seconds)
+    "rate_limit",  # 429 with retry-after (seconds); "rate_limit:<seconds>" after that long
     "server_error",  # 500
     "unavailable",  # 503
     "slow",  # sleep FaultScript.slow_s (or "slow:<seconds>") before answering
@@ -168,6 +168,9 @@ class ServerCounters:
     by_kind: Counter = field(default_factory=Counter)
     by_text: Counter = field(default_factory=Counter)
     followup_ids: list[list[int]] = field(default_factory=list)  # what each coverage follow-up asked for
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() of each chat request's arrival
+    # requests that had arrived when the first 401/403 was answered (None: none answered yet)
+    arrived_before_rejection: int | None = None
 
 
 @dataclass(frozen=True)
@@ -449,10 +452,14 @@ def create_app(
     # of this server's Python time per call in a profile) would only be overhead.
     async def chat_completions(request: Request) -> Response:
         counters.total += 1
+        counters.arrivals.append(time.monotonic())
         counters.in_flight += 1
         counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
         try:
-            return await _handle(request)
+            response = await _handle(request)
+            if response.status_code in (401, 403) and counters.arrived_before_rejection is None:
+                counters.arrived_before_rejection = counters.total
+            return response
         finally:
             counters.in_flight -= 1
 
@@ -570,7 +577,8 @@ def create_app(
         """The response for a fault that replaces the answer (None: answer, then maybe spoil it)."""
         # retry-after on 5xx too, so the SDK's retries in tests wait milliseconds, not its 0.5 s backoff
         wait = {"retry-after-ms": str(max(1, int(faults.retry_after_s * 1000)))}
-        if name == "rate_limit":
+        if name == "rate_limit":  # "rate_limit:<seconds>": an endpoint that takes that long to refuse
+            await asyncio.sleep(float(arg) if arg else 0.0)
             return _error(
                 429,
                 "rate limited (fault injection)",

@@ -1,8 +1,9 @@
 """The NVIDIA driver against the CUDA that torch was built for, checked before a GPU run starts.
 
-A torch wheel built for CUDA 13 (the one-node set's torch 2.13.0) needs driver R580 or newer; with an
-older driver ``torch.cuda.is_available()`` is False and only a warning says why, so a run would fail
-later, or train on the CPU. CUDA's minor-version compatibility lets a driver run every toolkit of its
+A torch wheel built for CUDA 13 (the one-node set's torch 2.13.0) needs driver R580 or newer, unless the
+container carries CUDA's forward-compatibility package; when torch cannot use CUDA only a warning says
+why, so a run would fail later, or train on the CPU. The check refuses exactly that case (a CUDA build of
+torch that cannot use CUDA) and otherwise says what it saw. CUDA's minor-version compatibility lets a driver run every toolkit of its
 major version from the major's first release on, so the minimum depends on the major version only
 (NVIDIA's CUDA Toolkit release notes, "CUDA Driver" table, Linux).
 """
@@ -37,22 +38,36 @@ def installed_driver(proc_version: Path = PROC_VERSION) -> str | None:
     return found.group(1) if found else None
 
 
-def check_driver(cuda: str | None = None, driver: str | None = None) -> None:
-    """Refuse, in one line naming the minimum, a driver older than torch's CUDA needs.
+def check_driver(cuda: str | None = None, driver: str | None = None, available: bool | None = None) -> str:
+    """What the GPU check saw, in one line; refused (:class:`ConfigError`) only when torch is a CUDA build
+    and cannot use CUDA, the one case a GPU run cannot start.
 
-    ``cuda`` defaults to ``torch.version.cuda`` (None on a CPU build: nothing to check), ``driver`` to
-    :func:`installed_driver` (None without an NVIDIA driver: nothing to check, torch reports no GPU).
+    A driver older than the table's minimum is not refused when torch can use CUDA: containers that ship
+    CUDA's forward-compatibility package (``cuda-compat``) run newer toolkits on older drivers. When torch
+    cannot, an old driver is named as the likely cause. ``cuda`` defaults to ``torch.version.cuda`` (None
+    on a CPU build: nothing to check), ``driver`` to :func:`installed_driver`, ``available`` to
+    ``torch.cuda.is_available()``.
     """
-    if cuda is None:
-        import torch
+    import torch
 
-        cuda = torch.version.cuda
-    driver = driver if driver is not None else installed_driver()
-    if not cuda or not driver:
-        return
+    cuda = torch.version.cuda if cuda is None else cuda
+    driver = installed_driver() if driver is None else driver
+    if not cuda:
+        return f"torch {torch.__version__} is a CPU build: no GPU to check"
+    available = torch.cuda.is_available() if available is None else available
     minimum = minimum_driver(cuda)
-    if minimum is not None and _parts(driver) < _parts(minimum):
+    old = bool(driver) and minimum is not None and _parts(driver) < _parts(minimum)
+    seen = f"torch {torch.__version__} for CUDA {cuda}, NVIDIA driver {driver or 'not loaded'}"
+    if available:
+        compat = f" (older than {minimum}: CUDA's forward-compatibility package at work)" if old else ""
+        return f"{seen}{compat}: CUDA available"
+    if old:
         raise ConfigError(
             f"NVIDIA driver {driver} is too old for torch's CUDA {cuda}: it needs driver {minimum} or newer "
-            f"(R{minimum.split('.')[0]}); update the driver or install a torch built for an older CUDA"
+            f"(R{minimum.split('.')[0]}), or CUDA's forward-compatibility package; torch cannot use CUDA "
+            "(update the driver or install a torch built for an older CUDA)"
         )
+    raise ConfigError(
+        f"torch cannot use CUDA: {seen}"
+        + ("" if driver else " (no /proc/driver/nvidia/version: is a GPU attached and its driver loaded?)")
+    )

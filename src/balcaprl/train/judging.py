@@ -62,34 +62,92 @@ class RolloutToJudge:
     reference_tokens: int  # policy tokenizer (see train/data.py)
 
 
+@dataclass(frozen=True)
+class JudgedRollouts:
+    """What judging a batch of rollouts gives back: their records, in order, and the judge usage it
+    spent (counters such as ``prompt_tokens``, ``calls``, ``estimated_cost_usd``; see
+    :func:`counted_judge_batch`)."""
+
+    records: list[RolloutRecord]
+    usage: dict[str, float]
+
+
+def judge_requests(rollouts: Sequence[RolloutToJudge], rewards: RewardConfig) -> list[JudgeRequest]:
+    """The judge request of each rollout: its image, caption and reference under the rubric the reward
+    config asks for (the one place requests are made: judging now or early, ``train/early_judge.py``)."""
+    rubric = training_rubric_name(rewards.pointability)  # what the judge is asked to apply
+    return [JudgeRequest(image=r.image, caption=r.caption, reference=r.reference, rubric=rubric)
+            for r in rollouts]  # fmt: skip
+
+
 async def judge_rollouts(
     judge: Judge, rollouts: Sequence[RolloutToJudge], rewards: RewardConfig
-) -> list[RolloutRecord]:
-    """One ``judge_batch`` call for ``rollouts``; their records, in order."""
-    rubric = training_rubric_name(rewards.pointability)  # what the judge is asked to apply
-    requests = [JudgeRequest(image=r.image, caption=r.caption, reference=r.reference, rubric=rubric)
-                for r in rollouts]  # fmt: skip
+) -> JudgedRollouts:
+    """One judge call for ``rollouts``; their records, in order, and the usage spent."""
+    requests = judge_requests(rollouts, rewards)
     # a text that is not valid Unicode (a lone surrogate in a dataset's reference) fails its rollout
     # as bad_input, never sent: the judge would score it with the surrogate replaced
     batch = sendable_requests(requests, [f"row {r.id!r}" for r in rollouts])
-    outcomes = batch.outcomes(await _outcomes(judge, batch.sent) if batch.sent else [])
-    return [_record(rollout, outcome, rewards) for rollout, outcome in zip(rollouts, outcomes, strict=True)]
+    outcomes, usage = await _outcomes(judge, batch.sent) if batch.sent else ([], {})
+    records = [_record(rollout, outcome, rewards)
+               for rollout, outcome in zip(rollouts, batch.outcomes(outcomes), strict=True)]  # fmt: skip
+    return JudgedRollouts(records, usage)
 
 
-async def _outcomes(judge: Judge, requests: list[JudgeRequest]) -> list[JudgeOutcome]:
+async def _outcomes(
+    judge: Judge, requests: list[JudgeRequest]
+) -> tuple[list[JudgeOutcome], dict[str, float]]:
     try:
-        outcomes = list(await judge.judge_batch(requests))
+        outcomes, usage = await counted_judge_batch(judge, requests)
     except UserError as err:  # not this batch's failure but the configuration's: the step stops the run
-        return [JudgeFailure(JUDGE_REJECTED, str(err))] * len(requests)  # type: ignore[arg-type]
+        return [JudgeFailure(JUDGE_REJECTED, str(err))] * len(requests), {}  # type: ignore[arg-type]
     except Exception as err:  # a judge should return failures, but a crash must not become a reward
         logger.exception("the judge raised on a batch of %d rollouts; they count as failed", len(requests))
-        return [JudgeFailure(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}")] * len(requests)
+        return [JudgeFailure(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}")] * len(requests), {}
     if len(outcomes) != len(requests):
         raise RuntimeError(
             f"{type(judge).__name__}.judge_batch returned {len(outcomes)} outcomes for {len(requests)} "
             "requests; the Judge protocol requires exactly one outcome per request, in order"
         )
-    return outcomes
+    return outcomes, usage
+
+
+# ------------------------------------------------------------------------------ judge usage, counted
+
+
+class UsageMeter:
+    """A judge's cumulative counters (:func:`judge_usage`), read as differences: :meth:`since_last` is
+    what was spent since the meter last read them, so batches in flight together are counted once."""
+
+    def __init__(self, judge: Judge):
+        self.judge = judge
+        self._seen = judge_usage(judge)
+
+    def since_last(self) -> dict[str, float]:
+        now, seen = judge_usage(self.judge), self._seen
+        self._seen = now
+        return {key: value - seen.get(key, 0.0) for key, value in now.items()}
+
+
+async def counted_judge_batch(
+    judge: Judge, requests: Sequence[JudgeRequest], meter: UsageMeter | None = None
+) -> tuple[list[JudgeOutcome], dict[str, float]]:
+    """``judge.judge_batch(requests)`` and the usage it spent, one dict of counters whatever the judge:
+    its own count (``judge_batch_counted``, e.g. an :class:`~balcaprl.train.early_judge.EarlyJudge`),
+    else its per-batch stats (``judge_batch_with_stats``, priced by ``judge.config``), else the change
+    of its cumulative counters (``meter``: one shared by batches that run together)."""
+    counted = getattr(judge, "judge_batch_counted", None)
+    if counted is not None:
+        outcomes, usage = await counted(requests)
+        return list(outcomes), dict(usage)
+    with_stats = getattr(judge, "judge_batch_with_stats", None)
+    if with_stats is not None:
+        result = await with_stats(requests)
+        prices = getattr(getattr(judge, "config", None), "price_per_million_tokens", None)
+        return list(result.outcomes), _numbers(result.stats.as_dict(prices))
+    meter = meter if meter is not None else UsageMeter(judge)
+    outcomes = list(await judge.judge_batch(requests))
+    return outcomes, meter.since_last()
 
 
 def _record(rollout: RolloutToJudge, outcome: JudgeOutcome, rewards: RewardConfig) -> RolloutRecord:
@@ -135,8 +193,12 @@ def judge_usage(judge: Judge) -> dict[str, float]:
     if usage is None and hasattr(getattr(judge, "stats", None), "as_dict"):
         prices = getattr(getattr(judge, "config", None), "price_per_million_tokens", None)
         usage = judge.stats.as_dict(prices)
-    if not isinstance(usage, Mapping):
-        return {}
+    return _numbers(usage) if isinstance(usage, Mapping) else {}
+
+
+def _numbers(counters: Mapping[str, Any]) -> dict[str, float]:
     return {
-        str(k): float(v) for k, v in usage.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        str(k): float(v)
+        for k, v in counters.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
     }

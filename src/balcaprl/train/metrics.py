@@ -6,6 +6,7 @@ trainer leaves those to it), and the loss, clip ratios and completion lengths. T
 
     rewards/{precision,recall,linguistic}/{mean,std}   over judged rollouts; linguistic after the mask
     rewards/linguistic_unmasked/mean   the judge's linguistic score before the length mask
+    rewards/total/mean                 sum_k w_k r_k over judged rollouts (eq. 2.5's weights), when given
     length/caption_tokens_mean         caption length in the policy's tokens
     length/reference_tokens_mean
     length/ratio_mean                  rho = caption / reference tokens
@@ -73,8 +74,10 @@ def batch_metrics(
     length_mode: LengthMode,
     judge_calls: int | None = None,
     usage: Mapping[str, float] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, float]:
-    """Metrics of one batch (all processes gathered). NaN where undefined (the loggers drop NaN)."""
+    """Metrics of one batch (all processes gathered). NaN where undefined (the loggers drop NaN).
+    ``weights``: (w_prec, w_rec, w_ling), for the total reward the advantages weigh."""
     judged = [r for r in rollouts if r.judged]
     n = len(rollouts)
     metrics: dict[str, float] = {}
@@ -82,6 +85,11 @@ def batch_metrics(
         values = [getattr(r, name) for r in judged]
         metrics[f"rewards/{name}/mean"] = _mean(values)
         metrics[f"rewards/{name}/std"] = _std(values)
+    if weights is not None:  # eq. 2.5: sum_k w_k r_k, per judged rollout
+        totals = [
+            sum(w * getattr(r, name) for w, name in zip(weights, REWARD_NAMES, strict=True)) for r in judged
+        ]
+        metrics["rewards/total/mean"] = _mean(totals)
     metrics |= {
         "rewards/linguistic_unmasked/mean": _mean([r.linguistic_raw for r in judged]),
         "length/caption_tokens_mean": _mean([r.caption_tokens for r in rollouts]),
@@ -192,7 +200,8 @@ class RolloutLog:
     """``rollouts.jsonl``: every rollout of every Nth step (caption, rewards, failure, advantage).
 
     One generation batch feeds ``span`` optimizer steps (updates per batch x PPO epochs); it is
-    logged, under the first step it feeds, when one of those steps is a multiple of N.
+    logged, under the first step it feeds, when one of those steps is a multiple of N, and so is a
+    run's first batch (the captions before RL, and something to inspect in a run shorter than N).
     """
 
     def __init__(self, path: Path, every: int):
@@ -201,7 +210,9 @@ class RolloutLog:
 
     def wants(self, first_step: int, span: int = 1) -> bool:
         """Whether the batch feeding steps ``first_step .. first_step + span - 1`` is logged."""
-        return self.every > 0 and (first_step + span - 1) // self.every > (first_step - 1) // self.every
+        if self.every <= 0:
+            return False
+        return first_step == 1 or (first_step + span - 1) // self.every > (first_step - 1) // self.every
 
     def write(
         self, step: int, rollouts: Sequence[RolloutRecord], advantages: torch.Tensor, groups: torch.Tensor
@@ -234,7 +245,9 @@ STEP_LINE_LEGEND = (
     "  masked = share of judged captions whose L the length mask zeroed; fail = judge failures;",
     "  loss = the policy loss summed over each caption's tokens (token-sum-sequence-mean): it grows",
     "  with caption length and is negative when longer captions get the positive advantages, so",
-    "  values like -6 are expected, not a divergence.",
+    "  values like -6 are expected, not a divergence;",
+    "  'same batch as step N': a later update on the batch judged at step N (train.updates_per_batch",
+    "  updates a batch; only its first judges captions, so the later ones log no rewards).",
 )
 
 
@@ -245,6 +258,7 @@ class RichProgressCallback(TrainerCallback):
     def __init__(self, **progress_options: Any):
         self.progress_options = {"stream": sys.stdout, "interval_s": 60, **progress_options}  # a test's clock
         self.progress = None
+        self.judged_step: int | None = None  # the last step that judged a batch
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -264,6 +278,15 @@ class RichProgressCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs or "train_runtime" in logs:
             return
+        if "rewards/precision/mean" not in logs and self.judged_step is not None:
+            update = state.global_step - self.judged_step + 1
+            self.progress.log(
+                f"step {state.global_step:>5}  same batch as step {self.judged_step} (update {update}, no new "
+                f"rewards)  loss {_fmt(logs, 'loss', '.4f')}  {self.progress.timing()}"
+            )
+            return
+        if "rewards/precision/mean" in logs:
+            self.judged_step = state.global_step
         line = (
             f"step {state.global_step:>5}  "
             f"P {_fmt(logs, 'rewards/precision/mean')}  R {_fmt(logs, 'rewards/recall/mean')}  "

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from balcaprl.recipe import ImageConfig, ModelConfig
+if TYPE_CHECKING:  # annotations only: the GPU check imports this module without pydantic
+    from balcaprl.recipe import ImageConfig, ModelConfig
 
 logger = logging.getLogger(__name__)
 

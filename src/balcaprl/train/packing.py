@@ -5,10 +5,10 @@ the left to the longest prompt, captions on the right to the longest caption. Wi
 tokens against a cap of 1,024 and images of 300-1,280 tokens, much of that width is padding, and the
 backbone computes it all. :class:`PackedLogProbs` replaces ``_get_per_token_logps_and_entropies`` (the
 one function TRL runs the policy through, for the old log-probs and for the loss) with a packed
-forward: the micro-batch's real tokens in one row, with no attention mask. Qwen2.5-VL then builds a
-block-diagonal causal mask from the text positions that restart at 0 for every sample
-(``masking_utils.find_packed_sequence_indices``; the model takes packed rows as ``[4, 1, tokens]``
-position ids: text positions, then the three rope axes). The rope positions are each sample's own,
+forward: the micro-batch's real tokens in one row, with no attention mask. The language model's
+attention reads each sample's bounds from the text positions that restart at 0 for every sample and
+runs a variable-length kernel (``train/varlen_attention.py``: no ``tokens x tokens`` mask; the model
+takes packed rows as ``[4, 1, tokens]`` position ids: text positions, then the three rope axes). The rope positions are each sample's own,
 computed exactly as the padded forward computes them (``compute_3d_position_ids`` on the padded
 micro-batch, then the real tokens taken). Log-probs and entropies are scattered back into the padded
 ``[batch, logits_to_keep]`` layout TRL's loss reads, so everything downstream is unchanged.
@@ -24,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from balcaprl.train.varlen_attention import use_varlen_text_attention
 
 
 def rope_model(model: Any) -> Any | None:
@@ -109,6 +111,7 @@ class PackedLogProbs:
                 compute_aux_loss, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
                 num_images=num_images, mm_token_type_ids=mm_token_type_ids, **others,
             )  # fmt: skip
+        use_varlen_text_attention(inner)  # sdpa -> packed rows without a dense mask (idempotent)
         batch_size = batch_size or input_ids.size(0)
         if pixel_values is not None:  # pixel rows per sample, as TRL slices them
             rows = torch.stack([s.sum() for s in torch.split(image_grid_thw.prod(dim=-1), num_images)])

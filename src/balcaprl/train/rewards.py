@@ -18,15 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from balcaprl.judge.protocol import Judge
+from balcaprl.judge.protocol import Judge, JudgeRequest
 from balcaprl.judge.rubrics import training_rubric_name
 from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
 from balcaprl.train.judging import (
     RolloutToJudge,
     caption_text,
     count_caption_tokens,
+    judge_requests,
     judge_rollouts,
-    judge_usage,
 )
 
 
@@ -115,13 +115,15 @@ class SharedVerdictScorer:
         self._memo = (key, loop, task)
         return await asyncio.shield(task)
 
-    async def _score_uncached(
+    def rollouts_to_judge(
         self,
-        ids: list[str],
-        captions: list[str],
+        ids: Sequence[str],
+        captions: Sequence[str],
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Any],
-    ) -> ScoredBatch:
+    ) -> list[RolloutToJudge]:
+        """The rollouts as ``judge_rollouts`` takes them, from the dataset columns TRL passes (a batch's,
+        or one rollout's as the engine finishes it); caption length from the generated ids."""
         names = (self.image_column, self.reference_column, self.reference_tokens_column)
         for needed in names:
             if needed not in columns:
@@ -130,9 +132,9 @@ class SharedVerdictScorer:
                     "balcaprl.train.data.prepare_train_dataset (TRL passes dataset columns as keyword arguments)"
                 )
         images, references, reference_tokens = (columns[name] for name in names)
-        rollouts = [
+        return [
             RolloutToJudge(
-                row_id,
+                str(row_id),
                 caption,
                 count_caption_tokens(token_ids, self.special_token_ids),
                 str(image),
@@ -143,14 +145,24 @@ class SharedVerdictScorer:
                 ids, captions, completion_ids, images, references, reference_tokens, strict=True
             )
         ]
+
+    def requests(
+        self, ids: Sequence[str], captions: Sequence[str], columns: Mapping[str, Any]
+    ) -> list[JudgeRequest]:
+        """The judge requests the reward functions will send for these rollouts (``judge_requests``)."""
+        no_ids: list[list[int]] = [[] for _ in captions]  # the caption length plays no part in a request
+        return judge_requests(self.rollouts_to_judge(ids, captions, no_ids, columns), self.rewards)
+
+    async def _score_uncached(
+        self,
+        ids: list[str],
+        captions: list[str],
+        completion_ids: Sequence[Sequence[int]],
+        columns: Mapping[str, Any],
+    ) -> ScoredBatch:
+        rollouts = self.rollouts_to_judge(ids, captions, completion_ids, columns)
         self.judge_calls += 1
         self.judge_requests += len(rollouts)
-        usage_before = judge_usage(self.judge)
-        records = await judge_rollouts(self.judge, rollouts, self.rewards)
-        usage_after = judge_usage(self.judge)
-        self.last_batch = ScoredBatch(
-            rollouts=records,
-            judge_calls=1,
-            usage={k: usage_after[k] - usage_before.get(k, 0.0) for k in usage_after},
-        )
+        judged = await judge_rollouts(self.judge, rollouts, self.rewards)
+        self.last_batch = ScoredBatch(rollouts=judged.records, judge_calls=1, usage=judged.usage)
         return self.last_batch

@@ -78,6 +78,7 @@ class BatchStep:
             length_mode=self.length_mode,
             judge_calls=judge_calls,
             usage=usage,
+            weights=self.advantage.weights,
         )
         return StepResult(advantages, group_index, metrics)
 

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ from balcaprl.train.checkpointing import (
 )
 from balcaprl.train.data import prepare_train_dataset
 from balcaprl.train.driver import check_driver
-from balcaprl.train.judge_overlap import JudgeOverlapMixin, OverlapMode
+from balcaprl.train.judge_overlap import OverlapMode, TrlJudgeOverlap
 from balcaprl.train.loss import RatioStatistics, ratio_statistics, trl_loss_settings
 from balcaprl.train.metrics import MetricsJsonlCallback, RichProgressCallback, RolloutLog
 from balcaprl.train.model_card import ModelCardCallback, write_model_card
@@ -79,6 +80,16 @@ from balcaprl.train.modeling import (
 )
 from balcaprl.train.packing import PackedLogProbs
 from balcaprl.train.rewards import SharedVerdictScorer
+from balcaprl.train.rollout_engine import (
+    RENAMED_TOWERS,
+    banned_tokens,
+    check_completions,
+    engine_kwargs,
+    sampling_ban,
+    server_command,
+    stop_token_ids,
+    vllm_param_name,
+)
 from balcaprl.train.step import BatchStep, StepResult
 from balcaprl.train.trl_overrides import build_config
 from balcaprl.train.vision_attention import use_varlen_vision_attention
@@ -160,6 +171,37 @@ def vllm_engine_kwargs(**kwargs: Any) -> Iterator[None]:
         vllm_generation.LLM = original
 
 
+def precision_of(args: GRPOConfig) -> str:
+    """The recipe's ``train.precision`` as ``grpo_config`` set it."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def _tokenizer_of(processor: Any) -> Any:
+    return getattr(processor, "tokenizer", processor)
+
+
+def _checkpoint_model_type(path: str | None) -> str | None:
+    """``model_type`` of the checkpoint's config.json (a local folder), else None."""
+    config = Path(path).expanduser() / "config.json" if path else None
+    if config is None or not config.is_file():
+        return None
+    return json.loads(config.read_text(encoding="utf-8")).get("model_type")
+
+
+def _stop_tokens(path: str | None, processor: Any) -> frozenset[int]:
+    """The tokens that end a caption, as TRL counts them: the tokenizer's EOS and the checkpoint's
+    ``generation_config.eos_token_id``."""
+    generation_eos = None
+    if path is not None:
+        try:
+            from transformers import GenerationConfig
+
+            generation_eos = GenerationConfig.from_pretrained(path).eos_token_id
+        except OSError:  # no generation_config.json
+            pass
+    return stop_token_ids(_tokenizer_of(processor), generation_eos)
+
+
 def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]:
     """Lengths of the runs of ``image_token_id`` in a prompt: one run per image, its image-token count."""
     runs, length = [], 0
@@ -177,7 +219,7 @@ def image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[int]
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
+class BalancedGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     """``GRPOTrainer`` with the paper's reward path and advantages (see the module docstring).
 
     Args:
@@ -212,12 +254,47 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
         self._gathered_rewards = torch.zeros(0, len(REWARD_NAMES))
         self.last_advantages: torch.Tensor | None = None  # the gathered advantages of the latest batch
         self._ratio_statistics = RatioStatistics()
-        engine = {"mm_processor_kwargs": image_grid.processor_kwargs()} if image_grid is not None else {}
+        grpo_args: GRPOConfig = kwargs["args"]
+        model_path = kwargs["model"] if isinstance(kwargs.get("model"), str) else None
+        model_type = _checkpoint_model_type(model_path)
+        # Captions are plain text: every special token but the stop tokens is masked at sampling.
+        self.banned_tokens = banned_tokens(
+            _tokenizer_of(kwargs["processing_class"]), _stop_tokens(model_path, kwargs["processing_class"])
+        )
+        ban = sampling_ban(self.banned_tokens, "vllm" if grpo_args.use_vllm else "transformers")
+        grpo_args.generation_kwargs = {**(grpo_args.generation_kwargs or {}), **ban}
+        engine = engine_kwargs(
+            precision_of(grpo_args),
+            image_grid.processor_kwargs() if image_grid is not None else None,
+            model_type=model_type,
+        )
         with vllm_engine_kwargs(**engine):
             super().__init__(*args, reward_funcs=scorer.reward_functions(), **kwargs)
-        self._install_judge_overlap(judge_overlap)  # judging started as soon as the captions exist
+        self.judge_overlap = TrlJudgeOverlap(self, judge_overlap)  # judging started as captions exist
+        if self.use_vllm and model_type in RENAMED_TOWERS:
+            self._sync_under_vllm_names()
         if self.use_vllm and self.vllm_mode == "server":
             self._check_served_image_tokens()
+
+    def _sync_under_vllm_names(self) -> None:
+        """TRL's weight sync sends each parameter under the name vLLM's model loads it by (LLaVA's CLIP tower:
+        ``rollout_engine.vllm_param_name``); TRL's own prefix fixes first."""
+        generation = self.vllm_generation
+        fix = generation._fix_param_name_to_vllm
+
+        def fixed(name: str, extra_prefixes: list[str] | None = None) -> str:
+            return vllm_param_name(fix(name, extra_prefixes))
+
+        generation._fix_param_name_to_vllm = fixed
+
+    # 1b. Generation: each rollout's judge call started as the engine finishes it (judge_overlap), the
+    # completions refused when one holds a masked special token (rollout_engine), the rest started.
+    def _generate(self, prompts):
+        with self.judge_overlap.watching(prompts):
+            output = super()._generate(prompts)  # (prompt_ids, completion_ids, _, completions, ...)
+        check_completions(output[1], self.banned_tokens)
+        self.judge_overlap.settle(output[3])
+        return output
 
     # 1. Rollouts: TRL samples the captions; a vLLM server must count image tokens as the trainer does.
     def _check_served_image_tokens(self) -> None:
@@ -227,18 +304,20 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
         generation = self.vllm_generation
         place = generation._place_features
         image_token_id = self.processing_class.image_token_id
-        limits = json.dumps(self.image_grid.processor_kwargs()) if self.image_grid is not None else None
+        command = server_command(
+            self.model.name_or_path,
+            precision_of(self.args),
+            self.image_grid.processor_kwargs() if self.image_grid is not None else None,
+        )
 
         def checked(features, prompt_ids):
             if features is not None:
                 served = [int(p["length"]) for p in features["mm_placeholders"]["image"]]
                 ours = image_token_runs(prompt_ids, image_token_id)
                 if served != ours:
-                    hint = f" --mm-processor-kwargs '{limits}'" if limits else ""
                     raise ConfigError(
                         f"the vLLM server made {served} image tokens where the trainer's processor made {ours}: "
-                        f"its image processor has other pixel limits. Restart it with the trainer's: "
-                        f"trl vllm-serve --model {self.model.name_or_path}{hint}"
+                        f"its image processor has other pixel limits. Restart it with the trainer's: {command}"
                     )
             return place(features, prompt_ids)
 
@@ -265,14 +344,22 @@ class BalancedGRPOTrainer(AtomicCheckpoints, JudgeOverlapMixin, GRPOTrainer):
 
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        asked = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge; checked against the records
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for key, value in self.judge_overlap.stage_metrics(asked).items():  # judge/wall_s, ...
+            metrics[key].append(value)
         return rewards
 
     # 3. Advantages and metrics: the batch step (train/step.py) on every process's rollout records.
     def _generate_and_score_completions(self, inputs):
         self.scorer.begin_batch()
-        output = super()._generate_and_score_completions(inputs)  # steps 1 and 2, and TRL's advantages
+        self.judge_overlap.begin_batch(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)  # steps 1 and 2, TRL's advantages
+        finally:
+            self.judge_overlap.begin_batch(None)
         if self.scorer.last_batch is None:
             raise RuntimeError("internal: the reward functions were not called for this batch")
         parts = gather_object([self.scorer.last_batch])  # in the order TRL gathered the rewards

@@ -8,14 +8,16 @@ launch-bound kernels per batch. flash-attn needs a source build, and transformer
 routes download kernels at run time.
 
 :data:`VARLEN_SDPA` is an attention function registered in transformers' ``AttentionInterface`` under a
-name with "flash" in it, so the vision attention passes it ``cu_seqlens``; it runs PyTorch's own SDPA
-once over all segments, padded to the longest and batched, with a key mask for the padding: each query
-attends to exactly the keys of its own window (or image), as the per-window loop does. Nothing to
+name with "flash" in it, so the vision attention passes it ``cu_seqlens``. On CUDA it runs the windows
+through the language model's variable-length kernel (``train/varlen_attention.py``: flash-attn or
+torch's ``varlen_attn``; no padding, no mask, the flash kernel). On CPU it runs PyTorch's own SDPA once
+over all segments, padded to the longest and batched, with a key mask for the padding. Either way each
+query attends to exactly the keys of its own window (or image), as the per-window loop does. Nothing to
 install. Only the vision tower's config gets it (the language model keeps its own implementation):
 :func:`use_varlen_vision_attention`, set by ``model.vision_attention: varlen_sdpa`` (the GPU recipes);
 models without such a vision tower (LLaVA) keep ``model.attn_implementation``, the fall-back.
 
-Cost: the padded batch holds ``segments x longest`` tokens. Windows are at most 64 patches (112 px
+Cost on CPU: the padded batch holds ``segments x longest`` tokens. Windows are at most 64 patches (112 px
 windows, 14 px patches) and most are full, so little is padding; the few full-attention layers pad
 every image to the largest of the batch.
 """
@@ -27,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from balcaprl.train.varlen_attention import packed_attention, varlen_route
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +58,8 @@ def varlen_sdpa_attention(
     if cu_seq_lens_q is None:  # not a packed call: plain attention over the whole sequence
         out = F.scaled_dot_product_attention(query, key, value, scale=scaling, dropout_p=dropout)
         return out.transpose(1, 2).contiguous(), None
+    if varlen_route(query.device) != "loop":  # CUDA: the windows through a variable-length kernel
+        return packed_attention(query, key, value, cu_seq_lens_q.to(torch.int32), scaling, causal=False), None
     lengths = cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]
     segments = lengths.shape[0]
     longest = int(max_length_q) if max_length_q is not None else int(lengths.max())

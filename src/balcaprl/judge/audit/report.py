@@ -36,6 +36,11 @@ def _f(value: Any, spec: str = ".3f") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _x100(value: Any) -> str:
+    """A reward or b-CapScore on the scale every command prints: x100, one decimal (audit.json keeps [0, 1])."""
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
 def _label(c: dict[str, Any]) -> str:
     return f"{c['x']} twice" if c["kind"] == "retest" else f"{c['x']} vs {c['y']}"  # x: the mean x column
 
@@ -90,15 +95,15 @@ def audit_tables(report: dict[str, Any]) -> list[Any]:
                                _f(e["false_true_rate"]), _f(e["false_false_rate"]))  # fmt: skip
         tables.append(errors)
 
-    rewards = Table(title="rewards per caption (metric rule) and b-CapScore")
+    rewards = Table(title="rewards per caption (metric rule) and b-CapScore; means, diffs and noise x100")
     for name in ("comparison", "score", "Pearson", "Spearman", "mean |diff|", "noise sd", "mean x", "mean y"):
         rewards.add_column(name, justify="left" if name in ("comparison", "score") else "right")
     for c in report["comparisons"]:
         for score in SCORES:
             s = c["scores"][score]
-            noise = _f(s["noise_sd"]) if c["kind"] == "retest" else ""
-            rewards.add_row(_label(c), score, _f(s["pearson"]), _f(s["spearman"]), _f(s["mean_abs_diff"]),
-                            noise, _f(s["mean_x"]), _f(s["mean_y"]))  # fmt: skip
+            noise = _x100(s["noise_sd"]) if c["kind"] == "retest" else ""
+            rewards.add_row(_label(c), score, _f(s["pearson"]), _f(s["spearman"]), _x100(s["mean_abs_diff"]),
+                            noise, _x100(s["mean_x"]), _x100(s["mean_y"]))  # fmt: skip
     tables.append(rewards)
 
     ranks = Table(title="rank agreement of the captions' b-CapScores")

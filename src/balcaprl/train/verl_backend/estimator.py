@@ -12,15 +12,12 @@ So balcaprl registers its own estimators with verl's ``register_adv_est``:
     algorithm.adv_estimator=balcaprl_grpo     Table 3 'w/o c-GDPO': sum the rewards, then normalise
 
 Both receive what verl passes every estimator (``token_level_rewards``, ``response_mask``, ``index`` =
-the prompt uid, ``config`` = the algorithm section) and take each rollout's advantage from one of two
-places:
-
-1. :func:`provide_advantages`, a context the balcaprl trainer (``trainer.v1.trainer_mode=balcaprl_sync``,
-   see ``trainer.py``) opens around verl's advantage step after running the batch step
-   (``balcaprl.train.step``, the TRL backend's too) on the rollout records ``compute_score`` returned;
-2. otherwise ``non_tensor_batch`` when verl passes it (a verl with PR #7473) with the reward columns:
-   the same batch step's advantages, computed here, rows without a response token (verl's padding)
-   left out like failed judges.
+the prompt uid, ``config`` = the algorithm section) and take each rollout's advantage from
+:func:`provide_advantages`, a context the balcaprl trainer (``trainer.v1.trainer_mode=balcaprl_sync``,
+see ``trainer.py``) opens around verl's advantage step after running the batch step
+(``balcaprl.train.step``, the TRL backend's too) on the whole rollout records ``compute_score``
+returned. Reward columns that a verl with PR #7473 would pass in ``non_tensor_batch`` are not read:
+advantages from partial records would bypass the batch step's stop rule and metrics.
 
 The uids must equal ``index`` row for row; anything else is an error, never a guess. The result is
 one scalar per rollout, broadcast over its response tokens (verl's convention). The settings
@@ -41,11 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from balcaprl.rewards import REWARD_NAMES, RewardConfig, RolloutRecord
+from balcaprl.rewards import RewardConfig, RolloutRecord
 from balcaprl.train.advantages import ESTIMATORS as ESTIMATOR_NAMES
-from balcaprl.train.advantages import AdvantageStep, group_index_from_ids
-from balcaprl.train.judge_overlap import judge_stage_metrics
-from balcaprl.train.step import BatchStep, reward_table
+from balcaprl.train.advantages import AdvantageStep
+from balcaprl.train.early_judge import judge_stage_metrics
+from balcaprl.train.step import BatchStep
 
 # verl estimator name -> the recipe's advantage.estimator
 ESTIMATORS = {f"balcaprl_{name}": name for name in ESTIMATOR_NAMES}
@@ -162,18 +159,6 @@ def verl_batch_step(
     return uids, advantages, {**result.metrics, **stamps}
 
 
-def _from_columns(
-    estimator: str, uids: list[str], config: Any, columns: Mapping[str, Any], response_mask: torch.Tensor
-) -> torch.Tensor:
-    """The batch step's advantages from verl's ``non_tensor_batch`` reward columns."""
-    empty = (response_mask.reshape(len(uids), -1).sum(dim=-1) == 0).tolist()
-    names = [name for name in (*REWARD_NAMES, "length_penalty") if name in columns]
-    rollouts = [RolloutRecord(**{name: float(columns[name][i]) for name in names}) for i in range(len(uids))]
-    rewards, penalty = reward_table(rollouts)
-    rewards[torch.tensor(empty, dtype=torch.bool)] = float("nan")
-    return batch_step_for(config, estimator).advantage(rewards, group_index_from_ids(uids), penalty)
-
-
 def _estimate(
     estimator: str,
     token_level_rewards: torch.Tensor,
@@ -184,10 +169,6 @@ def _estimate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     uids = [str(u) for u in (index if index is not None else [])]
     provided = _CURRENT.get()
-    if provided is None and non_tensor_batch is not None and all(k in non_tensor_batch for k in REWARD_NAMES):
-        provided = ProvidedAdvantages(
-            tuple(uids), _from_columns(estimator, uids, config, non_tensor_batch, response_mask)
-        )
     if provided is None:
         raise RuntimeError(
             "the balcaprl advantage estimator got no advantages: verl 0.9.1 passes per-reward values only to "

@@ -27,7 +27,7 @@ def preflight(recipe: Recipe, launch: VerlLaunch, *, require_gpu: bool = True) -
     """Problems that would make the job fail later (empty list: go)."""
     problems = []
     for module, what in (
-        ("verl", "pip install 'balcaprl[verl]'"),
+        ("verl", "pip install -e '.[verl,vllm]' -c constraints/gpu-cluster.txt, as docs/gpu.md says"),
         ("transfer_queue", "pip install transferqueue"),
     ):
         if importlib.util.find_spec(module) is None:

@@ -70,6 +70,7 @@ from balcaprl.rewards import REWARD_NAMES
 PLUGIN_MODULE = "balcaprl.train.verl_backend.plugin"
 POLICY_LOSS = "balcaprl_dual_clip"  # registered by policy_loss.py (imported by the plugin)
 REWARD_FUNCTION = "pkg://balcaprl.train.verl_backend.reward"
+REWARD_MANAGER = "pkg://balcaprl.train.verl_backend.reward_manager"
 REWARD_KWARGS = "reward.custom_reward_function.reward_kwargs"
 ESTIMATOR_NAMES = {"c_gdpo": "balcaprl_c_gdpo", "grpo": "balcaprl_grpo"}
 LOSS_AGG_MODES = {
@@ -357,6 +358,7 @@ def render_verl(
     absolute_paths: bool = True,
     extra: Iterable[str] = (),
     gpu_memory_gib: float = 80.0,
+    flash_attn: bool = True,
 ) -> VerlLaunch:
     """verl overrides that realise ``recipe`` on ``nnodes`` x ``gpus_per_node`` GPUs.
 
@@ -364,6 +366,10 @@ def render_verl(
     YAML replacing the recipe's ``judge:``. ``extra``: raw Hydra overrides appended last (they win).
     ``absolute_paths=False`` keeps paths as written (reference renderings checked into configs/verl).
     ``gpu_memory_gib``: each GPU's memory, for the memory plan's per-GPU token budget.
+    ``flash_attn=False``: for nodes without flash-attn (a source build for torch 2.11 / CUDA 13): verl
+    0.9.1's packed Qwen2/2.5-VL forward calls ``flash_attn_varlen_func`` and its actor loads with
+    ``override_config.attn_implementation`` (default ``flash_attention_2``), so the actor runs unpacked
+    on sdpa (slower: padded rows, no fused LM head).
     """
     cluster = ClusterShape(nnodes, gpus_per_node)
     if reward_workers < 1:
@@ -405,6 +411,7 @@ def render_verl(
         data.append(_add("data.mm_processor_kwargs.max_pixels", m.image.max_pixels))
 
     packed, model_note = _packs_sequences(m.path)
+    packed = packed and flash_attn
     budget, budget_note = _token_budget(
         recipe, cluster, gpu_memory_gib, max_prompt_length + r.max_caption_tokens
     )
@@ -419,6 +426,8 @@ def render_verl(
         _set("actor_rollout_ref.model.use_fused_kernels", packed),
         _set("actor_rollout_ref.model.lora_rank", m.lora.r if m.lora is not None else 0),
     ]
+    if not flash_attn:
+        model.append(_add("actor_rollout_ref.model.override_config.attn_implementation", "sdpa"))
     if m.lora is not None:
         model.append(_set("actor_rollout_ref.model.lora_alpha", m.lora.alpha))
         model.append(_set("actor_rollout_ref.model.target_modules", m.lora.target_modules))
@@ -486,8 +495,10 @@ def render_verl(
         "workers": reward_workers,
     }
     reward = [
-        _set("reward.reward_manager.source", "register"),
-        _set("reward.reward_manager.name", "naive"),
+        # verl's naive manager, handing compute_score the generated ids (caption length as TRL counts it)
+        _set("reward.reward_manager.source", "importlib"),
+        _set("reward.reward_manager.name", "BalcaprlRewardManager"),
+        _set("reward.reward_manager.module.path", REWARD_MANAGER),
         _set("reward.num_workers", reward_workers),
         _set("reward.custom_reward_function.path", REWARD_FUNCTION),
         _set("reward.custom_reward_function.name", "compute_score"),
@@ -521,6 +532,8 @@ def render_verl(
         _set("trainer.logger", loggers),
     ]
     notes = [note for note in (model_note, budget_note) if note]
+    if not flash_attn:
+        notes.append("--no-flash-attn: the actor runs unpacked on sdpa (padded rows, no fused LM head)")
     if m.gradient_checkpointing and m.layers_without_recompute:
         notes.append(
             "model.layers_without_recompute: verl checkpoints every layer; its micro-batches take the memory "

@@ -9,7 +9,9 @@ inside a reward-loop worker (a Ray actor with one event loop). Rollouts are scor
 worker process builds one judge (``balcaprl.judge``: concurrency bound, rate limits, sqlite cache,
 coalescing of identical calls, accounting) on first use and keeps it.
 
-Per rollout, exactly as the TRL backend: the caption's length in the *policy's* tokenizer, then
+Per rollout, exactly as the TRL backend: the caption's length from the token ids the policy generated
+(``extra_info["response_ids"]``, which balcaprl's reward manager adds, ``reward_manager.py``; under
+verl's plain ``naive`` manager, the decoded caption re-encoded with the policy's tokenizer), then
 ``balcaprl.train.judging.judge_rollouts`` (the function TRL's reward functions call too): one judge
 call under the rubric the reward config asks for, and the rollout's record under the recipe's
 :class:`~balcaprl.rewards.RewardConfig` (pointability rule, length mask, linear length penalty). The
@@ -59,7 +61,7 @@ from balcaprl.config import Section, load_config
 from balcaprl.files import unicode_refusal
 from balcaprl.judge.protocol import Judge
 from balcaprl.rewards import RewardConfig, RolloutRecord, failed_rollout
-from balcaprl.train.judge_overlap import stamped
+from balcaprl.train.early_judge import stamped
 from balcaprl.train.judging import (
     JUDGE_EXCEPTION,
     RolloutToJudge,
@@ -69,6 +71,9 @@ from balcaprl.train.judging import (
 )
 
 logger = logging.getLogger(__name__)
+
+# extra_info key of the rollout's generated token ids (reward_manager.BalcaprlRewardManager).
+RESPONSE_IDS = "response_ids"
 
 # Keys verl's reward managers add to the call by themselves; accepted and ignored.
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
@@ -222,12 +227,12 @@ async def compute_score(
                 _result(failed_rollout("bad_input", refusal, RewardConfig(), id=row_id), None), started
             )
         tokenizer = _tokenizer(settings.tokenizer)
+        generated = extra_info.get(RESPONSE_IDS)
+        token_ids = list(generated) if generated is not None else _count(tokenizer, caption)
         rollout = RolloutToJudge(
             id=row_id,
             caption=caption,
-            caption_tokens=count_caption_tokens(
-                _count(tokenizer, caption), frozenset(tokenizer.all_special_ids)
-            ),
+            caption_tokens=count_caption_tokens(token_ids, frozenset(tokenizer.all_special_ids)),
             image=_image(settings, extra_info),
             reference=ground_truth,
             reference_tokens=_reference_tokens(settings, extra_info, ground_truth),
@@ -247,7 +252,7 @@ async def compute_score(
         failed = failed_rollout(JUDGE_EXCEPTION, f"{type(err).__name__}: {err}", settings.rewards, *counts,
                                 id=row_id, caption=caption)  # fmt: skip
         return stamped(_result(failed, settings), started)
-    (record,) = await judge_rollouts(judge, [rollout], settings.rewards)
+    (record,) = (await judge_rollouts(judge, [rollout], settings.rewards)).records
     if record.failure == JUDGE_EXCEPTION:
         logger.warning("judge raised for row %s: %s", row_id, record.failure_detail)
     return stamped(_result(record, settings), started)

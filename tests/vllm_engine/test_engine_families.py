@@ -1,0 +1,41 @@
+"""vLLM 0.31 loads each recipe family's tiny checkpoint as balcaprl starts it and captions images."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine_kit import engine, image_prompt  # noqa: E402
+from transformers import AutoProcessor  # noqa: E402
+
+from balcaprl.train.rollout_engine import banned_tokens, sampling_ban, stop_token_ids  # noqa: E402
+
+FAMILIES = ["tiny_qwen2_5_vl", "tiny_qwen2_vl", "tiny_llava"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_engine_loads_and_captions_images_with_special_tokens_masked(family, request):
+    from vllm import SamplingParams
+
+    path = request.getfixturevalue(family)
+    processor = AutoProcessor.from_pretrained(path)
+    tokenizer = processor.tokenizer
+    banned = banned_tokens(tokenizer, stop_token_ids(tokenizer, None))
+    image_token = tokenizer.convert_tokens_to_ids(processor.image_token)
+    assert image_token in banned and tokenizer.eos_token_id not in banned
+    # temperature 2 flattens the random model's distribution: unmasked, 2 x 4 x 24 draws from a
+    # vocabulary of ~40 tokens would hold every special token many times over
+    params = SamplingParams(n=4, max_tokens=24, temperature=2.0, seed=0, ignore_eos=True,
+                            **sampling_ban(banned, "vllm"))  # fmt: skip
+    with engine(path) as llm:
+        prompts = [image_prompt(processor, (200, 10, 10)), image_prompt(processor, (10, 10, 200))]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        unmasked = llm.generate(prompts, SamplingParams(n=4, max_tokens=24, temperature=2.0, seed=0, ignore_eos=True),
+                                use_tqdm=False)  # fmt: skip
+    completions = [list(c.token_ids) for output in outputs for c in output.outputs]
+    assert len(completions) == 8 and all(len(ids) == 24 for ids in completions)
+    assert not {t for ids in completions for t in ids} & set(banned)
+    # the mask is what keeps them out: the same draws without it sample special tokens
+    drawn = {t for output in unmasked for c in output.outputs for t in c.token_ids}
+    assert drawn & set(banned), "the unmasked engine drew no special token: the test cannot tell"
