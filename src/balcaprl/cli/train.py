@@ -113,12 +113,12 @@ def train(
         checkpoint = resolve_resume(
             output_dir, resume_from if resume_from is not None else resume
         )  # refusals
+    check_model_path(recipe.model.path, "model.path")  # a hub that cannot be reached: the cache or exit 2
     from balcaprl.train.trl_backend import grpo_config
 
     grpo_config(recipe, processes.num_processes)  # every value as TRL gets it, before the folder is touched
     if overwrite:
         replace_run(output_dir, processes)
-    check_model_path(recipe.model.path, "model.path")  # a hub that cannot be reached: the cache or exit 2
     ensure_writable_dir(output_dir, "run.output_dir")
 
     from balcaprl.train.trl_backend import train as train_with_trl
