@@ -184,3 +184,59 @@ def test_the_remembering_root_agrees_with_resolving_every_path(maze: Path, parts
         got = checker.relative(path)
         assert (None if got is None else Path(got)) == expected, path
     assert path_in_root(root, path) == expected
+
+
+def _png(color: tuple[int, int, int], side: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), color).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_folder_link_re_pointed_mid_run_never_lets_an_outside_image_be_read(tmp_path: Path):
+    """``root/sub`` links to ``store1``; a thread keeps re-pointing it at ``store2``, whose ``a.png``
+    links outside the root, and back. The run's loader met ``sub`` as ``store1``: whatever the link
+    says when a file is opened, what is read is ``store1``'s image or nothing (an escape), never the
+    outside one, through ``load`` (what is sent) and ``sha256`` (the cache key) alike."""
+    import hashlib
+    import os
+    import threading
+
+    (tmp_path / "root").mkdir()
+    for store in ("store1", "store2"):
+        (tmp_path / store).mkdir()
+    inside, secret = _png((0, 200, 0), 16), _png((200, 0, 0), 24)
+    (tmp_path / "store1" / "a.png").write_bytes(inside)
+    (tmp_path / "outside.png").write_bytes(secret)
+    (tmp_path / "store2" / "a.png").symlink_to(tmp_path / "outside.png")
+    sub = tmp_path / "root" / "sub"
+    sub.symlink_to(tmp_path / "store1", target_is_directory=True)
+    loader = ImageLoader(max_side=64, root=tmp_path / "root")
+    assert loader.load("sub/a.png").data == inside  # the run meets sub as store1
+
+    stop = threading.Event()
+
+    def flip() -> None:
+        flipped = tmp_path / "root" / ".sub.next"
+        while not stop.is_set():
+            for store in ("store2", "store1"):
+                flipped.symlink_to(tmp_path / store, target_is_directory=True)
+                os.replace(flipped, sub)  # atomic, as `ln -sfn` is not
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    read, refused = [], 0
+    try:
+        for i in range(400):
+            try:
+                if i % 2:
+                    read.append(loader.sha256("sub/a.png"))
+                else:
+                    read.append(hashlib.sha256(loader.load("sub/a.png").data).hexdigest())
+            except ImageError as error:
+                assert "escapes the image root" in str(error) or "cannot be read" in str(error), error
+                refused += 1
+    finally:
+        stop.set()
+        flipper.join()
+    assert hashlib.sha256(secret).hexdigest() not in read
+    assert set(read) <= {hashlib.sha256(inside).hexdigest()} and read, (len(read), refused)

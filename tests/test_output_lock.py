@@ -153,3 +153,38 @@ def test_one_place_named_through_a_symlink_has_one_lock(tmp_path: Path, holder):
     holder(tmp_path / "real")
     with pytest.raises(OutputError, match=f"--out {tmp_path / 'alias'} {IN_USE}"):
         lock_output(tmp_path / "alias")
+
+
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(ws: Path):
+    """A real ``score`` process (its judge unreachable): ``.out.lock`` links to a user's file. The
+    command must neither write its PID through the link nor delete it, and says so in one line."""
+    victim = ws / "notes.txt"
+    victim.write_text("precious\n")
+    (ws / ".out.lock").symlink_to(victim)
+    judge = judge_yaml(ws / "refusing.yaml", "http://127.0.0.1:9/v1")
+    process = balcaprl(*score_args(ws, judge))
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 2, (out, err)
+    assert err.strip() == (
+        f"error: --out {ws / 'out'}: its lock file {ws / '.out.lock'} is a symbolic link to {victim}; balcaprl "
+        "never writes through a link: remove the link (what it points at is left as it is) and run again"
+    )
+    assert victim.read_text() == "precious\n" and (ws / ".out.lock").is_symlink()
+    assert not (ws / "out").exists()
+
+
+@pytest.mark.parametrize("plant", ["dangling link", "hard link", "fifo"])
+def test_no_lock_is_taken_through_anything_but_a_plain_file_of_its_own(tmp_path: Path, plant: str):
+    lock = tmp_path / ".out.lock"
+    victim = tmp_path / "victim"
+    if plant == "dangling link":
+        lock.symlink_to(victim)  # O_CREAT through it would create the victim
+    elif plant == "hard link":
+        victim.write_text("precious\n")
+        os.link(victim, lock)
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(OutputError, match="balcaprl never writes through a link"):
+        lock_output(tmp_path / "out")
+    assert victim.read_text() == "precious\n" if plant == "hard link" else not victim.exists()
+    release_output_locks()

@@ -17,6 +17,7 @@ error in one line with its path (``balcaprl.cli.common.system_error_line``).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -105,15 +106,33 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
-    """UTF-8 ``text`` to ``path``, atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json_text(path: Path | str, text: str) -> None:
-    """JSON ``text`` (what ``json.dumps(..., ensure_ascii=False)`` gives) to ``path``, atomically; a lone
-    surrogate in it (a text that is no valid Unicode, a row refused as ``bad_input``) is written as its
-    JSON escape, which reads back as the same text, instead of failing the write."""
+    r"""UTF-8 ``text`` to ``path``, atomically (see :func:`atomic_write_bytes`). A lone surrogate in it
+    (a path the OS gave with a byte that is not UTF-8, ``imgs\xff`` as ``imgs\udcff``; a text that is
+    no valid Unicode, a row refused as ``bad_input``) is written as its escape, ``\udcff``, which in a
+    JSON file reads back as the same text, instead of failing the write after the work was done."""
     atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
+
+
+atomic_write_json_text = atomic_write_text  # the name JSON writers use: the escape reads back as the text
+
+
+# An error handler for text shown to a person (the command line's stdout and stderr): a byte the OS
+# gave in a path that is not UTF-8 (decoded as a surrogate, U+DC80..U+DCFF) is shown as the byte,
+# ``\xff``, any other character that cannot be encoded as its ``\u`` escape; never an exception.
+SHOWN_ERRORS = "balcaprl.shown"
+
+
+def _shown(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    bad = error.object[error.start : error.end]
+    shown = "".join(
+        f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else f"\\u{ord(c):04x}" for c in bad
+    )
+    return shown, error.end
+
+
+codecs.register_error(SHOWN_ERRORS, _shown)
 
 
 def decode_utf8(data: bytes, where: str) -> str:

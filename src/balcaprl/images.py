@@ -129,6 +129,23 @@ def path_in_root(root: Path | str, path: Path | str) -> Path | None:
 _PLAIN = re.compile(r"(?:(?!\.\.?(?:/|$))[^/]+(?:/|$))+(?<!/)")
 
 
+def _opened_path(fd: int) -> str | None:
+    """The path of the file open at ``fd`` as the kernel resolved it when it was opened (Linux:
+    ``/proc/self/fd``; macOS: ``F_GETPATH``); None for a file deleted since, or where neither works."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        import fcntl
+
+        if not hasattr(fcntl, "F_GETPATH"):
+            return None
+        try:
+            path = os.fsdecode(fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024)).rstrip(b"\0"))
+        except OSError:
+            return None
+    return None if path.endswith(" (deleted)") or not os.path.isabs(path) else path
+
+
 def _within(path: str, folder: str) -> bool:
     """``path`` is ``folder`` or lies under it (both absolute and normalised)."""
     return path == folder or path.startswith(folder if folder.endswith(os.sep) else folder + os.sep)
@@ -148,13 +165,20 @@ class ImageRoot:
     so checking a file costs one ``lstat`` (is the file itself a symlink?) instead of resolving
     every component of its path: on a warm judge cache that resolution was most of ``score``'s time.
     A folder re-linked while a run reads it keeps the target it had when first met.
+
+    A path checked is not yet a file read: a link changed between the check and the ``open`` (a
+    folder symlink re-pointed mid-run) would lead the ``open`` elsewhere. So a reader opens the file
+    first and asks :meth:`holds` whether the file the descriptor holds (its path as the kernel
+    resolved it, ``/proc/self/fd``) lies where the check admitted it; no change of links during a run
+    can make a file outside the root readable.
     """
 
     def __init__(self, root: Path | str, remember: int = 65536):
         self.given = os.path.abspath(root)
         self.real = os.path.realpath(self.given)
         self._remember = remember
-        self._folders: dict[str, tuple[str, bool]] = {}  # folder inside -> (its real path, inside?)
+        # folder inside -> (its real path, inside?, the real folders a file under it may lie in)
+        self._folders: dict[str, tuple[str, bool, tuple[str, ...]]] = {}
 
     def relative(self, path: Path | str) -> str | None:
         """``path`` relative to the root (``/``-separated, ``.`` for the root), or None when it leaves it."""
@@ -168,7 +192,7 @@ class ImageRoot:
                 return None
             relative = os.path.relpath(full, base)
         folder, name = os.path.split(relative)
-        real_folder, inside = self._folder(folder)
+        real_folder, inside, _ = self._folder(folder)
         target = os.path.join(real_folder, name) if name and name != "." else real_folder
         if name and name != "." and os.path.islink(target):  # a file symlink: where it really leads
             target = os.path.realpath(target)
@@ -185,12 +209,22 @@ class ImageRoot:
                 allowed.append(here)
         return allowed
 
-    def _folder(self, folder: str) -> tuple[str, bool]:
-        """(``folder``'s real path, whether it resolves inside what :meth:`_allowed` admits)."""
+    def holds(self, relative: str, fd: int) -> bool:
+        """Whether the file open at ``fd``, opened through ``relative`` (what :meth:`relative` gave),
+        lies under the real root or a folder symlink met on the way, as first met (class docstring)."""
+        real = _opened_path(fd)
+        if real is None:
+            return False
+        folder = os.path.dirname(relative) if relative != "." else ""
+        return any(_within(real, allowed) for allowed in self._folder(folder)[2])
+
+    def _folder(self, folder: str) -> tuple[str, bool, tuple[str, ...]]:
+        """(``folder``'s real path, whether it resolves inside what :meth:`_allowed` admits, that)."""
         known = self._folders.get(folder)
         if known is None:
             real_folder = os.path.realpath(os.path.join(self.real, folder))
-            known = (real_folder, any(_within(real_folder, a) for a in self._allowed(folder)))
+            allowed = tuple(self._allowed(folder))
+            known = (real_folder, any(_within(real_folder, a) for a in allowed), allowed)
             if len(self._folders) >= self._remember:
                 self._folders.clear()
             self._folders[folder] = known

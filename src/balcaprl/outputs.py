@@ -42,6 +42,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Literal
 
 from balcaprl.errors import OutputError, UserError
@@ -114,12 +115,36 @@ def _lock_file(place: Path) -> Path:
     """``.NAME.lock`` beside ``place``; inside it when its parent cannot take a file (a read-only parent)."""
     beside = place.parent / f".{place.name}.lock"
     try:
-        os.close(os.open(beside, os.O_WRONLY | os.O_CREAT, 0o666))
+        os.close(_open_lock(beside))
         return beside
     except OSError as error:
         if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) or not place.is_dir():
             raise
         return place / ".balcaprl.lock"
+
+
+def _open_lock(lock: Path) -> int:
+    """``lock`` opened (created if absent) without following a link: a symbolic link planted at its
+    name fails with ``ELOOP`` (``O_NOFOLLOW``), so the PID written into a lock file never lands in a
+    file the link points at. Whatever was opened must then be a plain file of one name (``fstat``):
+    a hard link to another file, a FIFO or a device is refused with ``ELOOP`` too."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    stat = os.fstat(fd)
+    if not S_ISREG(stat.st_mode) or stat.st_nlink > 1:  # 0: a releaser just deleted it (retried)
+        os.close(fd)
+        raise OSError(errno.ELOOP, "not a plain file of its own", str(lock))
+    return fd
+
+
+def _planted(lock: Path, place: Path, what: str) -> OutputError:
+    """The refusal of a lock file that is a link (or no plain file): it is left as it is."""
+    shown = (
+        f"a symbolic link to {os.readlink(lock)}" if os.path.islink(lock) else "not a plain file of its own"
+    )
+    return OutputError(
+        f"{what} {place}: its lock file {lock} is {shown}; balcaprl never writes through a link: "
+        "remove the link (what it points at is left as it is) and run again"
+    )
 
 
 def lock_output(path: Path | str, what: str = "--out") -> Path:
@@ -133,8 +158,11 @@ def lock_output(path: Path | str, what: str = "--out") -> Path:
     place = Path(os.path.abspath(Path(path).expanduser()))
     try:
         place.parent.mkdir(parents=True, exist_ok=True)
-        lock = _lock_file(Path(os.path.realpath(place)))  # one lock however the place is named (symlinks)
+        real = Path(os.path.realpath(place))  # one lock however the place is named (symlinks)
+        lock = _lock_file(real)
     except OSError as error:
+        if error.errno == errno.ELOOP and error.filename is not None:
+            raise _planted(Path(error.filename), place, what) from None
         raise OutputError(
             f"{what} {place}: cannot write there ({_reason(error)}); choose a writable folder"
         ) from None
@@ -142,7 +170,12 @@ def lock_output(path: Path | str, what: str = "--out") -> Path:
     if key in _HELD:
         return lock
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = _open_lock(lock)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise _planted(lock, place, what) from None
+            raise OutputError(f"{what} {place}: cannot lock {lock} ({_reason(error)})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +94,21 @@ def paper_run_hashes() -> set[str]:
     """The hashes of every RUN-word run of the paper's judge prompts (paper_prompt_7word_runs.txt)."""
     lines = (Path(__file__).parent / "paper_prompt_7word_runs.txt").read_text().splitlines()
     return {line for line in lines if line and not line.startswith("#")}
+
+
+@contextlib.contextmanager
+def judge_serve(*args: str) -> Iterator[tuple[str, int]]:
+    """``balcaprl judge serve --port 0 ARGS`` in a process of its own: ``(base_url, pid)``."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("balcaprl judge server: http://127.0.0.1:"), line
+        yield line.split()[-1], process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()

@@ -5,12 +5,9 @@ Skipped when the synthetic world is not installed in this checkout.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pyarrow.parquet as pq
 import pytest
-from judge_testkit import config, judge_and_close, png_bytes
+from judge_testkit import config, judge_and_close, judge_serve, png_bytes
 
 from balcaprl.judge import JudgeFailure, Judgement, JudgeRequest, OpenAICompatibleJudge
 from balcaprl.rewards import score_verdict
@@ -27,17 +24,8 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oracle_url(dataset):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--oracle", str(dataset)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("balcaprl judge server: http://127.0.0.1:"), line
-    yield line.split()[-1]
-    process.terminate()
-    process.wait(timeout=10)
-    process.stdout.close()
+    with judge_serve("--oracle", str(dataset)) as (url, _):
+        yield url
 
 
 @pytest.mark.parametrize("mode", ["joint", "cached-reference"])

@@ -4,12 +4,10 @@ resume from the cache, bad rows; and `balcaprl judge serve` as a real subprocess
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
-from judge_testkit import CAPTION, REFERENCE, config, judge_and_close, png_bytes, request
+from judge_testkit import CAPTION, REFERENCE, config, judge_and_close, judge_serve, png_bytes, request
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
@@ -175,23 +173,12 @@ def test_bootstrap_interval():
 def test_serve_judge_command_serves_the_real_client(tmp_path):
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({"rules": {"REFUSE": ["refusal"]}}))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "balcaprl.cli", "judge", "serve", "--port", "0", "--faults", str(faults)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("balcaprl judge server: http://127.0.0.1:"), line
-        base_url = line.split()[-1]
+    with judge_serve("--faults", str(faults)) as (base_url, _):
         judge = OpenAICompatibleJudge(config(base_url))
         outcomes = judge_and_close(judge, [request(), request("REFUSE this")])
         assert isinstance(outcomes[0], Judgement)
         assert score_verdict(outcomes[0].verdict).as_tuple() == pytest.approx((1 / 3, 1 / 2, 21 / 27))
         assert outcomes[1].reason == "refused"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def test_serve_judge_rejects_a_bad_fault_script(tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,12 +19,14 @@ from balcaprl.plan.memory import checkpoint_disk, launcher_from_accelerate, mode
 from balcaprl.recipe import recipe_from_dict
 from balcaprl.train import train
 from balcaprl.train.checkpointing import (
+    MANIFEST,
     STAGING_DIR,
     incomplete_reason,
     latest_checkpoint,
     publish,
     resolve_resume,
     save_final_model,
+    write_manifest,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +45,7 @@ def checkpoint(
         (path / "optimizer_0").mkdir()
     elif weights is not None:
         (path / weights).write_bytes(b"weights")
+    write_manifest(path)  # what a save writes last
     return path
 
 
@@ -66,6 +71,41 @@ def test_resume_skips_incomplete_checkpoints_with_one_line_each(tmp_path):
     assert latest_checkpoint(only_broken) is None
 
 
+def test_a_checkpoint_is_complete_only_when_its_files_match_its_manifest(tmp_path):
+    """Hand-made damage, each of which a resume used to load (and die on): the manifest's sizes and
+    hashes find every one, and the reason names the file."""
+    damage = {
+        "truncated": lambda c: os.truncate(c / "model.safetensors", 3),
+        "cut in half": lambda c: os.truncate(c / "optimizer.pt", 4),
+        "flipped byte": lambda c: (c / "model.safetensors").write_bytes(b"weighTs"),  # same size
+        "deleted": lambda c: (c / "optimizer.pt").unlink(),
+        "no manifest": lambda c: (c / MANIFEST).unlink(),
+        "manifest garbage": lambda c: (c / MANIFEST).write_text("{"),
+    }
+    expected = {
+        "truncated": "model.safetensors has 3 bytes, 7 were written",
+        "cut in half": "optimizer.pt has 4 bytes, 8 were written",
+        "flipped byte": "model.safetensors is not what was written (its hash differs)",
+        "deleted": "optimizer.pt is missing",
+        "no manifest": f"no {MANIFEST}: cut short, or saved before balcaprl checked its checkpoints",
+        "manifest garbage": f"{MANIFEST} unreadable",
+    }
+    for name, spoil in damage.items():
+        folder = tmp_path / name.replace(" ", "-")
+        good = checkpoint(folder, 2)
+        bad = folder / "checkpoint-4"
+        shutil.copytree(good, bad)
+        (bad / "optimizer.pt").write_bytes(b"moments!")
+        write_manifest(bad)
+        assert incomplete_reason(bad) is None
+        spoil(bad)
+        lines: list[str] = []
+        assert latest_checkpoint(folder, report=lines.append) == good, name
+        assert lines == [
+            f"skipping {bad}: incomplete ({expected[name]}); resuming from an earlier checkpoint"
+        ]
+
+
 def test_publish_moves_a_finished_folder_in_one_rename(tmp_path):
     staged = checkpoint(tmp_path / STAGING_DIR, 4)
     target = tmp_path / "checkpoint-4"
@@ -73,7 +113,11 @@ def test_publish_moves_a_finished_folder_in_one_rename(tmp_path):
     assert not staged.exists() and incomplete_reason(target) is None
     again = checkpoint(tmp_path / STAGING_DIR, 4, weights="adapter_model.safetensors")  # saved again
     publish(again, target)
-    assert sorted(p.name for p in target.iterdir()) == ["adapter_model.safetensors", "trainer_state.json"]
+    assert sorted(p.name for p in target.iterdir()) == [
+        "adapter_model.safetensors",
+        MANIFEST,
+        "trainer_state.json",
+    ]
     assert sorted(p.name for p in (tmp_path / STAGING_DIR).iterdir()) == []  # the old copy is gone
 
 
@@ -176,3 +220,30 @@ def test_the_fsdp_config_shards_checkpoints_and_the_plan_counts_their_disk():
     assert (
         "disk: 42.0 GiB per checkpoint (sharded), at most 2 kept: 83.9 GiB; final/ 14.0 GiB" in plan.to_text()
     )
+
+
+def test_resume_passes_over_a_truncated_or_halved_checkpoint(tiny_policy, tiny_dataset, tmp_path, capsys):
+    """A real run's checkpoints, damaged as a full disk or a copy cut short leaves them: the resume
+    goes on from the last good one (one line says which was passed over and why) instead of dying in
+    safetensors or torch.load."""
+    out = tmp_path / "run"
+    recipe = recipe_from_dict(
+        tiny_recipe_dict(tiny_policy, tiny_dataset, out, data={"max_samples": 4}, train={"max_steps": 2})
+    )
+    train(recipe, ScriptedJudge())
+    assert [incomplete_reason(out / f"checkpoint-{n}") for n in (1, 2)] == [None, None]
+    for spoil, file in ((lambda p: os.truncate(p, 1000), "model.safetensors"),
+                        (lambda p: os.truncate(p, p.stat().st_size // 2), "optimizer.pt")):  # fmt: skip
+        target = out / "checkpoint-2" / file
+        size = target.stat().st_size
+        spoil(target)
+        cut = target.stat().st_size
+        capsys.readouterr()
+        resumed = train(recipe, ScriptedJudge(), resume=True)
+        assert resumed.resumed_from == out / "checkpoint-1" and resumed.global_step == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if "skipping" in line]
+        assert lines == [
+            f"note: skipping {out / 'checkpoint-2'}: incomplete ({file} has {cut:,} bytes, {size:,} were "
+            "written); resuming from an earlier checkpoint"
+        ]
+        assert incomplete_reason(out / "checkpoint-2") is None  # saved again, whole

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
+import pytest
 from test_train_cli import RECIPE_3B, tiny_overrides
 from train_testkit import ScriptedJudge
 from typer.testing import CliRunner
@@ -96,3 +97,56 @@ def test_ctrl_c_in_training_is_one_line_and_status_130(tiny_llava, tiny_dataset,
     assert err.strip().splitlines()[-1].startswith("interrupted; what was finished is kept"), err
     for noise in ("Traceback", 'File "', "Task was destroyed", "never awaited", "Unclosed"):
         assert noise not in err, err
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:  # in the child, before exec: writes past `limit` fail with EFBIG, not a signal
+        import resource
+        import signal
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    ("limit", "writer"), [(300_000, "safetensors: model.safetensors"), (1_000_000, "torch: optimizer.pt")]
+)
+def test_a_checkpoint_the_system_refuses_to_write_is_one_line(
+    tiny_policy, tiny_dataset, tmp_path, limit, writer
+):
+    """A real ``balcaprl train`` process whose files may not grow past ``limit`` bytes (the tiny
+    policy's model.safetensors is ~645 KB, its optimizer.pt ~1.3 MB): the checkpoint's writer
+    (safetensors, or torch's zip writer) fails mid-file as on a full disk, with its own error type and
+    no errno. One line naming the folder, status 1; the run's earlier files are kept."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from balcaprl.testing.judge_server import JudgeServer
+    from balcaprl.testing.scripted_judge import ScriptedJudge as ServedJudge
+
+    with JudgeServer(ServedJudge()) as server:
+        judge = tmp_path / "judge.yaml"
+        judge.write_text(yaml.safe_dump({"base_url": server.base_url, "model": "m", "api_key_env": None,
+                                         "cache_path": None}))  # fmt: skip
+        run = tmp_path / "run"
+        args = [
+            "train",
+            str(RECIPE_3B),
+            "--judge",
+            str(judge),
+            *tiny_overrides(tiny_policy, tiny_dataset, run),
+        ]
+        env = {**os.environ, "COLUMNS": "60", "PYTHONPATH": os.pathsep.join(sys.path)}
+        done = subprocess.run([sys.executable, "-m", "balcaprl.cli", *args], capture_output=True, text=True,
+                              env=env, preexec_fn=_file_size_limit(limit), timeout=900)  # fmt: skip
+    assert done.returncode == 1, (writer, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {run / '.partial' / 'checkpoint-4'}: File too large; what was finished is kept: run the same "
+        "command again (with --resume where it has one) to go on"
+    )
+    assert not list(run.glob("checkpoint-*"))  # nothing half-written was published

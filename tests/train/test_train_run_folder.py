@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from balcaprl.errors import ConfigError
-from balcaprl.train.checkpointing import replace_run, resolve_resume, run_results
+from balcaprl.train.checkpointing import replace_run, resolve_resume, run_results, write_manifest
 
 
 def earlier_run(folder, *, checkpoint=True, metrics="{}\n"):
@@ -17,6 +17,7 @@ def earlier_run(folder, *, checkpoint=True, metrics="{}\n"):
         (folder / "checkpoint-4").mkdir()
         (folder / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
         (folder / "checkpoint-4" / "model.safetensors").write_bytes(b"")
+        write_manifest(folder / "checkpoint-4")  # what a save writes last
     (folder / "metrics.jsonl").write_text(metrics)
     (folder / "recipe.yaml").write_text("name: earlier\n")
     return folder

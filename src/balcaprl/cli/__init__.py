@@ -21,6 +21,8 @@ show local variables, which may hold API keys.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import textwrap
 
 import typer
@@ -38,6 +40,7 @@ from balcaprl.cli.common import (
     system_error_line,
 )
 from balcaprl.errors import UserError
+from balcaprl.files import SHOWN_ERRORS
 from balcaprl.outputs import release_output_locks
 
 __all__ = ["app"]
@@ -78,6 +81,9 @@ class RootGroup(TyperGroup):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx: typer.Context):
+        for stream in (sys.stdout, sys.stderr):  # a path with a byte that is not UTF-8 prints as \xff
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(errors=SHOWN_ERRORS)
         try:
             return super().invoke(ctx)
         except UserError as error:

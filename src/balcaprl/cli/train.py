@@ -109,13 +109,16 @@ def train(
     if processes.is_main_process:  # one run per folder; a launch's other processes are the same run
         lock_output(output_dir, "run.output_dir")
     checkpoint = None
-    if overwrite:
-        replace_run(output_dir, processes)
-    else:
+    if not overwrite:
         checkpoint = resolve_resume(
             output_dir, resume_from if resume_from is not None else resume
         )  # refusals
     check_model_path(recipe.model.path, "model.path")  # a hub that cannot be reached: the cache or exit 2
+    from balcaprl.train.trl_backend import grpo_config
+
+    grpo_config(recipe, processes.num_processes)  # every value as TRL gets it, before the folder is touched
+    if overwrite:
+        replace_run(output_dir, processes)
     ensure_writable_dir(output_dir, "run.output_dir")
 
     from balcaprl.train.trl_backend import train as train_with_trl

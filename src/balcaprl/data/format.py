@@ -166,7 +166,9 @@ def _write_split(
     os.close(fd)
     rows = 0
     try:
-        with pq.ParquetWriter(tmp, SCHEMA) as writer:
+        # through a Python file: Arrow's own file system takes only paths that are UTF-8 (a folder
+        # named with the byte 0xff is not), Python's takes them as the OS gives them
+        with open(tmp, "wb") as sink, pq.ParquetWriter(sink, SCHEMA) as writer:
             batch: list[DatasetSample] = []
 
             def flush() -> None:
@@ -281,7 +283,8 @@ def read_split_table(dataset_dir: Path | str, split: str) -> pa.Table:
     :class:`~balcaprl.errors.InputError` naming it."""
     path = _split_path(dataset_dir, split)
     try:
-        return pq.read_table(path)
+        with open(path, "rb") as source:  # a Python file: any path the OS allows (see _write_split)
+            return pq.read_table(source)
     except FileNotFoundError:
         raise MissingInputError(f"{path} not found: the dataset is incomplete; rebuild it") from None
     except (OSError, pa.ArrowException) as error:

@@ -458,6 +458,21 @@ def _step_rows(metrics_path: Path) -> list[dict[str, Any]]:
     return [m for m in read_jsonl(metrics_path) if m.get("kind") == "step"]
 
 
+def check_rl_recipes(config: DemoConfig, variants: Sequence[Variant], steps: int | None, root: Path) -> None:
+    """Each variant's RL recipe as TRL will get it (one process; the batch layout, pass-through values),
+    so a setting the trainer refuses fails now; the paths do not matter for that."""
+    from balcaprl.errors import ConfigError
+    from balcaprl.train.trl_backend import grpo_config
+
+    for variant in variants:
+        overrides = list(variant.overrides) + ([f"train.max_steps={steps}"] if steps is not None else [])
+        recipe = config.training_recipe(root / "sft", root / "data", root / "rl" / variant.name, overrides)
+        try:
+            grpo_config(recipe, world_size=1)
+        except ConfigError as error:
+            raise ConfigError(f"recipe (variant {variant.name}): {error}") from None
+
+
 def run_demo(
     config: DemoConfig,
     variants: Sequence[Variant],
@@ -473,10 +488,11 @@ def run_demo(
 
     if not variants:
         raise UserError("no variant to run")
+    root = Path(config.output_dir).expanduser()
+    check_rl_recipes(config, variants, steps, root)  # before the first stage, not after an hour of them
     import torch
 
     torch.set_num_threads(config.threads)
-    root = Path(config.output_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     (root / "demo_config.yaml").write_text(config.to_yaml(), encoding="utf-8")
     timings: dict[str, float] = {}

@@ -114,18 +114,38 @@ class ImageLoader:
 
     def resolve(self, image: Path | str) -> Path:
         """The file an image path names, checked against the root. Raises :class:`ImageError`."""
-        return Path(self._resolved(image))
+        return Path(self._resolved(image)[0])
 
-    def _resolved(self, image: Path | str) -> str:
+    def _resolved(self, image: Path | str) -> tuple[str, str | None]:
+        """``(path to open, path relative to the root)``; no root: ``(image, None)``."""
         if self._inside is None:
-            return os.fspath(image)
+            return os.fspath(image), None
         relative = self._inside.relative(image)  # a linked images/ folder inside the root is in it
         if relative is None:
-            raise ImageError(
-                f"image path '{image}' escapes the image root {self.root}; "
-                "use a path relative to --images that stays inside it"
-            )
-        return os.path.join(self._root_text, relative)
+            raise self._escapes(image)
+        return os.path.join(self._root_text, relative), relative
+
+    def _escapes(self, image: Path | str) -> ImageError:
+        return ImageError(
+            f"image path '{image}' escapes the image root {self.root}; "
+            "use a path relative to --images that stays inside it"
+        )
+
+    def _open(self, image: Path | str, path: str, relative: str | None) -> tuple[int, os.stat_result]:
+        """``path`` open for reading and its ``fstat``: a regular file, and where the root admitted it
+        when the descriptor was opened (:meth:`ImageRoot.holds`: a link re-pointed after the check is
+        caught here). NONBLOCK: a FIFO is refused, not waited on."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if relative is not None and not self._inside.holds(relative, fd):  # type: ignore[union-attr]
+                raise self._escapes(image)
+            stat = os.fstat(fd)
+            if not S_ISREG(stat.st_mode):
+                raise ImageError(f"image '{image}' is not a regular file")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, stat
 
     def load(self, image: Path | str | bytes) -> PreparedImage:
         """Prepare ``image`` (a path, or PNG/JPEG/... bytes). Raises :class:`ImageError`."""
@@ -134,22 +154,28 @@ class ImageLoader:
                 return self._prepare(bytes(image), where="<image bytes>")
         if not isinstance(image, str | os.PathLike):
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
-        path = self.resolve(image)
+        path, relative = self._resolved(image)
         try:
             key = self._file_key(path)  # the same key as sha256() makes for this file
         except OSError as error:
             raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
         with self._lock:
-            known = self._known.get(key)
+            known = self._known.get(key)  # read through a checked descriptor when it was prepared
             if known is not None:
                 self._known.move_to_end(key)
                 return known
-            digest = self._digests.pop(key, None)  # hashed already by sha256()
         with _DECODING:  # the file's bytes and its decoded pixels: a bounded number at once
             try:
-                data = path.read_bytes()
+                fd, stat = self._open(image, path, relative)
+                try:
+                    data = _read_all(fd)
+                finally:
+                    os.close(fd)
             except OSError as error:
                 raise ImageError(f"image '{image}' cannot be read: {error.strerror or error}") from None
+            key = self._stat_key(path, stat)  # of the file read, which may differ from the one stat() saw
+            with self._lock:
+                digest = self._digests.pop(key, None)  # hashed already by sha256()
             prepared = self._prepare(data, where=f"image '{image}'", digest=digest)
         with self._lock:
             self._known[key] = prepared
@@ -165,22 +191,17 @@ class ImageLoader:
             return sha256_hex(bytes(image))
         if not isinstance(image, str | os.PathLike):
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
-        path = self._resolved(image)
+        path, relative = self._resolved(image)
         try:
-            # one descriptor for the key and the bytes: a file swapped in between cannot mix the two
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO is refused, not waited on
+            known_digest = self._known_digest(self._file_key(path))  # warm: one stat, nothing opened
+            if known_digest is not None:
+                return known_digest  # of bytes read through a checked descriptor when first hashed
+            # one checked descriptor for the key and the bytes: a file swapped in between cannot mix
+            # the two, and a link re-pointed since the path was checked cannot lead out of the root
+            fd, stat = self._open(image, path, relative)
             try:
-                stat = os.fstat(fd)
                 key = self._stat_key(path, stat)
-                with self._lock:
-                    known = self._known.get(key)
-                    if known is not None:
-                        return known.sha256
-                    digest = self._digests.get(key)
-                if digest is None:
-                    if not S_ISREG(stat.st_mode):
-                        raise ImageError(f"image '{image}' is not a regular file")
-                    digest = sha256_hex(_read_all(fd))
+                digest = self._known_digest(key) or sha256_hex(_read_all(fd))
             finally:
                 os.close(fd)
         except OSError as error:
@@ -190,6 +211,11 @@ class ImageLoader:
             while len(self._digests) > self._remember:
                 self._digests.popitem(last=False)
         return digest
+
+    def _known_digest(self, key: tuple) -> str | None:
+        with self._lock:
+            known = self._known.get(key)
+            return known.sha256 if known is not None else self._digests.get(key)
 
     def _file_key(self, path: Path | str) -> tuple:
         """What a remembered file is known by: a changed file (size or modification time) is new."""

@@ -28,6 +28,12 @@ matched against the request's user text.
 The usage it reports is :func:`balcaprl.judge.tokens.approx_prompt_tokens` (the client's own
 estimate) with the request's largest image side, and ``approx_tokens`` of the answer.
 
+What it reads is bounded: a request body larger than :data:`MAX_BODY_BYTES` is answered 413 (from
+its ``Content-Length`` before a byte of it is read, or as soon as a chunked body passes the limit:
+the body is read in the chunks the connection delivers), so a 200 MB body costs the server no more
+than the limit. Every request it cannot read as a call of a protocol it serves is answered 400
+naming what is wrong, never 500: a 500 is an injected fault (or a bug in this server).
+
 Binds to 127.0.0.1 by default (port 0 picks a free port); it has no authentication unless ``api_key``
 is given, so do not expose it.
 """
@@ -82,6 +88,10 @@ FAULTS = (
     *HOSTILE_FAULTS,  # answers whose size is the attack (balcaprl.testing.hostile_answers)
 )
 
+# The largest request body read. What the balcaprl client sends is text and one image no longer than
+# the judge's max_image_side: an RGBA PNG that does not compress at all is 4 x side^2 bytes, 4/3 more in
+# base64, so 32 MiB leaves room for every max_image_side up to 2,500 pixels (2.4x the default 1024).
+MAX_BODY_BYTES = 32 * 2**20
 # the verdict judge's own calls: response-format name -> (call, rubric or None)
 _JUDGE_KINDS = {schema_name(kind): call for kind, call in JUDGE_CALL_KINDS.items()}
 _SCHEMA_PREFIX = schema_name("")
@@ -194,11 +204,25 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def generic_call(body: dict[str, Any]) -> GenericCall:
-    """Read a chat-completions body as a :class:`GenericCall`; ``ValueError`` for a malformed one."""
+def checked_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The body's messages, each an object whose content is a text or a list of parts that are objects
+    (a text part's text a string); ``ValueError`` saying what is not."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("the request has no messages")
+    for number, message in enumerate(messages, 1):
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = content if isinstance(content, list) else []
+        if not isinstance(message, dict) or not isinstance(content, str | list | None):
+            raise ValueError(f"message {number} is not an object with a text or a list of parts")
+        if not all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in parts):
+            raise ValueError(f"message {number} has a part that is not an object with a text")
+    return messages
+
+
+def generic_call(body: dict[str, Any]) -> GenericCall:
+    """Read a chat-completions body as a :class:`GenericCall`; ``ValueError`` for a malformed one."""
+    messages = checked_messages(body)
     system = next((m for m in messages if m.get("role") == "system"), None)
     user = next((m for m in messages if m.get("role") == "user"), None)
     if user is None:
@@ -231,6 +255,21 @@ def _json_response(body: Any, status_code: int = 200, headers: dict[str, str] | 
     return Response(
         orjson.dumps(body), status_code=status_code, headers=headers, media_type="application/json"
     )
+
+
+async def bounded_body(request: Request, limit: int) -> bytearray | None:
+    """The request's body, read chunk by chunk as the connection delivers it, or None as soon as it
+    is known to be longer than ``limit`` bytes (its ``Content-Length`` says so, or the chunks pass it);
+    never more than ``limit`` bytes are held."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        if len(body) + len(chunk) > limit:
+            return None
+        body += chunk
+    return body
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
@@ -386,10 +425,12 @@ def create_app(
     counters: ServerCounters | None = None,
     handler: GenericHandler | None = None,
     latency: LatencyModel | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ):
     """The FastAPI app serving ``judge`` (verdict calls) and ``handler`` (generic calls; see the
     module docstring). ``api_key``: when set, requests must carry it (else 401). ``latency``: answer
-    at a real endpoint's speed (:class:`LatencyModel`; ``POST /latency/reset``, ``GET /latency``)."""
+    at a real endpoint's speed (:class:`LatencyModel`; ``POST /latency/reset``, ``GET /latency``).
+    ``max_body_bytes``: longer request bodies are answered 413."""
     faults = faults or FaultScript()
     counters = counters or ServerCounters()
     app = FastAPI(title="balcaprl judge server", docs_url=None, redoc_url=None, openapi_url=None)
@@ -445,10 +486,17 @@ def create_app(
         over_rate = latency.admit() if latency is not None else None
         if over_rate is not None:
             return over_rate
+        raw = await bounded_body(request, max_body_bytes)
+        if raw is None:
+            return _error(
+                413, f"the request body is longer than this server's limit of {max_body_bytes:,} bytes",
+                "invalid_request_error",
+            )  # fmt: skip
         try:
-            body = orjson.loads(await request.body())  # orjson's errors are ValueErrors
+            body = orjson.loads(raw)  # orjson's errors are ValueErrors
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
+            checked_messages(body)  # what every protocol reads (and the token estimate counts)
             model = str(body.get("model", "balcaprl-local-judge"))
             format_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
             judge_kind = _JUDGE_KINDS.get(format_name)
@@ -507,9 +555,12 @@ def create_app(
         if early is not None:
             return early
         assert handler is not None
-        answer = handler(call)
-        if inspect.isawaitable(answer):
-            answer = await answer
+        try:
+            answer = handler(call)
+            if inspect.isawaitable(answer):
+                answer = await answer
+        except (ValueError, LookupError, TypeError, AttributeError) as error:  # what it could not read
+            return _error(400, f"not a request this judge can answer: {error}", "invalid_request_error")
         if isinstance(answer, JudgeFailure):
             return _failure_response(answer, call.model, prompt_tokens)
         if isinstance(answer, str):

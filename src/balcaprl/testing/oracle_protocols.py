@@ -53,6 +53,21 @@ def numbered_items(text: str | None) -> list[str]:
     return [re.sub(r"^\d+\.\s?", "", line) for line in text.split("\n") if line.strip()]
 
 
+def _question_and_options(text: str) -> tuple[str, dict[str, str]]:
+    """The question and the lettered options (``{"A": "Yes", ...}``) of a CaptionQA request in the
+    official layout; ``ValueError`` saying what is missing (the server answers it 400)."""
+    if "Question:\n" not in text or "\n\nOptions:\n" not in text:
+        raise ValueError("a CaptionQA request has a 'Question:' and an 'Options:' section")
+    question, listed = text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)
+    options = {}
+    for line in listed.split("\n\nAnswer:", 1)[0].split("\n"):
+        letter, dot, option = line.partition(". ")
+        if not dot or len(letter) != 1 or not letter.isupper():
+            raise ValueError(f"the option line {line!r} is not 'LETTER. text'")
+        options[letter] = option
+    return question, options
+
+
 def _sentences(text: str) -> list[str]:
     return [s.strip().rstrip(".") for s in re.split(r"(?<=\.)\s+", text.strip()) if s.strip().rstrip(".")]
 
@@ -144,7 +159,7 @@ class OracleProtocols:
             return JudgeFailure("bad_input", f"the oracle does not answer {kind or 'this'} calls")
         try:
             return answer(call)
-        except LookupError as error:  # an image of no scene of this dataset
+        except (LookupError, ValueError) as error:  # an image of no scene of this dataset, a malformed call
             return JudgeFailure("bad_input", str(error))
 
     def _dcscore_extract(self, call: GenericCall) -> Any:
@@ -174,15 +189,14 @@ class OracleProtocols:
 
     def _captionqa_answer(self, call: GenericCall) -> Any:
         caption = (request_block("caption", call.text) or "").lower()
-        question = call.text.split("Question:\n", 1)[1].split("\n\nOptions:\n", 1)[0]
-        options = dict(
-            line.split(". ", 1)
-            for line in call.text.split("Options:\n", 1)[1].split("\n\nAnswer:", 1)[0].split("\n")
-        )
+        question, options = _question_and_options(call.text)
         asked = re.fullmatch(r"Is there an? (.+)\?", question.strip())
         if asked is not None:
             wanted = "Yes" if asked.group(1).lower() in caption else "No"
-            return next(letter for letter, text in options.items() if text == wanted)
+            letter = next((letter for letter, text in options.items() if text == wanted), None)
+            if letter is not None:
+                return letter
+            return JudgeFailure("bad_input", f"the answer {wanted!r} is not one of the options")
         unanswerable = [letter for letter, text in options.items() if "cannot answer" in text.lower()]
         if unanswerable:
             return unanswerable[0]

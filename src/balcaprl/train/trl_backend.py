@@ -91,7 +91,7 @@ from balcaprl.train.rollout_engine import (
     vllm_param_name,
 )
 from balcaprl.train.step import BatchStep, StepResult
-from balcaprl.train.trl_overrides import apply_trl_overrides
+from balcaprl.train.trl_overrides import build_config
 from balcaprl.train.vision_attention import use_varlen_vision_attention
 
 logger = logging.getLogger(__name__)
@@ -604,7 +604,7 @@ def grpo_config(recipe: Recipe, world_size: int | None = None) -> GRPOConfig:
             vllm_server_timeout=vllm.server_timeout,
             vllm_importance_sampling_correction=vllm.importance_sampling_correction,
         )
-    return GRPOConfig(**apply_trl_overrides(kwargs, t.trl_overrides, GRPOConfig))
+    return build_config(GRPOConfig, kwargs, t.trl_overrides)
 
 
 def build_trainer(
@@ -713,6 +713,9 @@ def train(
     if not recipe.train.use_cpu:
         check_driver()  # before torch decides there is no GPU (an old driver) and trains on the CPU
     state = PartialState(cpu=recipe.train.use_cpu)
+    grpo_config(
+        recipe, state.num_processes
+    )  # every value, pass-through ones too, before recipe.yaml is written
     checkpoint = resolve_resume(output_dir, resume, report=_note if state.is_main_process else None)
     if checkpoint is not None:
         check_resumable(output_dir, recipe, allow_recipe_change)
