@@ -194,3 +194,27 @@ def test_assemble_stream_joins_the_deltas_and_keeps_the_last_usage():
     assert assemble_stream(b'{"not": "a stream"}') == b'{"not": "a stream"}'
     error = json.loads(assemble_stream(b'data: {"error": {"message": "overloaded"}}\n\n'))
     assert error == {"error": {"message": "overloaded"}}
+
+
+class _Pause:
+    """An awaitable that suspends once: a coroutine left mid-batch, as a task cancelled at exit is."""
+
+    def __await__(self):
+        yield
+
+
+def test_a_batch_closed_from_another_context_ends_without_an_error():
+    """A run interrupted while rollouts are judged leaves coroutines inside a hedge batch; Python closes
+    them later from another context (garbage collection), where the batch's token cannot be reset."""
+    import contextvars
+
+    from balcaprl.judge import tail
+
+    async def judged():
+        with tail.hedge_batch():
+            await _Pause()
+
+    coroutine = judged()
+    contextvars.copy_context().run(coroutine.send, None)  # enters the batch in a task's own context
+    coroutine.close()  # from this one, as the collector does: no ValueError escapes
+    assert tail._BATCH.get() is None

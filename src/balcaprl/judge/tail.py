@@ -62,7 +62,10 @@ def hedge_batch() -> Iterator[None]:
     try:
         yield
     finally:
-        _BATCH.reset(token)
+        try:
+            _BATCH.reset(token)
+        except ValueError:  # a coroutine closed from another context (collected at exit): end it there
+            _BATCH.set(None)
 
 
 class Hedging:
