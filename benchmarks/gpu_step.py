@@ -901,22 +901,17 @@ def main(argv: list[str] | None = None) -> int:
         "plan_layers_without_recompute": kept,
         "variants": results,
     }
-    if "after" in results and "mix" in results:
-        at_cap, mix = results["after"], results["mix"]
-        figures["mix_vs_all_at_the_cap"] = {
-            "update_s": mix["update_s_mean"] / at_cap["update_s_mean"] if at_cap["update_s_mean"] else None,
-            "update_mfu": mix["update_mfu_mean"] / at_cap["update_mfu_mean"]
-            if at_cap["update_mfu_mean"] and mix["update_mfu_mean"]
-            else None,
-        }
-    if "before" in results and "after" in results:
-        before, after = results["before"], results["after"]
-        figures["after_vs_before"] = {
-            "update_s": after["update_s_mean"] / before["update_s_mean"] if before["update_s_mean"] else None,
-            "update_mfu": after["update_mfu_mean"] / before["update_mfu_mean"]
-            if before["update_mfu_mean"] and after["update_mfu_mean"]
-            else None,
-        }
+    for key, (base, other) in {
+        "after_vs_before": ("before", "after"),
+        "mix_vs_all_at_the_cap": ("after", "mix"),
+    }.items():
+        if base in results and other in results:
+            figures[key] = {
+                figure: results[other][f"{figure}_mean"] / results[base][f"{figure}_mean"]
+                if results[base][f"{figure}_mean"] and results[other][f"{figure}_mean"] is not None
+                else None
+                for figure in ("update_s", "update_mfu")
+            }
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "tiny-cpu" if args.tiny and not cuda else gpu_name.lower().replace(" ", "-")
     target = args.out / f"gpu_step.{slug}.json"
