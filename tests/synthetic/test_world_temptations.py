@@ -248,7 +248,7 @@ def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it():
     )
     verdict = oracle_verdict(scene, "A small green star sits in the bottom right corner.", original)
     covered = {a.text for a in verdict.reference_assertions if a.covered}
-    assert "there is a green shape at the bottom right" in covered  # it repeats the reference's error
+    assert "there is a small green star at the bottom right" in covered  # it repeats the reference's error
     assert any("pleasing" in a.text for a in verdict.reference_assertions)  # commentary is decomposed too
     r = score_verdict(verdict)
     assert r.precision < 1.0  # ... and it is still false of the image
