@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from balcaprl.cli import app
 from balcaprl.demo.config import DemoConfig, demo_recipe, load_demo_config
 from balcaprl.demo.variants import VARIANTS, parse_variants
-from balcaprl.errors import ConfigError
+from balcaprl.errors import ConfigError, UserError
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.testing.toy_demo import write_toy_demo_config
 from balcaprl.train.metrics import read_jsonl
@@ -217,6 +217,17 @@ def test_the_ablation_runner_trains_each_variant_per_seed_and_checks_the_papers_
     assert len(verdicts) == 4 + 4 and set(verdicts) <= {"reproduced", "not reproduced", "opposite"}
     md = (out / "comparison.md").read_text()
     assert "| no-length | Table 4 'w/o length penalty' |" in md and "paper's direction" in md
+    # a run stopped early is summarised over the seeds every variant finished
+    from balcaprl.demo.ablation import comparison_so_far
+
+    (out / "eval" / "no-length-1steps-seed1.json").unlink()
+    variants = parse_variants("full,no-length")
+    result = comparison_so_far(load_demo_config(toy_config, [f"output_dir={out}"]), variants, steps=1)
+    assert [s.seeds for s in result.variants] == [1, 1]
+    assert "averaged over 1 seed(s)" in (out / "comparison.md").read_text()
+    (out / "eval" / "full-1steps-seed0.json").unlink()
+    with pytest.raises(UserError, match="no seed has finished for every one of full, no-length"):
+        comparison_so_far(load_demo_config(toy_config, [f"output_dir={out}"]), variants, steps=1)
 
 
 def test_config_errors_name_the_key(tmp_path):

@@ -319,7 +319,12 @@ def ablation_markdown(
     lines += [
         "",
         f"Changes are after RL minus the SFT start, per held-out scene, averaged over {seeds} seed(s) and the "
-        f"scenes; intervals resample seeds and scenes. Wall time {wall_s / 60:.1f} min.",
+        f"scenes; intervals resample seeds and scenes."
+        + (
+            f" Wall time {wall_s / 60:.1f} min."
+            if math.isfinite(wall_s)
+            else " Summarised from the finished runs."
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -356,3 +361,19 @@ def ablation_csv(summaries: Sequence[VariantSummary]) -> str:
         row["train_s"] = round(s.train_s, 1)
         writer.writerow(row)
     return buffer.getvalue()
+
+
+def comparison_so_far(
+    config: DemoConfig, variants: Sequence[Variant], steps: int | None = None
+) -> AblationResult:
+    """The comparison of a run folder whose ablation stopped early (a time limit, a crash): every seed
+    that each variant finished, written as the finished run writes it. Raises when no seed is complete."""
+    root = Path(config.output_dir).expanduser()
+    seeds = finished_seeds(root, variants, steps)
+    if seeds == 0:
+        raise UserError(
+            f"{root}: no seed has finished for every one of {', '.join(v.name for v in variants)}"
+        )
+    stored = json.loads((root / "eval" / "sft.json").read_text(encoding="utf-8"))
+    before = Evaluation(HeldOut(**stored["held_out"]), stored["records"])
+    return write_comparison(config, variants, seeds, steps, before, {}, math.nan)
