@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from balcaprl.demo.ablation import ablation_csv, ablation_markdown, summarise
+from balcaprl.demo.ablation import ablation_csv, ablation_markdown, direction_count, summarise
 from balcaprl.demo.pipeline import Evaluation
 from balcaprl.demo.report import HeldOut
 from balcaprl.demo.variants import VARIANTS
@@ -38,21 +38,27 @@ BEFORE = evaluation((0.40, 0.50), (40, 50))
 
 def test_changes_from_the_start_average_seeds_and_scenes():
     runs = [evaluation((0.42, 0.52), (44, 54)), evaluation((0.44, 0.54), (46, 56))]
-    s = summarise(VARIANTS["full"], runs, BEFORE, runs, BOOT, train_s=12.0)
+    s = summarise(VARIANTS["full"], runs, BEFORE, {"full": runs}, BOOT, train_s=12.0)
     assert s.changes["b_capscore"].delta == pytest.approx(3.0)  # (2 + 2 + 4 + 4) / 4, x100
     assert s.changes["linguistic"].delta == 0.0
     assert s.means["tokens"] == pytest.approx(50.0) and s.means["fluency"] == 9.0
-    # full's claims are against the start: b-CapScore up and captions longer, in every resample
+    # full's claims are against the start: b-CapScore and recall up and captions longer in every
+    # resample; the linguistic score did not move, so that direction is not reproduced
     assert [(c.label, c.verdict) for c in s.claims] == [
         ("b_capscore > start", "reproduced"),
+        ("recall > start", "reproduced"),
+        ("linguistic > start", "not reproduced"),
         ("tokens > start", "reproduced"),
     ]
+    assert direction_count(s.claims).startswith(
+        "Directions reproduced: **3 of 4** stated for these rows (0 opposite, 1 not"
+    )
 
 
 def test_claims_against_full_pair_seeds_and_say_opposite_or_not_reproduced():
     full = [evaluation((0.42, 0.52), (44, 54)), evaluation((0.44, 0.54), (46, 56))]
     grpo = [evaluation((0.45, 0.55), (44, 54)), evaluation((0.47, 0.57), (46, 57))]
-    s = summarise(VARIANTS["grpo"], grpo, BEFORE, full, BOOT, train_s=0.0)
+    s = summarise(VARIANTS["grpo"], grpo, BEFORE, {"full": full}, BOOT, train_s=0.0)
     by_label = {c.label: c for c in s.claims}
     # GRPO scored higher than full in every pair: the paper's "lower" is the opposite here
     assert by_label["b_capscore < full"].interval.delta == pytest.approx(3.0)
@@ -60,11 +66,30 @@ def test_claims_against_full_pair_seeds_and_say_opposite_or_not_reproduced():
     # lengths: equal but for one scene of one seed; resamples that miss it give 0, so no direction
     assert by_label["tokens < full"].interval.delta == pytest.approx(0.25)
     assert by_label["tokens < full"].verdict == "not reproduced"
-    # without full beside it, claims against full are left out, not invented
-    assert summarise(VARIANTS["grpo"], grpo, BEFORE, None, BOOT, 0.0).claims == []
+    # without full beside it, claims against full are listed as not run, never given a verdict
+    alone = summarise(VARIANTS["grpo"], grpo, BEFORE, {}, BOOT, 0.0).claims
+    assert [(c.label, c.verdict) for c in alone if c.baseline == "full"] == [
+        ("b_capscore < full", "not run"),
+        ("tokens < full", "not run"),
+    ]
+    assert all(c.interval is None for c in alone if c.baseline == "full")
+    assert direction_count(alone).endswith("2 not run: their baseline was not in the run).")
     csv_text = ablation_csv([s])
     assert csv_text.splitlines()[1].startswith("grpo,Table 3 'w/o c-GDPO',2,")
     assert "b_capscore < full: opposite" in csv_text
     before = {k: 0.5 for k in (*KEYS, "fluency")}
     md = ablation_markdown(before, [s], seeds=2, level=0.95, wall_s=60.0)
-    assert "| grpo | Table 3 'w/o c-GDPO' | +6.0 [" in md and "| grpo | b_capscore < full |" in md
+    assert (
+        "| grpo | Table 3 'w/o c-GDPO' | +6.0 [" in md and "| grpo | b_capscore < full | Table 3: 38.0" in md
+    )
+    assert "Directions reproduced: **" in md and f"of {len(s.claims)}**" in md
+
+
+def test_a_claim_against_another_variant_pairs_that_variants_seeds():
+    # no-recap's "slightly worse than removing the recall reward": compared with no-recall's runs
+    no_recall = [evaluation((0.50, 0.60), (40, 50)), evaluation((0.52, 0.62), (40, 50))]
+    no_recap = [evaluation((0.45, 0.55), (40, 50)), evaluation((0.47, 0.57), (40, 50))]
+    s = summarise(VARIANTS["no-recap"], no_recap, BEFORE, {"no-recall": no_recall}, BOOT, 0.0)
+    (vs_no_recall,) = [c for c in s.claims if c.baseline == "no-recall"]
+    assert vs_no_recall.interval.delta == pytest.approx(-5.0) and vs_no_recall.verdict == "reproduced"
+    assert {c.verdict for c in s.claims if c.baseline == "full"} == {"not run"}

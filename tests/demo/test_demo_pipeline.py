@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from balcaprl.cli import app
 from balcaprl.demo.config import DemoConfig, demo_recipe, load_demo_config
 from balcaprl.demo.variants import VARIANTS, parse_variants
-from balcaprl.errors import ConfigError
+from balcaprl.errors import ConfigError, UserError
 from balcaprl.synthetic.oracle import OracleJudge
 from balcaprl.testing.toy_demo import write_toy_demo_config
 from balcaprl.train.metrics import read_jsonl
@@ -212,11 +212,22 @@ def test_the_ablation_runner_trains_each_variant_per_seed_and_checks_the_papers_
             float(row["b_capscore_low"]) <= float(row["b_capscore_change"]) <= float(row["b_capscore_high"])
         )
     # each claim of each row, with one of the three verdicts
-    assert rows[1]["claims"].startswith("tokens < start: ")
+    assert rows[1]["claims"].startswith("b_capscore < start: ")
     verdicts = [c.split(": ")[1] for r in rows for c in r["claims"].split("; ")]
-    assert len(verdicts) == 3 and set(verdicts) <= {"reproduced", "not reproduced", "opposite"}
+    assert len(verdicts) == 4 + 4 and set(verdicts) <= {"reproduced", "not reproduced", "opposite"}
     md = (out / "comparison.md").read_text()
     assert "| no-length | Table 4 'w/o length penalty' |" in md and "paper's direction" in md
+    # a run stopped early is summarised over the seeds every variant finished
+    from balcaprl.demo.ablation import comparison_so_far
+
+    (out / "eval" / "no-length-1steps-seed1.json").unlink()
+    variants = parse_variants("full,no-length")
+    result = comparison_so_far(load_demo_config(toy_config, [f"output_dir={out}"]), variants, steps=1)
+    assert [s.seeds for s in result.variants] == [1, 1]
+    assert "averaged over 1 seed(s)" in (out / "comparison.md").read_text()
+    (out / "eval" / "full-1steps-seed0.json").unlink()
+    with pytest.raises(UserError, match="no seed has finished for every one of full, no-length"):
+        comparison_so_far(load_demo_config(toy_config, [f"output_dir={out}"]), variants, steps=1)
 
 
 def test_config_errors_name_the_key(tmp_path):
@@ -245,11 +256,12 @@ def test_config_errors_name_the_key(tmp_path):
 def test_variants_are_one_override_each():
     assert list(VARIANTS) == [
         "full", "grpo", "no-precision", "no-recall", "no-linguistic", "no-pointability", "no-length", "linear-length",
-        "no-recap", "prec-0.1", "prec-0.2", "prec-0.4",
+        "no-recap", "prec-0.1", "prec-0.2", "prec-0.4", "tau-0-3", "tau-0.5-1", "tau-0.5-3", "tau-0.5-4",
+        "tau-0.5-5", "tau-0.5-6",
     ]  # fmt: skip
     config = DemoConfig()
-    for variant in VARIANTS.values():
-        assert len(variant.overrides) == (0 if variant.name == "full" else 1)
+    for variant in VARIANTS.values():  # one change each; Table 4's tau_l = 0 row moves both bounds
+        assert len(variant.overrides) == {"full": 0, "tau-0-3": 2}.get(variant.name, 1)
         config.training_recipe("p", "d", "o", variant.overrides)  # every variant is a valid recipe
     assert [v.name for v in parse_variants("all")] == list(VARIANTS)
     assert [v.name for v in parse_variants("ablation")] == list(VARIANTS)
@@ -260,15 +272,29 @@ def test_variants_are_one_override_each():
     assert config.training_recipe("p", "d", "o", VARIANTS["no-recap"].overrides).data.reference == (
         "reference_original"
     )
+    # Table 4's grid: the band each tau variant trains with (0.5 / 2 is full's)
+    bands = {
+        v.name: (lambda r: (r.rewards.length.tau_low, r.rewards.length.tau_high))(
+            config.training_recipe("p", "d", "o", v.overrides)
+        )
+        for v in parse_variants("tau")
+    }
+    assert bands == {
+        "full": (0.5, 2.0), "tau-0-3": (0.0, 3.0), "tau-0.5-1": (0.5, 1.0), "tau-0.5-3": (0.5, 3.0),
+        "tau-0.5-4": (0.5, 4.0), "tau-0.5-5": (0.5, 5.0), "tau-0.5-6": (0.5, 6.0),
+    }  # fmt: skip
     for variant in VARIANTS.values():  # every claim names a figure the evaluation records per scene
         for claim in variant.claims:
             assert claim.metric in {
                 "b_capscore",
+                "precision",
+                "recall",
+                "linguistic",
                 "tokens",
                 "non_pointable_share",
-                "non_visible_share",
-                "fluency",
             }
+            assert claim.baseline == "start" or claim.baseline in VARIANTS, claim
+            assert claim.basis, claim
     with pytest.raises(ValueError, match="unknown variant"):
         parse_variants("full,nope")
 

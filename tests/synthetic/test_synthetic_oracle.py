@@ -53,13 +53,14 @@ def test_hallucinated_object_and_attributes_are_pointable_but_not_visible(scene)
     )
     verdict, r = rewards(scene, caption)
     texts = by_text(verdict)
-    assert texts["there is a shape at the bottom left"] == (True, False)  # an empty cell
-    assert texts["there is a purple shape at the bottom left"] == (True, False)  # false about it too
-    assert texts["there is a star at the bottom left"] == (True, False)
+    # a shape in an empty cell is not in the image: every claim about it fails
+    assert texts["there is a purple star at the bottom left"] == (True, False)
+    assert texts["the purple star at the bottom left is purple"] == (True, False)
+    assert texts["the purple star sits at the bottom left"] == (True, False)
     assert texts["there is a blue square"] == (True, True)  # 'the' introduces it (no place given)
     assert texts["the blue square is large"] == (True, False)  # wrong size
-    assert texts["there is a shape at the top"] == (True, False)  # the green triangle placed wrong
-    assert texts["there is a green shape at the top"] == (True, False)
+    assert texts["there is a green triangle at the top"] == (True, False)  # placed where it is not
+    assert texts["the green triangle at the top is green"] == (True, False)
     assert texts["there are five shapes"] == (True, False)  # wrong count
     assert texts["there is a large shape at the top left"] == (True, True)
     assert r.non_pointable_share == 0.0
@@ -149,10 +150,12 @@ def test_relations_are_checked_both_ways(scene):
 def test_position_phrases(scene, phrase, cell):
     parsed = parse_caption(f"A small blue square sits {phrase}.", scene)
     (position,) = [a for a in parsed.assertions if a.kind == "position"]
-    assert position.key == ("position", cell)
-    assert position.visible == (cell in {o.cell for o in scene.objects})  # some shape is there
-    (color,) = [a for a in parsed.assertions if a.key[0] == "color"]
-    assert color.key == ("color", cell, "blue") and color.visible == (cell == (1, 1))
+    if cell == (1, 1):  # the small blue square is there: each claim about it is true
+        assert position.key == ("position", cell)
+        assert all(a.visible for a in parsed.assertions)
+    else:  # another shape or none is there: a small blue square that is not in the image
+        assert position.key == ("phantom", cell, "small", "blue", "square", None, "position")
+        assert not any(a.visible for a in parsed.assertions)
 
 
 def test_list_style_and_run_on_lower_fluency(scene):

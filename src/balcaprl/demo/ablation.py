@@ -26,7 +26,8 @@ import io
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -85,13 +86,17 @@ def _train_and_evaluate(
     return name, train_s
 
 
+NOT_RUN = "not run"  # the verdict of a direction whose baseline variant was not in the run
+
+
 @dataclass(frozen=True)
 class ClaimCheck:
     metric: str
     sign: int
     baseline: str
-    interval: BootstrapInterval
+    interval: BootstrapInterval | None  # None when the baseline did not run beside the variant
     verdict: str
+    basis: str = ""
 
     @property
     def label(self) -> str:
@@ -137,11 +142,13 @@ def summarise(
     variant: Variant,
     runs: Sequence[Evaluation],
     before: Evaluation,
-    full_runs: Sequence[Evaluation] | None,
+    others: Mapping[str, Sequence[Evaluation]],
     boot: dict[str, Any],
     train_s: float,
 ) -> VariantSummary:
-    """The figures of one variant from its runs (one per seed), the SFT start and ``full``'s runs."""
+    """The figures of one variant from its runs (one per seed), the SFT start and the runs of the other
+    variants (``others``, by name: each claim's baseline, paired seed by seed). A claim whose baseline
+    did not run is kept, with the verdict "not run", so every direction the paper states is listed."""
     changes = {}
     for key, scale in CHANGE_METRICS:
         start = _matrix([before], key) * len(runs)
@@ -154,18 +161,16 @@ def summarise(
     for claim in variant.claims:
         if claim.baseline == "start":
             base = _matrix([before], claim.metric) * len(runs)
-        elif full_runs is not None and variant.name != "full":
-            base = _matrix(full_runs[: len(runs)], claim.metric)
+        elif others.get(claim.baseline):
+            base = _matrix(others[claim.baseline][: len(runs)], claim.metric)
         else:
-            continue  # full did not run beside it: nothing to compare against
+            claims.append(ClaimCheck(claim.metric, claim.sign, claim.baseline, None, NOT_RUN, claim.basis))
+            continue
         scale = dict(CHANGE_METRICS).get(claim.metric, 1.0)
         diff = _nan_free(_minus(_matrix(runs[: len(base)], claim.metric), base, scale))
         interval = seed_scene_bootstrap(diff, **boot)
-        claims.append(
-            ClaimCheck(
-                claim.metric, claim.sign, claim.baseline, interval, direction_verdict(interval, claim.sign)
-            )
-        )
+        verdict = direction_verdict(interval, claim.sign)
+        claims.append(ClaimCheck(claim.metric, claim.sign, claim.baseline, interval, verdict, claim.basis))
     return VariantSummary(variant, len(runs), changes, means, claims, train_s)
 
 
@@ -219,6 +224,24 @@ def run_ablation(
                 train_s[futures[future]] = seconds
                 log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
 
+    wall = time.perf_counter() - start_clock
+    return write_comparison(config, variants, seeds, steps, before, train_s, wall)
+
+
+def write_comparison(
+    config: DemoConfig,
+    variants: Sequence[Variant],
+    seeds: int,
+    steps: int | None,
+    before: Evaluation,
+    train_s: Mapping[tuple[str, int], float],
+    wall_s: float,
+) -> AblationResult:
+    """Summarise the evaluations of seeds 0..``seeds``-1 of every variant in the run folder and write
+    ``comparison.md`` / ``.csv``. Also for a run stopped early: :func:`finished_seeds` says how many
+    seeds every variant has."""
+    root = Path(config.output_dir).expanduser()
+
     def evaluation(v: Variant, s: int) -> Evaluation:
         stored = json.loads((root / "eval" / f"{run_name(v, s, steps)}.json").read_text(encoding="utf-8"))
         return Evaluation(HeldOut(**stored["held_out"]), stored["records"])
@@ -228,16 +251,23 @@ def run_ablation(
     boot = {"samples": e.bootstrap_samples, "level": e.level, "seed": e.seed}
     summaries = [
         summarise(
-            v, runs[v.name], before, runs.get("full"), boot, sum(train_s[(v.name, s)] for s in range(seeds))
+            v, runs[v.name], before, runs, boot, sum(train_s.get((v.name, s), 0.0) for s in range(seeds))
         )
         for v in variants
     ]
     before_means = {key: getattr(before.held_out, attr) for key, attr in _HELD_OUT_KEYS}
     path = root / "comparison.md"
-    wall = time.perf_counter() - start_clock
-    path.write_text(ablation_markdown(before_means, summaries, seeds, e.level, wall), encoding="utf-8")
+    path.write_text(ablation_markdown(before_means, summaries, seeds, e.level, wall_s), encoding="utf-8")
     (root / "comparison.csv").write_text(ablation_csv(summaries), encoding="utf-8")
-    return AblationResult(root, before_means, summaries, wall, path)
+    return AblationResult(root, before_means, summaries, wall_s, path)
+
+
+def finished_seeds(root: Path, variants: Sequence[Variant], steps: int | None) -> int:
+    """How many seeds (0, 1, ...) every variant has an evaluation for in ``root``."""
+    seeds = 0
+    while all((root / "eval" / f"{run_name(v, seeds, steps)}.json").is_file() for v in variants):
+        seeds += 1
+    return seeds
 
 
 _HELD_OUT_KEYS = (
@@ -277,19 +307,40 @@ def ablation_markdown(
             f"| {m['non_pointable_share']:.3f} | {m['non_visible_share']:.3f} | {m['fluency']:.2f} |"
         )
     lines += ["", "Against the paper's directions (difference from the baseline, " + pct + " interval):", ""]
-    lines += ["| variant | paper's direction | difference | verdict |", "| --- | --- | --- | --- |"]
+    lines += ["| variant | paper's direction | where the paper says it | difference | verdict |"]
+    lines += ["| --- | --- | --- | --- | --- |"]
     for s in summaries:
         for claim in s.claims:
+            difference = _ci(claim.interval, ".3f") if claim.interval is not None else ""
             lines.append(
-                f"| {s.variant.name} | {claim.label} | {_ci(claim.interval, '.3f')} | {claim.verdict} |"
+                f"| {s.variant.name} | {claim.label} | {claim.basis} | {difference} | {claim.verdict} |"
             )
+    lines += ["", direction_count([c for s in summaries for c in s.claims])]
     lines += [
         "",
         f"Changes are after RL minus the SFT start, per held-out scene, averaged over {seeds} seed(s) and the "
-        f"scenes; intervals resample seeds and scenes. Wall time {wall_s / 60:.1f} min.",
+        f"scenes; intervals resample seeds and scenes."
+        + (
+            f" Wall time {wall_s / 60:.1f} min."
+            if math.isfinite(wall_s)
+            else " Summarised from the finished runs."
+        ),
         "",
     ]
     return "\n".join(lines)
+
+
+def direction_count(claims: Sequence[ClaimCheck]) -> str:
+    """ "k of N": the directions reproduced among all those the paper states for the rows run."""
+    counts = Counter(c.verdict for c in claims)
+    ran = len(claims) - counts[NOT_RUN]
+    line = (
+        f"Directions reproduced: **{counts['reproduced']} of {len(claims)}** stated for these rows "
+        f"({counts['opposite']} opposite, {counts['not reproduced']} not reproduced"
+    )
+    return line + (
+        f", {counts[NOT_RUN]} not run: their baseline was not in the run)." if ran < len(claims) else ")."
+    )
 
 
 def ablation_csv(summaries: Sequence[VariantSummary]) -> str:
@@ -310,3 +361,19 @@ def ablation_csv(summaries: Sequence[VariantSummary]) -> str:
         row["train_s"] = round(s.train_s, 1)
         writer.writerow(row)
     return buffer.getvalue()
+
+
+def comparison_so_far(
+    config: DemoConfig, variants: Sequence[Variant], steps: int | None = None
+) -> AblationResult:
+    """The comparison of a run folder whose ablation stopped early (a time limit, a crash): every seed
+    that each variant finished, written as the finished run writes it. Raises when no seed is complete."""
+    root = Path(config.output_dir).expanduser()
+    seeds = finished_seeds(root, variants, steps)
+    if seeds == 0:
+        raise UserError(
+            f"{root}: no seed has finished for every one of {', '.join(v.name for v in variants)}"
+        )
+    stored = json.loads((root / "eval" / "sft.json").read_text(encoding="utf-8"))
+    before = Evaluation(HeldOut(**stored["held_out"]), stored["records"])
+    return write_comparison(config, variants, seeds, steps, before, {}, math.nan)

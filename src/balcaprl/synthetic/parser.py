@@ -361,27 +361,60 @@ class _CaptionParser:
     def _placed_mention(self, m: _Mention) -> None:
         """A shape said to be somewhere, split into the shortest claims, as the paper's decomposition
         asks: a shape is there, and each thing said of it (size, colour, kind, printed word) is a claim
-        of its own about the shape in that cell. So a shape placed and sized right with the wrong
-        colour is wrong on the colour only, and a reference's claims are covered one by one. Each
-        claim's text is a sentence this parser reads back to the same key (the judge client's
-        cached-reference mode sends reference assertions as the reference)."""
+        of its own about the shape in that cell. So a shape placed right and described right is right
+        claim by claim, and a reference's claims are covered one by one. Each claim's text is a
+        sentence this parser reads back to the same key (the judge client's cached-reference mode
+        sends reference assertions as the reference).
+
+        A placement that no shape of the image fits (an empty cell, or a cell whose shape it
+        contradicts in size, colour, kind or word) is an object that is not there: the paper's judge
+        fails a hallucinated object on visual verification, so every claim about it is false and
+        covers nothing (:meth:`_phantom`). A placement that fits the cell's shape describes that
+        shape: said again, its claims are repeats, which the linguistic judge charges."""
         cell = m.position
         assert cell is not None
         there = next((o for o in self.scene.objects if o.cell == cell), None)
-        where = f"at the {lx.CELL_NAMES[cell]}"
         if m.kind is not None or m.color is not None:
             self.introduced.add((m.kind, m.color))
         self.said_at.setdefault(cell, set()).update(w for w in (m.kind, m.color) if w is not None)
-        self.emit("position", f"there is a shape {where}", ("position", cell), there is not None)
-        said = (("size", m.size, "size", f"{m.size} shape"), ("object", m.color, "color", f"{m.color} shape"))
-        said += (("object", m.kind, "kind", m.kind),)
-        for kind, value, attribute, noun_phrase in said:
+        said = {"size": m.size, "color": m.color, "kind": m.kind, "text": m.text}
+        if there is None or any(v is not None and getattr(there, a) != v for a, v in said.items()):
+            self._phantom(m, cell)
+            return
+        where = f"at the {lx.CELL_NAMES[cell]}"
+        self.emit("position", f"there is a shape {where}", ("position", cell), True)
+        claims = (
+            ("size", m.size, "size", f"{m.size} shape"),
+            ("object", m.color, "color", f"{m.color} shape"),
+        )
+        claims += (("object", m.kind, "kind", m.kind),)
+        for kind, value, attribute, noun_phrase in claims:
             if value is not None:
-                true = there is not None and getattr(there, attribute) == value
-                self.emit(kind, f"there is {_a(noun_phrase)} {where}", (attribute, cell, value), true)
+                self.emit(kind, f"there is {_a(noun_phrase)} {where}", (attribute, cell, value), True)
         if m.text:
-            truth = there is not None and there.text == m.text
-            self.emit("text", f"the shape {where} shows the word {m.text}", ("text", cell, m.text), truth)
+            self.emit("text", f"the shape {where} shows the word {m.text}", ("text", cell, m.text), True)
+
+    def _phantom(self, m: _Mention, cell: tuple[int, int]) -> None:
+        """A shape the image does not hold: the same claims a placed shape makes (it is there, its
+        size, colour, kind, word), all false, keyed by the whole description, so they repeat only the
+        same phantom and cover only a reference that makes the same mistake. Each text names the whole
+        phantom, so it reads back to the same keys."""
+        described = " ".join(w for w in (m.size, m.color, m.kind or "shape") if w)
+        if m.text:
+            described += f" with the word {m.text}"
+        where = f"at the {lx.CELL_NAMES[cell]}"
+        ident = ("phantom", cell, m.size, m.color, m.kind, m.text)
+        self.emit("position", f"there is {_a(described)} {where}", (*ident, "position"), False)
+        the = f"the {described} {where}"
+        claims = (("size", m.size, f"{the} is {m.size}"), ("color", m.color, f"{the} is {m.color}"))
+        claims += (
+            ("kind", m.kind, f"the {described} sits {where}"),
+            ("text", m.text, f"{the} shows the word {m.text}"),
+        )
+        for attribute, value, text in claims:
+            if value is not None:
+                kind: AssertionKind = {"size": "size", "text": "text"}.get(attribute, "object")  # type: ignore[assignment]
+                self.emit(kind, text, (*ident, attribute), False)
 
     def _introduced(self, ident: tuple[str | None, str | None]) -> bool:
         """Has the caption introduced the shape "the <colour> <kind>" refers to: named whole, or its

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,50 @@ class Group:
 
 
 @dataclass(frozen=True)
+class ProbeTable:
+    """The probe's rollouts, one row each, for intervals that resample prompts (a group is one prompt,
+    so its rollouts are resampled together): group index, rewards less their group's mean (P, R, L),
+    length less its group's mean, and each estimator's advantage (a group's advantages depend only on
+    its own rollouts, so they need no recomputing)."""
+
+    groups: np.ndarray
+    within: np.ndarray
+    within_length: np.ndarray
+    c_gdpo: np.ndarray
+    grpo: np.ndarray
+
+    def interval(
+        self,
+        statistic: Callable[[ProbeTable], float],
+        samples: int = 2000,
+        level: float = 0.95,
+        seed: int = 0,
+    ) -> tuple[float, float]:
+        """Percentile bootstrap interval of ``statistic`` over prompts (groups drawn with replacement)."""
+        rng = np.random.default_rng(seed)
+        ids = np.unique(self.groups)
+        rows_of = [np.flatnonzero(self.groups == g) for g in ids]
+        values = []
+        for _ in range(samples):
+            pick = np.concatenate([rows_of[i] for i in rng.integers(0, len(ids), len(ids))])
+            values.append(statistic(self.subset(pick)))
+        tail = (1 - level) / 2
+        low, high = np.nanquantile(values, [tail, 1 - tail])
+        return float(low), float(high)
+
+    def subset(self, rows: np.ndarray) -> ProbeTable:
+        return ProbeTable(
+            self.groups[rows], self.within[rows], self.within_length[rows], self.c_gdpo[rows], self.grpo[rows]
+        )
+
+    def advantage_corr(self) -> float:
+        return _corr(self.c_gdpo, self.grpo)
+
+    def length_corr(self, k: int) -> float:
+        return _corr(self.within[:, k], self.within_length)
+
+
+@dataclass(frozen=True)
 class WorldProbe:
     n_captions: int
     below_band_share: float  # rho < tau_l
@@ -59,6 +103,7 @@ class WorldProbe:
     advantage_corr: float  # c-GDPO vs GRPO advantages over all rollouts
     variance_shares: tuple[float, float, float]  # (P, R, L) shares of sum_k Var(w_k r_k) within groups
     length_corr: tuple[float, float, float]  # within-group correlation of each reward with length
+    table: ProbeTable = field(compare=False, repr=False)  # the rollouts, for intervals over prompts
 
 
 def _within(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -113,6 +158,7 @@ def probe_groups(groups: Sequence[Group], config: RewardConfig | None = None) ->
         advantage_corr=_corr(c_gdpo, grpo),
         variance_shares=tuple(float(s) for s in shares),  # type: ignore[arg-type]
         length_corr=tuple(_corr(within[:, k], within_length) for k in range(3)),  # type: ignore[arg-type]
+        table=ProbeTable(group_index, within, within_length, c_gdpo, grpo),
     )
 
 
