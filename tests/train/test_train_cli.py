@@ -148,12 +148,14 @@ def test_a_resumed_run_names_its_checkpoint(tiny_policy, tiny_dataset, tmp_path,
     import json
 
     import balcaprl.train.trl_backend as backend
+    from balcaprl.train.checkpointing import write_manifest
 
     out = tmp_path / "run"
     checkpoint = out / "checkpoint-2"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
     (checkpoint / "model.safetensors").write_bytes(b"")
+    write_manifest(checkpoint)  # what a save writes last: the checkpoint is complete
     monkeypatch.setattr(balcaprl.judge, "build_judge", lambda *a, **k: ScriptedJudge())
 
     def fake_train(recipe, judge, *, resume, allow_recipe_change):

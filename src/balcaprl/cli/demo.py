@@ -18,8 +18,8 @@ def demo(
     variants: str | None = typer.Option(
         None,
         "--variants",
-        help="Several variants, comma-separated, or a set: all (= ablation), table3, table4, weights "
-        "(one shared dataset and SFT policy).",
+        help="Several variants, comma-separated, or a set: all (= ablation), table3, table4, tau "
+        "(Table 4's tau grid), weights (one shared dataset and SFT policy).",
     ),
     seeds: int = typer.Option(
         1,
