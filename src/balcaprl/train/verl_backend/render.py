@@ -55,6 +55,7 @@ LLaVA parameter names into vLLM's LLaVA loader.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -577,7 +578,10 @@ def reference_rendering(repo_root: str | Path, name: str) -> str:
 
     recipe_path, nnodes, gpus = REFERENCE_RENDERINGS[name]
     root = Path(repo_root)
-    recipe = load_recipe(root / recipe_path)
+    # The recipe names its data relative to itself; the rendering names it from the repository root,
+    # where the command runs, so that the checked-in file is the same on every machine.
+    data = os.path.relpath(load_recipe(root / recipe_path).data.path, root)
+    recipe = load_recipe(root / recipe_path, [f"data.path={data}"])
     launch = render_verl(
         recipe,
         nnodes=nnodes,
