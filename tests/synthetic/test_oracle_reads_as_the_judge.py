@@ -168,16 +168,21 @@ def false_claims(draw, scene: Scene):
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def with_sentence(scene, reference, caption, extra):
+    """The scores before and after ``extra`` is appended, and the claims it added."""
+    verdict_before, before = scores(scene, caption, reference)
+    verdict, after = scores(scene, caption + extra, reference)
+    return before, after, verdict.caption_assertions[len(verdict_before.caption_assertions) :]
+
+
 @PROPERTY
 @given(st.data())
 def test_a_hallucinated_shape_never_raises_precision_or_recall(data):
     scene, reference, caption = data.draw(captioned_scenes())
     extra = data.draw(hallucinated_shapes(scene))
-    _, before = scores(scene, caption, reference)
-    verdict, after = scores(scene, caption + extra, reference)
+    before, after, added = with_sentence(scene, reference, caption, extra)
     assert after.precision <= before.precision, extra
     assert after.recall <= before.recall, extra
-    added = verdict.caption_assertions[len(oracle_verdict(scene, caption, reference).caption_assertions) :]
     assert added and not any(a.visible for a in added), extra  # every claim about it fails
 
 
@@ -186,9 +191,7 @@ def test_a_hallucinated_shape_never_raises_precision_or_recall(data):
 def test_a_false_claim_never_raises_precision(data):
     scene, reference, caption = data.draw(captioned_scenes())
     extra = data.draw(false_claims(scene))
-    _, before = scores(scene, caption, reference)
-    verdict, after = scores(scene, caption + extra, reference)
-    added = verdict.caption_assertions[len(oracle_verdict(scene, caption, reference).caption_assertions) :]
+    before, after, added = with_sentence(scene, reference, caption, extra)
     # A relation naming a shape the caption has not introduced also claims that shape is there (true
     # when it is), as the paper's judge splits "the orange cross is right of the hexagon"; that
     # sentence is not all false, so it is not the case this property is about.
