@@ -15,6 +15,10 @@ rendered as CPU-minutes with the wall time and the load it was measured under.
 
 A measurement whose record is not committed yet renders as "not yet regenerated", so that a figure
 never outlives the code that produced it unmarked.
+
+A repeat (``demo-clone``) runs another measurement's command again in a fresh ``git clone`` of the
+commit that measurement's record names, in a scratch folder, and its block states its figures beside
+the first run's with the difference: the spread a reader can expect from a clone of their own.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import re
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,11 +51,14 @@ BLOCK = re.compile(
 @dataclass(frozen=True)
 class Measurement:
     """What a figure block is measured by: a command (run from the repository root under ``nice``),
-    the JSON file of results it writes (None: its timing is the result), and the block's text."""
+    the JSON file of results it writes (None: its timing is the result), and the block's text.
+    ``repeats``: the measurement this one runs again, in a fresh clone of its record's commit; its
+    ``render`` then gets that record too (None while there is none)."""
 
     command: tuple[str, ...]
-    render: Callable[[dict[str, Any]], str]
+    render: Callable[..., str]
     results: str | None = None
+    repeats: str | None = None
 
 
 def _measured(record: dict[str, Any]) -> str:
@@ -77,6 +85,33 @@ def render_demo(record: dict[str, Any]) -> str:
     )
 
 
+def render_demo_clone(record: dict[str, Any], first: dict[str, Any] | None) -> str:
+    """The repeat's figures, and how far they are from the first run's (which must be the same commit)."""
+    summary = record["results"]
+    name, variant = next(iter(summary["variants"].items()))
+    before, after = summary["before"]["b_capscore"], variant["after"]["b_capscore"]
+    change = variant["b_capscore_change"]
+    text = (
+        f"A second fresh clone of commit {record['commit'][:10]} printed {before:.1f} -> {after:.1f} ({name}), "
+        f"[{change['low']:+.1f}, {change['high']:+.1f}]"
+    )
+    if first is None or first["commit"] != record["commit"]:
+        return (
+            text
+            + f"; not the commit of the run above, so not compared (run `demo-clone` again); {_measured(record)}.\n"
+        )
+    ours = first["results"]
+    theirs = next(iter(ours["variants"].values()))
+    differences = (
+        before - ours["before"]["b_capscore"],
+        after - theirs["after"]["b_capscore"],
+        change["delta"] - theirs["b_capscore_change"]["delta"],
+    )
+    spread = "before {:+.2f}, after {:+.2f}, change {:+.2f}".format(*differences)
+    same = "the same figures" if not any(differences) else "differences from the run above"
+    return text + f": {same} ({spread}); {_measured(record)}.\n"
+
+
 def render_test_suite(record: dict[str, Any]) -> str:
     return f"Measured: {record['results']['summary']} in {_measured(record)}.\n"
 
@@ -96,6 +131,12 @@ MEASUREMENTS: dict[str, Measurement] = {
         render_demo,
         results="runs/docs-figures-demo/summary.json",
     ),
+    "demo-clone": Measurement(
+        (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
+        render_demo_clone,
+        results="runs/docs-figures-demo/summary.json",
+        repeats="demo",
+    ),
 }
 
 
@@ -110,10 +151,17 @@ def render(name: str, records: Path = RECORDS) -> str:
     """The text of block ``name`` from its committed record (or the not-regenerated line)."""
     if name not in MEASUREMENTS:
         raise KeyError(f"figures:{name}: no such measurement; known: {', '.join(MEASUREMENTS)}")
-    path = records / f"{name}.json"
-    if not path.is_file():
+    spec, record = MEASUREMENTS[name], _record(name, records)
+    if record is None:
         return not_regenerated(name)
-    return MEASUREMENTS[name].render(json.loads(path.read_text(encoding="utf-8")))
+    if spec.repeats:
+        return spec.render(record, _record(spec.repeats, records))
+    return spec.render(record)
+
+
+def _record(name: str, records: Path) -> dict[str, Any] | None:
+    path = records / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def rendered(text: str, records: Path = RECORDS) -> str:
@@ -133,8 +181,8 @@ def rendered(text: str, records: Path = RECORDS) -> str:
     return BLOCK.sub(block, text)
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+def _git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _results(path: Path) -> dict[str, Any]:
@@ -153,16 +201,31 @@ def _results(path: Path) -> dict[str, Any]:
 def measure(name: str, records: Path = RECORDS) -> Path:
     """Run measurement ``name`` and write its record (commit, cores, load, wall and CPU time, results)."""
     spec = MEASUREMENTS[name]
-    commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain", "--untracked-files=no"))
+    if spec.repeats:
+        first = _record(spec.repeats, records)
+        if first is None:
+            raise SystemExit(f"{name} repeats {spec.repeats}, which has no record yet: run it first")
+        with tempfile.TemporaryDirectory(prefix=f"balcaprl-{name}-") as scratch:
+            clone = Path(scratch) / "balcaprl"
+            _git("clone", "--quiet", "--no-checkout", str(REPO), str(clone))
+            _git("checkout", "--quiet", first["commit"], cwd=clone)
+            return _write(records, _run(name, spec, clone))
+    return _write(records, _run(name, spec, REPO))
+
+
+def _run(name: str, spec: Measurement, tree: Path) -> dict[str, Any]:
+    """Run ``spec``'s command in ``tree`` (this checkout, or a clone) and return its record."""
+    commit = _git("rev-parse", "HEAD", cwd=tree)
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", cwd=tree))
     load_before = os.getloadavg()[0]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "120"}
-    subprocess.run(["nice", "-n", "5", *spec.command], cwd=REPO, env=environment, check=True)
+    environment = {**os.environ, "PYTHONPATH": str(tree / "src"), "COLUMNS": "120"}
+    subprocess.run(["nice", "-n", "5", *spec.command], cwd=tree, env=environment, check=True)
     wall = time.monotonic() - start
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    record = {
+    return {
         "name": name,
         "command": " ".join(spec.command[1:] if spec.command[0] == sys.executable else spec.command),
         "commit": commit,  # what ran: the tree before the command
@@ -173,8 +236,13 @@ def measure(name: str, records: Path = RECORDS) -> Path:
         "load_after": round(os.getloadavg()[0], 2),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
-        "results": _results(REPO / spec.results) if spec.results else None,
+        "fresh_clone": tree != REPO,
+        "results": _results(tree / spec.results) if spec.results else None,
     }
+
+
+def _write(records: Path, record: dict[str, Any]) -> Path:
+    name = record["name"]
     records.mkdir(parents=True, exist_ok=True)
     path = records / f"{name}.json"
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
