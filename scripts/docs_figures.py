@@ -112,6 +112,30 @@ def render_demo_clone(record: dict[str, Any], first: dict[str, Any] | None) -> s
     return text + f": {same} ({spread}); {_measured(record)}.\n"
 
 
+def render_audit_flips(record: dict[str, Any]) -> str:
+    """docs/inspect.md's table: the exact oracle against the oracle with flipped flags, by flip rate."""
+    table, flags = record["results"], ("pointable", "visible", "covered")
+    first = table["rows"][0]
+    lines = [
+        f"On {first['items']:,} captions of {table['images']} synthetic images (good captions and every flaw kind: "
+        "hallucinations, meta-commentary, too short, repetitions, lists, run-ons; "
+        f"{first['caption_pairs']:,} caption and {first['reference_pairs']:,} reference assertion pairs), the "
+        f"exact oracle against the oracle with flipped flags (`scripts/audit_flip_table.py`; {_measured(record)}):",
+        "",
+        "| flip rate | "
+        + " | ".join(f"error {f}" for f in flags)
+        + " | "
+        + " | ".join(f"kappa {f}" for f in flags)
+        + " | Kendall tau-b of b-CapScores |",
+        "|---:" * 8 + "|",
+    ]
+    for row in table["rows"]:
+        cells = [f"{row['flip_rate']:.2f}", *(f"{row['error'][f]:.3f}" for f in flags),
+                 *(f"{row['kappa'][f]:.3f}" for f in flags), f"{row['kendall_tau_b']:.3f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_test_suite(record: dict[str, Any]) -> str:
     return f"Measured: {record['results']['summary']} in {_measured(record)}.\n"
 
@@ -130,6 +154,11 @@ MEASUREMENTS: dict[str, Measurement] = {
         (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
         render_demo,
         results="runs/docs-figures-demo/summary.json",
+    ),
+    "audit-flips": Measurement(
+        (sys.executable, "scripts/audit_flip_table.py", "--out", "runs/docs-figures-audit.json"),
+        render_audit_flips,
+        results="runs/docs-figures-audit.json",
     ),
     "demo-clone": Measurement(
         (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
