@@ -99,7 +99,9 @@ def test_a_repeat_runs_in_a_fresh_clone_of_its_first_runs_commit(tmp_path, monke
     older = docs_figures._git("rev-list", "--max-count=1", "HEAD~1")
     (tmp_path / "first.json").write_text(json.dumps({**RECORD, "name": "first", "commit": older}))
     report = "import json, os, subprocess; json.dump({'cwd': os.getcwd(), 'head': subprocess.check_output(['git', 'rev-parse', 'HEAD'], text=True).strip()}, open('where.json', 'w'))"  # fmt: skip
-    spec = docs_figures.Measurement((sys.executable, "-c", report), lambda r, f: "", "where.json", repeats="first")
+    spec = docs_figures.Measurement(
+        (sys.executable, "-c", report), lambda r, f: "", "where.json", repeats="first"
+    )
     monkeypatch.setitem(docs_figures.MEASUREMENTS, "again", spec)
     record = json.loads(docs_figures.measure("again", tmp_path).read_text())
     assert record["commit"] == record["results"]["head"] == older and record["fresh_clone"]
@@ -112,7 +114,9 @@ def test_the_audit_table_renders_each_flip_rate_as_a_row(tmp_path):
            "error": {"pointable": 0.1021, "visible": 0.104, "covered": 0.0994},
            "kappa": {"pointable": 0.2571, "visible": 0.443, "covered": 0.7224}, "kendall_tau_b": 0.7334}  # fmt: skip
     table = {"images": 100, "rows": [row]}
-    (tmp_path / "audit-flips.json").write_text(json.dumps({**RECORD, "name": "audit-flips", "results": table}))
+    (tmp_path / "audit-flips.json").write_text(
+        json.dumps({**RECORD, "name": "audit-flips", "results": table})
+    )
     text = docs_figures.render("audit-flips", tmp_path)
     assert text.startswith("On 1,000 captions of 100 synthetic images (")
     assert "17,510 caption and 19,030 reference assertion pairs" in text and "1.5 CPU-minutes" in text
