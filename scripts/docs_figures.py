@@ -136,6 +136,18 @@ def render_audit_flips(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_synthetic_sft(record: dict[str, Any]) -> str:
+    """docs/synthetic-world.md's commands: what the default SFT costs and what its policy scores."""
+    held_out = record["results"]["held_out"]
+    after, references = held_out["after"], held_out["references"]
+    return (
+        f"Measured: `synthetic build` and `synthetic sft` as above ({record['results']['steps']:,} steps) take "
+        f"{_measured(record)}; the saved policy scores held-out b-CapScore {after['b_capscore']:.1f} (precision "
+        f"{after['precision']:.2f}, recall {after['recall']:.2f}, linguistic {after['linguistic']:.2f}, "
+        f"{after['mean_tokens']:.0f} tokens) on {after['n']} scenes, the references {references['b_capscore']:.1f}.\n"
+    )
+
+
 def render_test_suite(record: dict[str, Any]) -> str:
     return f"Measured: {record['results']['summary']} in {_measured(record)}.\n"
 
@@ -159,6 +171,18 @@ MEASUREMENTS: dict[str, Measurement] = {
         (sys.executable, "scripts/audit_flip_table.py", "--out", "runs/docs-figures-audit.json"),
         render_audit_flips,
         results="runs/docs-figures-audit.json",
+    ),
+    "synthetic-sft": Measurement(  # docs/synthetic-world.md's first two commands, into runs/
+        (
+            "sh",
+            "-c",
+            'set -e; "$0" -m balcaprl.cli synthetic build --out runs/docs-figures-shapes --n-train 2000 '
+            '--n-eval 200 --seed 0 --overwrite; "$0" -m balcaprl.cli synthetic sft --data runs/docs-figures-shapes '
+            "--out runs/docs-figures-sft --overwrite",
+            sys.executable,
+        ),  # fmt: skip
+        render_synthetic_sft,
+        results="runs/docs-figures-sft/sft_result.json",
     ),
     "demo-clone": Measurement(
         (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
@@ -256,7 +280,7 @@ def _run(name: str, spec: Measurement, tree: Path) -> dict[str, Any]:
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     return {
         "name": name,
-        "command": " ".join(spec.command[1:] if spec.command[0] == sys.executable else spec.command),
+        "command": " ".join("python" if word == sys.executable else word for word in spec.command),
         "commit": commit,  # what ran: the tree before the command
         "dirty": dirty,
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
