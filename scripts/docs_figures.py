@@ -24,6 +24,7 @@ the first run's with the difference: the spread a reader can expect from a clone
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -34,7 +35,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ BLOCK = re.compile(
 )
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Measurement:
     """What a figure block is measured by: a command (run from the repository root under ``nice``),
     the JSON file of results it writes (None: its timing is the result), and the block's text.
@@ -74,11 +74,15 @@ def render_offline_walk(record: dict[str, Any]) -> str:
     return f"The whole walk takes {_measured(record)}; `tests/test_offline_guide.py` runs it as written.\n"
 
 
-def render_demo(record: dict[str, Any]) -> str:
+def _demo_figures(record: dict[str, Any]) -> tuple[str, float, float, dict[str, float]]:
+    """A demo record's variant, held-out b-CapScore before and after RL, and the change's interval."""
     summary = record["results"]
     name, variant = next(iter(summary["variants"].items()))
-    before, after = summary["before"]["b_capscore"], variant["after"]["b_capscore"]
-    change = variant["b_capscore_change"]
+    return name, summary["before"]["b_capscore"], variant["after"]["b_capscore"], variant["b_capscore_change"]
+
+
+def render_demo(record: dict[str, Any]) -> str:
+    name, before, after, change = _demo_figures(record)
     return (
         f"Measured: held-out b-CapScore {before:.1f} -> {after:.1f} ({name}), 95% CI of the change "
         f"[{change['low']:+.1f}, {change['high']:+.1f}]; {_measured(record)}.\n"
@@ -87,10 +91,7 @@ def render_demo(record: dict[str, Any]) -> str:
 
 def render_demo_clone(record: dict[str, Any], first: dict[str, Any] | None) -> str:
     """The repeat's figures, and how far they are from the first run's (which must be the same commit)."""
-    summary = record["results"]
-    name, variant = next(iter(summary["variants"].items()))
-    before, after = summary["before"]["b_capscore"], variant["after"]["b_capscore"]
-    change = variant["b_capscore_change"]
+    name, before, after, change = _demo_figures(record)
     text = (
         f"A second fresh clone of commit {record['commit'][:10]} printed {before:.1f} -> {after:.1f} ({name}), "
         f"[{change['low']:+.1f}, {change['high']:+.1f}]"
@@ -100,13 +101,8 @@ def render_demo_clone(record: dict[str, Any], first: dict[str, Any] | None) -> s
             text
             + f"; not the commit of the run above, so not compared (run `demo-clone` again); {_measured(record)}.\n"
         )
-    ours = first["results"]
-    theirs = next(iter(ours["variants"].values()))
-    differences = (
-        before - ours["before"]["b_capscore"],
-        after - theirs["after"]["b_capscore"],
-        change["delta"] - theirs["b_capscore_change"]["delta"],
-    )
+    _, first_before, first_after, first_change = _demo_figures(first)
+    differences = (before - first_before, after - first_after, change["delta"] - first_change["delta"])
     spread = "before {:+.2f}, after {:+.2f}, change {:+.2f}".format(*differences)
     same = "the same figures" if not any(differences) else "differences from the run above"
     return text + f": {same} ({spread}); {_measured(record)}.\n"
@@ -153,6 +149,11 @@ def render_test_suite(record: dict[str, Any]) -> str:
 
 
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+DEMO = Measurement(
+    (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
+    render_demo,
+    results="runs/docs-figures-demo/summary.json",
+)
 MEASUREMENTS: dict[str, Measurement] = {
     "offline-walk": Measurement(
         (*PYTEST, "tests/test_offline_guide.py", "-k", "runs_as_written"), render_offline_walk
@@ -162,11 +163,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         render_test_suite,
         results="runs/docs-figures-tests.xml",
     ),
-    "demo": Measurement(
-        (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
-        render_demo,
-        results="runs/docs-figures-demo/summary.json",
-    ),
+    "demo": DEMO,
     "audit-flips": Measurement(
         (sys.executable, "scripts/audit_flip_table.py", "--out", "runs/docs-figures-audit.json"),
         render_audit_flips,
@@ -184,12 +181,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         render_synthetic_sft,
         results="runs/docs-figures-sft/sft_result.json",
     ),
-    "demo-clone": Measurement(
-        (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
-        render_demo_clone,
-        results="runs/docs-figures-demo/summary.json",
-        repeats="demo",
-    ),
+    "demo-clone": dataclasses.replace(DEMO, render=render_demo_clone, repeats="demo"),
 }
 
 
