@@ -122,3 +122,21 @@ def test_the_audit_table_renders_each_flip_rate_as_a_row(tmp_path):
     assert "17,510 caption and 19,030 reference assertion pairs" in text and "1.5 CPU-minutes" in text
     assert text.endswith("| 0.10 | 0.102 | 0.104 | 0.099 | 0.257 | 0.443 | 0.722 | 0.733 |\n")
     assert text.count("\n|") == 3  # the header, its rule and one row
+
+
+def test_the_sft_record_renders_its_time_and_the_policys_held_out_scores(tmp_path):
+    scores = {"b_capscore": 19.04, "precision": 0.141, "recall": 0.153, "linguistic": 0.718, "n": 200,
+              "mean_tokens": 61.4}  # fmt: skip
+    results = {
+        "steps": 800,
+        "held_out": {"before": None, "after": scores, "references": {**scores, "b_capscore": 100.0}},
+    }
+    (tmp_path / "synthetic-sft.json").write_text(
+        json.dumps({**RECORD, "name": "synthetic-sft", "results": results})
+    )
+    assert docs_figures.render("synthetic-sft", tmp_path) == (
+        "Measured: `synthetic build` and `synthetic sft` as above (800 steps) take 1.5 CPU-minutes (2.5 min wall on 2 "
+        "cores at 1-minute load 7.5; commit 0123456789, `make docs-figures`); the saved policy scores held-out "
+        "b-CapScore 19.0 (precision 0.14, recall 0.15, linguistic 0.72, 61 tokens) on 200 scenes, the references "
+        "100.0.\n"
+    )
