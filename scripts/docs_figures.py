@@ -53,12 +53,14 @@ class Measurement:
     """What a figure block is measured by: a command (run from the repository root under ``nice``),
     the JSON file of results it writes (None: its timing is the result), and the block's text.
     ``repeats``: the measurement this one runs again, in a fresh clone of its record's commit; its
-    ``render`` then gets that record too (None while there is none)."""
+    ``render`` then gets that record too (None while there is none). A command that fails stops the
+    measurement unless ``failure_is_a_result`` (the test suite: its record names what failed)."""
 
     command: tuple[str, ...]
     render: Callable[..., str]
     results: str | None = None
     repeats: str | None = None
+    failure_is_a_result: bool = False  # a test run's failures are what it measures: recorded, not raised
 
 
 def _measured(record: dict[str, Any]) -> str:
@@ -162,6 +164,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         (*PYTEST, "--junitxml", "runs/docs-figures-tests.xml"),
         render_test_suite,
         results="runs/docs-figures-tests.xml",
+        failure_is_a_result=True,
     ),
     "demo": DEMO,
     "audit-flips": Measurement(
@@ -240,7 +243,15 @@ def _results(path: Path) -> dict[str, Any]:
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return {**counts, "summary": f"{passed:,} tests passed, {counts['skipped']} skipped"}
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    summary = f"{passed:,} tests passed, {counts['skipped']} skipped"
+    if failed:
+        summary += f", {len(failed)} failed ({', '.join(failed)})"
+    return {**counts, "failed": failed, "summary": summary}
 
 
 def measure(name: str, records: Path = RECORDS) -> Path:
@@ -266,7 +277,9 @@ def _run(name: str, spec: Measurement, tree: Path) -> dict[str, Any]:
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     environment = {**os.environ, "PYTHONPATH": str(tree / "src"), "COLUMNS": "120"}
-    subprocess.run(["nice", "-n", "5", *spec.command], cwd=tree, env=environment, check=True)
+    status = subprocess.run(["nice", "-n", "5", *spec.command], cwd=tree, env=environment).returncode
+    if status and not spec.failure_is_a_result:
+        raise SystemExit(f"{name}: `{' '.join(spec.command)}` exited with status {status}; nothing recorded")
     wall = time.monotonic() - start
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
@@ -281,6 +294,7 @@ def _run(name: str, spec: Measurement, tree: Path) -> dict[str, Any]:
         "load_after": round(os.getloadavg()[0], 2),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
+        "exit_status": status,
         "fresh_clone": tree != REPO,
         "results": _results(tree / spec.results) if spec.results else None,
     }

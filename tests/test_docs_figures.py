@@ -67,6 +67,22 @@ def test_a_test_runs_counts_come_from_its_junit_file(tmp_path):
     junit = tmp_path / "t.xml"
     junit.write_text('<testsuites><testsuite tests="1440" failures="0" errors="0" skipped="3"/></testsuites>')
     assert docs_figures._results(junit)["summary"] == "1,437 tests passed, 3 skipped"
+    junit.write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="0" skipped="1"><testcase classname="tests.a" name="t1"/>'
+        '<testcase classname="tests.b" name="t2"><failure message="no"/></testcase></testsuite></testsuites>'
+    )
+    assert docs_figures._results(junit)["summary"] == "2 tests passed, 1 skipped, 1 failed (tests.b::t2)"
+
+
+def test_a_failed_command_records_nothing_unless_its_failure_is_the_result(tmp_path, monkeypatch):
+    failing = (sys.executable, "-c", "raise SystemExit(3)")
+    monkeypatch.setitem(docs_figures.MEASUREMENTS, "fails", docs_figures.Measurement(failing, str))
+    with pytest.raises(SystemExit, match="exited with status 3; nothing recorded"):
+        docs_figures.measure("fails", tmp_path)
+    assert not (tmp_path / "fails.json").exists()
+    counted = docs_figures.Measurement(failing, str, failure_is_a_result=True)
+    monkeypatch.setitem(docs_figures.MEASUREMENTS, "fails", counted)
+    assert json.loads(docs_figures.measure("fails", tmp_path).read_text())["exit_status"] == 3
 
 
 def demo_summary(before: float, after: float, delta: float, low: float, high: float) -> dict:
