@@ -64,11 +64,13 @@ class Measurement:
 
 
 def _measured(record: dict[str, Any]) -> str:
-    """How a record's time reads in a guide: CPU-minutes first, then wall time under which load."""
+    """How a record's time reads in a guide: CPU-minutes first, then wall time under which load (at the
+    run's start and end: other work may start or stop meanwhile)."""
     commit = record["commit"][:10] + ("+changes" if record.get("dirty") else "")
     return (
         f"{record['cpu_s'] / 60:.1f} CPU-minutes ({record['wall_s'] / 60:.1f} min wall on {record['cores']} "
-        f"cores at 1-minute load {record['load_before']:.1f}; commit {commit}, `make docs-figures`)"
+        f"cores, 1-minute load {record['load_before']:.1f} at the start and {record['load_after']:.1f} at the end; "
+        f"commit {commit}, `make docs-figures`)"
     )
 
 

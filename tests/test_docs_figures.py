@@ -36,8 +36,8 @@ def test_a_block_is_rewritten_from_its_record_with_cpu_minutes_load_and_commit(t
     text = "before\n  <!-- figures:offline-walk -->\n  stale figure\n  <!-- /figures -->\nafter\n"
     new = docs_figures.rendered(text, tmp_path)
     assert new == (
-        "before\n  <!-- figures:offline-walk -->\n  The whole walk takes 1.5 CPU-minutes (2.5 min wall on 2 cores at "
-        "1-minute load 7.5; commit 0123456789, `make docs-figures`); `tests/test_offline_guide.py` runs it as "
+        "before\n  <!-- figures:offline-walk -->\n  The whole walk takes 1.5 CPU-minutes (2.5 min wall on 2 cores, "
+        "1-minute load 7.5 at the start and 8.0 at the end; commit 0123456789, `make docs-figures`); `tests/test_offline_guide.py` runs it as "
         "written.\n  <!-- /figures -->\nafter\n"
     )
     assert docs_figures.rendered(new, tmp_path) == new  # rendering is stable
@@ -152,7 +152,7 @@ def test_the_sft_record_renders_its_time_and_the_policys_held_out_scores(tmp_pat
     )
     assert docs_figures.render("synthetic-sft", tmp_path) == (
         "Measured: `synthetic build` and `synthetic sft` as above (800 steps) take 1.5 CPU-minutes (2.5 min wall on 2 "
-        "cores at 1-minute load 7.5; commit 0123456789, `make docs-figures`); the saved policy scores held-out "
+        "cores, 1-minute load 7.5 at the start and 8.0 at the end; commit 0123456789, `make docs-figures`); the saved policy scores held-out "
         "b-CapScore 19.0 (precision 0.14, recall 0.15, linguistic 0.72, 61 tokens) on 200 scenes, the references "
         "100.0.\n"
     )
