@@ -31,7 +31,14 @@ from balcaprl.synthetic.lexicon import words_of
 from balcaprl.synthetic.linguistic import word_budget
 from balcaprl.synthetic.oracle import oracle_verdict
 from balcaprl.synthetic.parser import parse_caption
-from balcaprl.synthetic.probe import Group, load_groups, probe_groups, save_groups, stand_in_groups
+from balcaprl.synthetic.probe import (
+    ONE_PER_BATCH,
+    Group,
+    load_groups,
+    probe_groups,
+    save_groups,
+    stand_in_groups,
+)
 from balcaprl.synthetic.scenes import Scene, SceneObject, generate_scenes
 
 DEMO_SCENES = generate_scenes(48, seed=0, spec=DatasetSettings().scene_spec())
@@ -63,16 +70,13 @@ def rewards(scene, caption, reference):
 # Each check names the paper's statement it holds the world to; its threshold comes from that
 # statement or from the arithmetic of the estimate, written before the world it tests was measured.
 #
-# A batch of the demo is 8 prompts x 8 rollouts: a mechanism that acts on a kind of rollout can act in
-# an average batch only if that kind is at least 1 in 64 of the rollouts.
-ONE_PER_BATCH = 1 / 64
-# A pooled within-group correlation of N rollouts in G groups has N - G - 1 degrees of freedom; with no
-# relation at all it falls within +-1.96 / sqrt(N - G - 1) 95% of the time (Fisher). A direction the
-# paper states is there only when the correlation is past that bound on the stated side.
+# ONE_PER_BATCH: a mechanism acting on a kind of rollout acts in an average 8 x 8 batch only if that kind
+# is at least 1 in 64. A direction the paper states is there only when a within-group correlation is past
+# the noise bound 1.96 / sqrt(N - G - 1) on the stated side (WorldProbe.noise_bound).
 
 
 def noise_bound(probe) -> float:
-    return 1.96 / math.sqrt(probe.n_captions - len(set(probe.table.groups.tolist())) - 1)
+    return probe.noise_bound
 
 
 def above(xs, ys) -> bool:
@@ -116,6 +120,18 @@ def test_c_gdpo_and_grpo_advantages_differ(each_start):
     _, high = each_start.table.interval(lambda t: t.advantage_corr())
     assert high < 1.0
     assert sum(each_start.variance_shares) == pytest.approx(1.0)
+
+
+def test_failed_checks_names_what_the_checks_above_assert(start, sft_start):
+    # one function gives the verdicts of the checks above (the preflight tables' "fails" column)
+    assert start.failed_checks() == [] and sft_start.failed_checks(upper_side=False) == []
+    scene = DEMO_SCENES[0]
+    reference = reference_caption(scene, random.Random(1))
+    terse = base_caption(scene, random.Random(2), "terse")
+    probe = probe_groups([Group(scene, reference, (reference, reference, terse, reference))])
+    failed = probe.failed_checks()  # 1 of 4 terse and below the band, none above; 4 captions
+    assert "above" in failed and "terse" not in failed and "below" not in failed
+    assert "above" not in probe.failed_checks(upper_side=False)
 
 
 def test_the_interval_over_prompts_resamples_whole_groups():
