@@ -14,6 +14,7 @@ import pytest
 from balcaprl.demo.config import DemoConfig, DemoRecipe, SFTSettings, demo_recipe
 from balcaprl.demo.parameters import SOURCES, WORLD_PARAMETERS, parameter_value, with_parameter_table
 from balcaprl.synthetic.policy import PolicySpec
+from balcaprl.train.checkpointing import _flatten as leaves  # dotted keys of nested settings
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "synthetic-world.md"
@@ -28,16 +29,6 @@ def preflight_script():
     sys.modules["world_preflight_table"] = module  # (its dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
-
-
-def leaves(values: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            out.update(leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def test_the_guide_holds_the_table_the_code_renders():
