@@ -32,6 +32,7 @@ from balcaprl.demo.config import DatasetSettings, SFTSettings
 from balcaprl.demo.parameters import WORLD_PARAMETERS, parameter_value
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.lexicon import COLORS, KINDS
+from balcaprl.synthetic.mechanisms import Mechanisms, measure_mechanisms
 from balcaprl.synthetic.probe import Group, WorldProbe, load_groups, probe_groups, stand_in_groups
 from balcaprl.synthetic.scenes import generate_scenes
 
@@ -66,11 +67,20 @@ def world_constants(constants: dict[str, Any]) -> Iterator[None]:
             setattr(module, name, value)
 
 
-def stand_in(world: World) -> WorldProbe:
-    """48 prompts x 8 draws from the SFT targets of ``world``'s scenes, judged in ``world``."""
+def stand_in(world: World) -> tuple[WorldProbe, Mechanisms]:
+    """48 prompts x 8 draws from the SFT targets of ``world``'s scenes, judged in ``world``; and each
+    mechanism's direction over the same scenes."""
     with world_constants(world.constants):
         scenes = generate_scenes(PROMPTS, seed=0, spec=DatasetSettings(**world.dataset).scene_spec())
-        return probe_groups(stand_in_groups(scenes, random.Random(0), flawed_fraction=world.flawed_fraction))
+        groups = stand_in_groups(scenes, random.Random(0), flawed_fraction=world.flawed_fraction)
+        return probe_groups(groups), measure_mechanisms(scenes)
+
+
+def mechanisms_in(world: World) -> Mechanisms:
+    with world_constants(world.constants):
+        return measure_mechanisms(
+            generate_scenes(PROMPTS, seed=0, spec=DatasetSettings(**world.dataset).scene_spec())
+        )
 
 
 def rejudged(groups: list[Group], world: World) -> WorldProbe:
@@ -108,6 +118,11 @@ def _palette(n: int, demo: tuple[str, ...], world: tuple[str, ...]) -> tuple[str
 
 
 _DEMO = DatasetSettings()
+_ORIGINAL = (
+    "captioners.ORIGINAL_WRONG_ATTRIBUTE",
+    "captioners.ORIGINAL_COMMENTARY",
+    "captioners.ORIGINAL_INFERENCE",
+)
 _ERRORS = ("captioners.ERROR_FIRST", "captioners.ERROR_STEP", "captioners.ERROR_SMALL")
 
 SWEEPS: tuple[Sweep, ...] = (
@@ -176,6 +191,17 @@ SWEEPS: tuple[Sweep, ...] = (
         ),  # fmt: skip
     ),
     Sweep(
+        "terse names a shape",
+        tuple((f"{c:g}", World(constants={"captioners.TERSE_NAMES_A_SHAPE": c})) for c in (0, 0.5, 1)),
+    ),
+    Sweep(
+        "original caption noise",
+        tuple(
+            (f"x{s:g}", World(constants={k: round(min(1.0, parameter_value(k) * s), 4) for k in _ORIGINAL}))
+            for s in (0, 0.5, 1, 1.4)
+        ),
+    ),
+    Sweep(
         "guesses per shape",
         tuple((str(g), World(constants={"captioners.GUESSES_PER_SHAPE": g})) for g in (1, 2, 4, 6)),
     ),
@@ -187,9 +213,11 @@ COLUMNS = (
 )
 
 
-def measured(probe: WorldProbe, *, upper_side: bool) -> dict[str, Any]:
-    """A start's statistics and the checks it fails (``upper_side``: the band's upper side is asked)."""
+def measured(probe: WorldProbe, mechanisms: Mechanisms | None = None, *, upper_side: bool) -> dict[str, Any]:
+    """A start's statistics and the checks it fails (``upper_side``: the band's upper side is asked),
+    with the mechanisms' checks where given (the stand-in's rows: the world's own captioners)."""
     low, high = probe.table.interval(lambda t: t.advantage_corr())
+    mechanism_fails = mechanisms.failed_checks() if mechanisms else []
     return {
         "terse": probe.terse_share,
         "below": probe.below_band_share,
@@ -199,7 +227,10 @@ def measured(probe: WorldProbe, *, upper_side: bool) -> dict[str, Any]:
         "precision_recall_corr": probe.precision_recall_corr,
         "advantage_corr": [probe.advantage_corr, low, high],
         "variance_shares": list(probe.variance_shares),
-        "fails": probe.failed_checks(upper_side=upper_side),
+        "fails": probe.failed_checks(upper_side=upper_side) + mechanism_fails,
+        "mechanisms": {
+            name: [d.mean, d.se] for name, d in (mechanisms.directions.items() if mechanisms else ())
+        },
     }
 
 
@@ -227,11 +258,13 @@ def sweep_rows(sweep: Sweep, sft_groups: list[Group]) -> list[dict[str, Any]]:
         )
     for start in starts:
         for label, world in sweep.values:
+            mechanisms = None
             if not sweep.judge_side:
-                probe = stand_in(world)
+                probe, mechanisms = stand_in(world)
             else:
                 probe = rejudged(fixed_stand_in if start == "stand-in" else sft_groups, world)
-            row = measured(probe, upper_side=start == "stand-in")
+                mechanisms = mechanisms_in(world) if start == "stand-in" else None
+            row = measured(probe, mechanisms, upper_side=start == "stand-in")
             rows.append({"value": label, "default": is_default(world), "start": start, **row})
     return rows
 
@@ -270,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _, sft_groups = load_groups(SAMPLE)
     starts = [
-        {"start": "stand-in (SFT targets)", **measured(stand_in(World()), upper_side=True)},
+        {"start": "stand-in (SFT targets)", **measured(*stand_in(World()), upper_side=True)},
         {"start": "SFT policy (fixed sample)", **measured(probe_groups(sft_groups), upper_side=False)},
     ]
     sweeps = {sweep.name: sweep_rows(sweep, sft_groups) for sweep in SWEEPS}

@@ -106,7 +106,8 @@ WORLD_PARAMETERS: tuple[WorldParameter, ...] = (
        "the direction (saying less raises precision), no size", "error schedule"),
     _p("captioners.GUESSES_PER_SHAPE", "free", "the enumerating mode's wrong guesses beside each shape",
        "guesses per shape"),
-    _p("captioners.TERSE_NAMES_A_SHAPE", "free", "a terse caption names its most salient shape or nothing"),
+    _p("captioners.TERSE_NAMES_A_SHAPE", "free", "a terse caption names its most salient shape or nothing",
+       "terse names a shape"),
     _p("sft.flawed_fraction", "free", "share of flawed SFT targets, the mistakes RL is there to remove",
        "flawed share"),
     _p("flaws.FLAW_KINDS", "free", "six kinds, drawn evenly; each one's inner choices (how many wrong "
@@ -114,7 +115,7 @@ WORLD_PARAMETERS: tuple[WorldParameter, ...] = (
     # ------------------------------------------------------------------- the original references
     _p("captioners.ORIGINAL_WRONG_ATTRIBUTE captioners.ORIGINAL_COMMENTARY captioners.ORIGINAL_INFERENCE",
        "free", "the degraded original ('w/o recap'); its test asks only the direction (below the "
-       "re-captioned references on recall and precision)"),
+       "re-captioned references on recall and precision)", "original caption noise"),
     # ------------------------------------------------------------------------------- the policy, SFT
     _p("policy.vision_hidden policy.vision_layers policy.vision_heads policy.vision_ffn policy.text_hidden "
        "policy.text_layers policy.text_heads policy.text_kv_heads policy.text_ffn policy.max_positions "
