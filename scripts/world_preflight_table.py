@@ -12,8 +12,9 @@ advantage correlation's 95% interval over prompts below 1). Then one table per f
 (``balcaprl.demo.parameters.WORLD_PARAMETERS`` names it): the stand-in redrawn at each value, and where
 the parameter is the judge's or the references' (the SFT policy's captions do not depend on it), the
 SFT sample re-judged too. A stand-in row's failed checks include the mechanisms' (each temptation's
-paired direction over the same scenes, ``balcaprl.synthetic.mechanisms``). ``--json FILE`` also writes the markdown and every row's numbers (what
-``scripts/docs_figures.py run world-preflight`` records). No training: about 1.5 CPU-minutes.
+paired direction over the same scenes, ``balcaprl.synthetic.mechanisms``). ``--json FILE`` also writes
+the markdown and every row's numbers (what ``scripts/docs_figures.py run world-preflight`` records).
+No training: about 1.5 CPU-minutes.
 """
 
 from __future__ import annotations
