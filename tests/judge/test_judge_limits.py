@@ -324,12 +324,13 @@ def test_a_server_that_does_not_stream_is_not_cut_at_the_first_byte_limit():
 
 
 # What `score` must not have imported when its first request leaves: the heavy libraries, the
-# protocols it does not run, and numpy (only the bootstrap after the last verdict uses it).
+# protocols it does not run, numpy (only the bootstrap after the last verdict uses it) and rich's
+# tables (the summary's).
 NOT_BEFORE_THE_FIRST_CALL = (
     "torch", "openai", "numpy", "pandas", "matplotlib", "transformers", "pyarrow",
     "balcaprl.evaluate.dcscore", "balcaprl.evaluate.captionqa", "balcaprl.evaluate.caparena",
     "balcaprl.evaluate.bcapscore", "balcaprl.evaluate.config", "balcaprl.evaluate.suite",
-    "balcaprl.evaluate.official",
+    "balcaprl.evaluate.official", "rich.table",
 )  # fmt: skip
 
 # A fresh interpreter runs `balcaprl score`; aiohttp's request method notes the loaded modules when
