@@ -60,6 +60,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ from typing import Any
 import torch
 
 from balcaprl.advantages import c_gdpo_advantages
-from balcaprl.judge import JudgeConfig, JudgeRequest, throughput
+from balcaprl.judge import JudgeConfig, JudgeFailure, JudgeRequest, throughput
 from balcaprl.judge.client import build_judge
 from balcaprl.judge.outcomes import rewards_tensor
 from balcaprl.testing.compare_modes import _png
@@ -188,6 +189,7 @@ class StepResult:
     calls: int
     hedges: int
     failures: int
+    attempts_served: int  # requests the server answered (first attempts, retries and hedges; 429s apart)
     stalls_served: int
     rate_limited_served: int
     rewards: torch.Tensor = field(repr=False)
@@ -264,6 +266,7 @@ async def run_schedule(
     starts: dict[int, float] = {}  # rollout index -> when its judging started (s from t0)
     ready: list[float] = [0.0] * processes
     outcomes: list[Any] = [None] * len(plan.rollouts)
+    usage: Counter[str] = Counter()  # the calls and hedges the processes' batches spent
 
     async def at(when_s: float) -> None:
         await asyncio.sleep(max(0.0, t0 + when_s - time.perf_counter()))
@@ -285,8 +288,9 @@ async def run_schedule(
         if schedule == "today":
             for i in mine:
                 starts[i] = time.perf_counter() - t0
-        answers = await early[p].judge_batch([plan.rollouts[i].request for i in mine])
+        answers, spent = await early[p].judge_batch_counted([plan.rollouts[i].request for i in mine])
         ready[p] = time.perf_counter() - t0
+        usage.update(spent)
         for i, outcome in zip(mine, answers, strict=True):
             outcomes[i] = outcome
 
@@ -311,9 +315,10 @@ async def run_schedule(
         ideal_ready_s=ideal,
         client_cpu_s=cpu,
         server_cpu_s=server_cpu,
-        calls=sum(e.stats.calls for e in early),
-        hedges=sum(getattr(e.stats, "hedges", 0) for e in early),
-        failures=sum(sum(e.stats.failures.values()) for e in early),
+        calls=int(usage["calls"]),
+        hedges=int(usage["hedges"]),
+        failures=sum(isinstance(outcome, JudgeFailure) for outcome in outcomes),
+        attempts_served=counts["served"],
         stalls_served=counts["stalls"],
         rate_limited_served=counts["rate_limited"],
         rewards=rewards,
@@ -619,7 +624,8 @@ def main() -> None:
                     f"exposed {result.exposed_s:5.2f}s stage/ideal {result.stage_s / result.ideal_stage_s:4.2f} "
                     f"cpu/call {1000 * result.client_cpu_s / max(1, result.calls):4.2f}ms busy {result.cpu_busy:4.2f} "
                     f"server busy {result.server_busy:4.2f} "
-                    f"calls {result.calls} hedges {result.hedges} failures {result.failures} "
+                    f"calls {result.calls} attempts {result.attempts_served} hedges {result.hedges} "
+                    f"failures {result.failures} "
                     f"stalls {result.stalls_served} 429s {result.rate_limited_served}",
                     flush=True,
                 )
