@@ -424,6 +424,23 @@ SECTION = "## The judge stage of a training step"
 FIXED_RESULTS = RESULTS.with_name("judge_stage_c256.json")  # --paper --concurrency 256: the recipe's former
 
 
+def _attempts_per_call(record: dict[str, Any], schedule: str) -> str:
+    """Requests the server answered per judge call in the schedule's steps (1.00: no attempt wasted;
+    retries add to it, a hedge is a call of its own); "-" for a record from before the server's count
+    was kept."""
+    rows = [step for step in record["steps"] if step["schedule"] == schedule]
+    if not rows or any("attempts_served" not in step for step in rows):
+        return "-"
+    return f"{sum(step['attempts_served'] for step in rows) / sum(step['calls'] for step in rows):.2f}"
+
+
+def _failed_calls(record: dict[str, Any]) -> str:
+    """The calls that failed after every retry, by schedule: a failed call has no reward, so a step
+    where one schedule failed a call and another did not differs there."""
+    failed = [f"{name} {row['failures']}" for name, row in record["summary"].items() if name != "ideal"]
+    return "calls failed after every retry: " + ", ".join(failed)
+
+
 def docs_section(
     paper: dict[str, Any], quick: dict[str, Any] | None, fixed: dict[str, Any] | None = None
 ) -> str:
@@ -433,8 +450,8 @@ def docs_section(
     def table(record: dict[str, Any]) -> list[str]:
         rows = [
             f"| schedule | exposed judge time, median | vs {BASELINE}, median | stage vs ideal, median (max) "
-            "| hedged calls | client CPU per call | bound by |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| hedged calls | attempts per call | client CPU per call | bound by |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for schedule in SCHEDULES:
             row = record["summary"].get(schedule)
@@ -450,6 +467,7 @@ def docs_section(
                 f"| {schedule} | {row['median_exposed_s']:.2f} s | {row[f'median_exposed_vs_{BASELINE}']:.2f} "
                 f"| {row['median_stage_vs_ideal']:.2f} ({row['max_stage_vs_ideal']:.2f}) "
                 f"| {row['hedges']} of {row['calls']:,} ({row['hedged_share']:.1%}) "
+                f"| {_attempts_per_call(record, schedule)} "
                 f"| {row['client_cpu_per_call_ms']:.2f} ms | {bound} |"
             )
         same = all(
@@ -466,7 +484,8 @@ def docs_section(
             + f", requests_per_minute "
             f"{settings['rpm_cap']} (the server's cap), streamed {settings['stream']}; load average "
             f"{record.get('load_average_1m', float('nan')):.1f} on {record.get('cpus', '?')} cores at the end of "
-            f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}."
+            f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}"
+            + ("." if same else f" ({_failed_calls(record)})."),
         )
         return rows
 
@@ -489,7 +508,9 @@ def docs_section(
         f"stage a step waits for); compared with `{BASELINE}` (judging when generation ends) in the same step;",
         f"- stage: rewards ready minus the schedule's first judge call; the {IDEAL};",
         "- client CPU per call: the benchmark process's CPU over the step (the clients; the server runs apart) "
-        "per call made; a step is CPU-bound when client and server need more CPU-seconds than the ideal stage "
+        "per call made (its judge calls: a hedge is one more); attempts per call: the requests the server "
+        "answered per judge call (a hedge is a call of its own; retries after a timeout add to 1.00); a step is "
+        "CPU-bound when client and server need more CPU-seconds than the ideal stage "
         "times the cores a process gets (cores / load average). Where a row says CPU, the loopback server and "
         "the client shared a machine too busy for them, and the figure measures that machine, not the "
         "judge's latency: a hosted judge spends none of the client's CPU, and the client's own share is "
