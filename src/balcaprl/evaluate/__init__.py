@@ -52,6 +52,10 @@ _HOMES = {
 }
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
+
 def __getattr__(name: str):
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
