@@ -7,6 +7,11 @@ picks whichever folder's conftest comes first on sys.path."""
 from __future__ import annotations
 
 import io
+import os
+import signal
+import socket
+import subprocess
+import sys
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -314,3 +319,28 @@ def tiny_recipe_dict(
     for section, values in sections.items():
         recipe.setdefault(section, {}).update(values)
     return recipe
+
+
+def run_on_two_processes(worker: Path, *args: Any, timeout: int = 240) -> None:
+    """``worker`` with ``args`` under ``torchrun --nproc_per_node 2`` (CPU, gloo, 127.0.0.1); fails the test
+    on a non-zero exit or after ``timeout`` seconds, with the end of its stderr."""
+    import pytest
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with socket.socket() as probe:  # a free port for the rendezvous (torchrun's port 0 hangs)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(port), str(worker), *map(str, args)]  # fmt: skip
+    # Own process group, so a hang kills torchrun *and* its workers (subprocess.run's timeout would
+    # only kill torchrun and leave the ranks running).
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as process:
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, stderr = process.communicate()
+            pytest.fail(f"torchrun did not finish in {timeout} s:\n{stderr[-4000:]}")
+    assert process.returncode == 0, stderr[-4000:]
