@@ -101,7 +101,6 @@ def qwen_vl_text_config(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 def build_tiny_qwen2_5_vl(out: Path) -> Path:
     """Random-init Qwen2.5-VL (2 layers, hidden 64, vision depth 2), word-level tokenizer, saved to ``out``."""
     from transformers import (
-        GenerationConfig,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5_VLProcessor,
@@ -134,11 +133,19 @@ def build_tiny_qwen2_5_vl(out: Path) -> Path:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
+    return save_tiny_model(
+        out, Qwen2_5_VLForConditionalGeneration, config, processor, ids["<|im_end|>"], ids["<|endoftext|>"]
     )
+
+
+def save_tiny_model(out: Path, model_class: type, config: Any, processor: Any, eos: int, pad: int) -> Path:
+    """A random-init ``model_class(config)`` (seed 0) with its generation config and ``processor``, saved to
+    ``out`` as a checkpoint: what every tiny builder ends with."""
+    from transformers import GenerationConfig
+
+    torch.manual_seed(0)
+    model = model_class(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
@@ -151,7 +158,6 @@ def build_tiny_llava(out: Path) -> Path:
     """Random-init LLaVA (CLIP vision 2 layers, Qwen2 text 2 layers): the synthetic demo's policy shape."""
     from transformers import (
         CLIPVisionConfig,
-        GenerationConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -202,12 +208,7 @@ def build_tiny_llava(out: Path) -> Path:
         vision_feature_select_strategy="default",
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+    return save_tiny_model(out, LlavaForConditionalGeneration, config, processor, eos, pad)
 
 
 def _png(colour: tuple[int, int, int]) -> bytes:
