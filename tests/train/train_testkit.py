@@ -322,17 +322,24 @@ def tiny_recipe_dict(
     return recipe
 
 
-def run_on_two_processes(worker: Path, *args: Any, timeout: int = 240) -> None:
-    """``worker`` with ``args`` under ``torchrun --nproc_per_node 2`` (CPU, gloo, 127.0.0.1); fails the test
-    on a non-zero exit or after ``timeout`` seconds, with the end of its stderr."""
+def run_on_two_processes(worker: Path, *args: Any, timeout: int = 240, accelerate: bool = False) -> None:
+    """``worker`` with ``args`` under ``torchrun --nproc_per_node 2`` (CPU, gloo, 127.0.0.1), or ``accelerate
+    launch`` as a user starts training (``--multi_gpu``: torchrun underneath; the worker asks accelerate
+    for the CPU); fails the test on a non-zero exit or after ``timeout`` seconds, with its stderr's end."""
     import pytest
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with socket.socket() as probe:  # a free port for the rendezvous (torchrun's port 0 hangs)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(port), str(worker), *map(str, args)]  # fmt: skip
+    if accelerate:
+        command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes",
+                   "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(port)]  # fmt: skip
+    command += [str(worker), *map(str, args)]
     # Own process group, so a hang kills torchrun *and* its workers (subprocess.run's timeout would
     # only kill torchrun and leave the ranks running).
     with subprocess.Popen(
