@@ -399,6 +399,7 @@ def two_processes(tiny_policy, tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["whole_groups", "split_groups"])
 def test_every_processs_rollouts_are_judged_while_the_server_generates(two_processes, case):
     main, other = two_processes[case, "per_rollout"]
@@ -418,6 +419,7 @@ def test_every_processs_rollouts_are_judged_while_the_server_generates(two_proce
         assert process["metrics"]["judge/exposed_s"] <= process["metrics"]["judge/wall_s"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["whole_groups", "split_groups"])
 def test_each_process_gets_the_rewards_of_its_own_rollouts(two_processes, case):
     on, off = two_processes[case, "per_rollout"], two_processes[case, "off"]
