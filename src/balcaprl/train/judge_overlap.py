@@ -2,10 +2,10 @@
 
 ``train.judge_overlap`` picks the schedule: ``per_rollout`` (each rollout judged as vLLM finishes it,
 where TRL lets that be seen: colocated vLLM without tensor parallelism, and a vLLM server's
-per-prompt responses, every process's rollouts judged on the main process that posts them; elsewhere
-as ``batch``), ``batch`` (the batch's
-calls start when ``_generate`` returns), ``off`` (TRL's own order). The TRL and vLLM names this
-leans on are listed in ``train/trl_seams.py``; the real-engine slice (``tests/vllm_engine``) runs them.
+per-prompt responses, every process's rollouts judged on the main process that posts them;
+elsewhere as ``batch``), ``batch`` (the batch's calls start when ``_generate`` returns), ``off``
+(TRL's own order). The TRL and vLLM names this leans on are listed in ``train/trl_seams.py``; the
+real-engine slice (``tests/vllm_engine``) runs them.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class TrlJudgeOverlap:
         if mode == "colocate" and getattr(generation, "tensor_parallel_size", 1) == 1:
             engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
             if engine is not None:  # (with tensor parallelism the engine runs the group's prompts)
-                judged = functools.partial(self.judge_finished, prompts, inputs, 0)
+                judged = functools.partial(self.judge_finished, prompts, inputs)
                 watcher = watching_finishes(
                     engine, lambda finished: judged([(i, out.outputs[0].token_ids) for i, out in finished])
                 )
@@ -227,7 +227,7 @@ class TrlJudgeOverlap:
             client = getattr(generation, "vllm_client", None) if accelerator.is_main_process else None
             if client is None:  # another process: its rollouts are judged on the main process
                 return nullcontext(), shared, shared
-            judged = functools.partial(self.judge_finished, prompts, rows, 0)  # the main process's come first
+            judged = functools.partial(self.judge_finished, prompts, rows)
             watcher = watching_prompt_responses(
                 client,
                 lambda j, response: judged(
@@ -245,14 +245,13 @@ class TrlJudgeOverlap:
         columns = self.trainer.scorer.request_columns
         return gather_object([{key: row[key] for key in columns if key in row} for row in inputs])
 
-    def judge_finished(
-        self, prompts, rows, first: int, finished: Sequence[tuple[int, Sequence[int]]]
-    ) -> None:
+    def judge_finished(self, prompts, rows, finished: Sequence[tuple[int, Sequence[int]]]) -> None:
         """Start the calls of finished rollouts ``(index in rows, completion token ids)``, their captions
         decoded as TRL's ``_generate`` will decode them (``batch_decode(..., skip_special_tokens=True)``; one
         sequence decodes the same alone as in a batch). ``rows``: the batch the engine was given, this
-        process's rows from ``first``; another process's (``rows`` cut in batches of this one's size, as
-        TRL slices them) are held for it (:meth:`share_verdicts`)."""
+        process's rows first (colocated: only those; served: the main process's, then every other
+        process's, ``rows`` cut in batches of this one's size as TRL slices them), another process's held
+        for it (:meth:`share_verdicts`)."""
         from trl.data_utils import is_conversational
 
         conversational = is_conversational({"prompt": prompts[0]})
@@ -267,8 +266,8 @@ class TrlJudgeOverlap:
                 )
                 completion = [{"role": "assistant", "content": text}] if conversational else text
                 (request,) = requests_for(self.trainer.scorer, [rows[index]], [completion])
-                if first <= index < first + size:
-                    own[index - first] = request
+                if index < size:
+                    own[index] = request
                 else:
                     held[divmod(index, size)] = request  # (process, index in its batch)
         self.early_judge.start_rollouts(own)  # type: ignore[union-attr]
