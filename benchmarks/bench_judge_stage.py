@@ -60,6 +60,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ from typing import Any
 import torch
 
 from balcaprl.advantages import c_gdpo_advantages
-from balcaprl.judge import JudgeConfig, JudgeRequest, throughput
+from balcaprl.judge import JudgeConfig, JudgeFailure, JudgeRequest, throughput
 from balcaprl.judge.client import build_judge
 from balcaprl.judge.outcomes import rewards_tensor
 from balcaprl.testing.compare_modes import _png
@@ -188,6 +189,7 @@ class StepResult:
     calls: int
     hedges: int
     failures: int
+    attempts_served: int  # requests the server answered (first attempts, retries and hedges; 429s apart)
     stalls_served: int
     rate_limited_served: int
     rewards: torch.Tensor = field(repr=False)
@@ -264,6 +266,7 @@ async def run_schedule(
     starts: dict[int, float] = {}  # rollout index -> when its judging started (s from t0)
     ready: list[float] = [0.0] * processes
     outcomes: list[Any] = [None] * len(plan.rollouts)
+    usage: Counter[str] = Counter()  # the calls and hedges the processes' batches spent
 
     async def at(when_s: float) -> None:
         await asyncio.sleep(max(0.0, t0 + when_s - time.perf_counter()))
@@ -285,8 +288,9 @@ async def run_schedule(
         if schedule == "today":
             for i in mine:
                 starts[i] = time.perf_counter() - t0
-        answers = await early[p].judge_batch([plan.rollouts[i].request for i in mine])
+        answers, spent = await early[p].judge_batch_counted([plan.rollouts[i].request for i in mine])
         ready[p] = time.perf_counter() - t0
+        usage.update(spent)
         for i, outcome in zip(mine, answers, strict=True):
             outcomes[i] = outcome
 
@@ -311,9 +315,10 @@ async def run_schedule(
         ideal_ready_s=ideal,
         client_cpu_s=cpu,
         server_cpu_s=server_cpu,
-        calls=sum(e.stats.calls for e in early),
-        hedges=sum(getattr(e.stats, "hedges", 0) for e in early),
-        failures=sum(sum(e.stats.failures.values()) for e in early),
+        calls=int(usage["calls"]),
+        hedges=int(usage["hedges"]),
+        failures=sum(isinstance(outcome, JudgeFailure) for outcome in outcomes),
+        attempts_served=counts["served"],
         stalls_served=counts["stalls"],
         rate_limited_served=counts["rate_limited"],
         rewards=rewards,
@@ -419,6 +424,23 @@ SECTION = "## The judge stage of a training step"
 FIXED_RESULTS = RESULTS.with_name("judge_stage_c256.json")  # --paper --concurrency 256: the recipe's former
 
 
+def _attempts_per_call(record: dict[str, Any], schedule: str) -> str:
+    """Requests the server answered per judge call in the schedule's steps (1.00: no attempt wasted;
+    retries add to it, a hedge is a call of its own); "-" for a record from before the server's count
+    was kept."""
+    rows = [step for step in record["steps"] if step["schedule"] == schedule]
+    if not rows or any("attempts_served" not in step for step in rows):
+        return "-"
+    return f"{sum(step['attempts_served'] for step in rows) / sum(step['calls'] for step in rows):.2f}"
+
+
+def _failed_calls(record: dict[str, Any]) -> str:
+    """The calls that failed after every retry, by schedule: a failed call has no reward, so a step
+    where one schedule failed a call and another did not differs there."""
+    failed = [f"{name} {row['failures']}" for name, row in record["summary"].items() if name != "ideal"]
+    return "calls failed after every retry: " + ", ".join(failed)
+
+
 def docs_section(
     paper: dict[str, Any], quick: dict[str, Any] | None, fixed: dict[str, Any] | None = None
 ) -> str:
@@ -428,8 +450,8 @@ def docs_section(
     def table(record: dict[str, Any]) -> list[str]:
         rows = [
             f"| schedule | exposed judge time, median | vs {BASELINE}, median | stage vs ideal, median (max) "
-            "| hedged calls | client CPU per call | bound by |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| hedged calls | attempts per call | client CPU per call | bound by |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for schedule in SCHEDULES:
             row = record["summary"].get(schedule)
@@ -445,6 +467,7 @@ def docs_section(
                 f"| {schedule} | {row['median_exposed_s']:.2f} s | {row[f'median_exposed_vs_{BASELINE}']:.2f} "
                 f"| {row['median_stage_vs_ideal']:.2f} ({row['max_stage_vs_ideal']:.2f}) "
                 f"| {row['hedges']} of {row['calls']:,} ({row['hedged_share']:.1%}) "
+                f"| {_attempts_per_call(record, schedule)} "
                 f"| {row['client_cpu_per_call_ms']:.2f} ms | {bound} |"
             )
         same = all(
@@ -461,7 +484,8 @@ def docs_section(
             + f", requests_per_minute "
             f"{settings['rpm_cap']} (the server's cap), streamed {settings['stream']}; load average "
             f"{record.get('load_average_1m', float('nan')):.1f} on {record.get('cpus', '?')} cores at the end of "
-            f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}."
+            f"the run. Rewards and c-GDPO advantages bit-identical to today's in every step: {same}"
+            + ("." if same else f" ({_failed_calls(record)})."),
         )
         return rows
 
@@ -484,7 +508,9 @@ def docs_section(
         f"stage a step waits for); compared with `{BASELINE}` (judging when generation ends) in the same step;",
         f"- stage: rewards ready minus the schedule's first judge call; the {IDEAL};",
         "- client CPU per call: the benchmark process's CPU over the step (the clients; the server runs apart) "
-        "per call made; a step is CPU-bound when client and server need more CPU-seconds than the ideal stage "
+        "per call made (its judge calls: a hedge is one more); attempts per call: the requests the server "
+        "answered per judge call (a hedge is a call of its own; retries after a timeout add to 1.00); a step is "
+        "CPU-bound when client and server need more CPU-seconds than the ideal stage "
         "times the cores a process gets (cores / load average). Where a row says CPU, the loopback server and "
         "the client shared a machine too busy for them, and the figure measures that machine, not the "
         "judge's latency: a hosted judge spends none of the client's CPU, and the client's own share is "
@@ -619,7 +645,8 @@ def main() -> None:
                     f"exposed {result.exposed_s:5.2f}s stage/ideal {result.stage_s / result.ideal_stage_s:4.2f} "
                     f"cpu/call {1000 * result.client_cpu_s / max(1, result.calls):4.2f}ms busy {result.cpu_busy:4.2f} "
                     f"server busy {result.server_busy:4.2f} "
-                    f"calls {result.calls} hedges {result.hedges} failures {result.failures} "
+                    f"calls {result.calls} attempts {result.attempts_served} hedges {result.hedges} "
+                    f"failures {result.failures} "
                     f"stalls {result.stalls_served} 429s {result.rate_limited_served}",
                     flush=True,
                 )

@@ -152,6 +152,14 @@ def render_test_suite(record: dict[str, Any]) -> str:
     return f"Measured: {record['results']['summary']} in {_measured(record)}.\n"
 
 
+def render_world_preflight(record: dict[str, Any]) -> str:
+    """The pre-flight tables (docs/synthetic-world.md) as scripts/world_preflight_table.py wrote them."""
+    return (
+        f"{record['results']['markdown']}\nMeasured by `scripts/world_preflight_table.py` in "
+        f"{_measured(record)}.\n"
+    )
+
+
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 DEMO = Measurement(
     (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
@@ -187,6 +195,11 @@ MEASUREMENTS: dict[str, Measurement] = {
         results="runs/docs-figures-sft/sft_result.json",
     ),
     "demo-clone": dataclasses.replace(DEMO, render=render_demo_clone, repeats="demo"),
+    "world-preflight": Measurement(
+        (sys.executable, "scripts/world_preflight_table.py", "--json", "runs/world-preflight.json"),
+        render_world_preflight,
+        results="runs/world-preflight.json",
+    ),
 }
 
 

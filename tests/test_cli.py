@@ -296,6 +296,49 @@ print(json.dumps([name for name in {list(HEAVY)!r} if name in sys.modules]))
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
+def _paths(tree, prefix=()):
+    for name, sub in tree.items():
+        yield (*prefix, name)
+        if sub:
+            yield from _paths(sub, (*prefix, name))
+
+
+@pytest.mark.parametrize("path", list(_paths(TREE)), ids=" ".join)
+def test_a_process_builds_only_the_command_it_runs_and_prints_what_the_whole_tree_prints(
+    path, monkeypatch, capsys
+):
+    """``app(...)`` as the entry point calls it builds the one top-level command named (typer's
+    build of each command costs start-up time); its help and usage errors are the whole tree's."""
+    import typer.main
+
+    built = []
+    build = typer.main.get_command_from_info
+    monkeypatch.setattr(typer.main, "get_command_from_info", lambda **kw: built.append(kw) or build(**kw))
+    monkeypatch.setenv("COLUMNS", "100")
+
+    def run(call, args):
+        built.clear()
+        try:
+            status = call(args, prog_name="balcaprl")
+        except SystemExit as exit:
+            status = exit.code
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err, len(built)
+
+    top = TREE[path[0]]
+    commands = 1 if top is None else _leaves(top)
+    for args in ([*path, "--help"], [*path, "--no-such-flag"]):
+        *whole, built_whole = run(lambda *a, **k: typer.Typer.__call__(app, *a, **k), args)
+        *one, built_one = run(app, args)
+        assert one == whole, args
+        assert (built_one, built_whole) == (commands, _leaves(TREE)), args
+
+
+def _leaves(tree) -> int:
+    """How many commands a tree holds (typer builds each with get_command_from_info; groups apart)."""
+    return sum(_leaves(sub) if sub else 1 for sub in tree.values())
+
+
 def test_import_balcaprl_is_lazy_and_its_public_names_still_work():
     code = f"""
 import json, sys

@@ -340,3 +340,15 @@ def test_an_evaluation_that_scored_nothing_does_not_block_the_next_run(tmp_path,
     assert read_eval(out)["headline"]["bcapscore"] == pytest.approx(100 * (B1 + B2) / 2)
     refused = cli(*args, "--captions", captions)  # now it holds scores: protected as before
     assert refused.exit_code == 2 and "pass --resume" in " ".join(refused.output.split())
+
+
+def test_the_evaluate_package_names_each_public_object_from_its_module_on_first_use():
+    import importlib
+
+    import balcaprl.evaluate as package
+
+    assert sorted(package.__all__) == sorted(package._HOMES) and set(package.__all__) <= set(dir(package))
+    for name, home in package._HOMES.items():
+        assert getattr(package, name) is getattr(importlib.import_module(f"balcaprl.evaluate.{home}"), name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        package.nothing  # noqa: B018

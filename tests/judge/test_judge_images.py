@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 
@@ -10,7 +11,7 @@ from judge_testkit import config, jpeg_bytes, judge_and_close, png_bytes, reques
 from PIL import Image
 
 import balcaprl.judge.images as images_module
-from balcaprl.judge import OpenAICompatibleJudge
+from balcaprl.judge import Judgement, OpenAICompatibleJudge
 from balcaprl.judge.images import ImageError, ImageLoader, decode_data_url, sha256_hex
 
 
@@ -75,6 +76,46 @@ def test_the_image_is_hashed_once_per_batch_not_once_per_rollout(
     outcomes = judge_and_close(judge, [request(f"rollout {i}", image=image) for i in range(8)])
     assert len(outcomes) == 8 and server.counters.total == 8
     assert len(calls) == 1
+
+
+def test_an_image_object_is_prepared_once_when_its_rollouts_are_judged_one_at_a_time(
+    judge_server, monkeypatch
+):
+    """A prompt's rollouts judged as each finishes (batches of one) share their image object: it is
+    hashed and decoded once, and the later batches find it without a thread hop."""
+    calls, hops = [], []
+    real_hash, real_hop = images_module.sha256_hex, asyncio.to_thread
+    monkeypatch.setattr(images_module, "sha256_hex", lambda data: calls.append(1) or real_hash(data))
+    monkeypatch.setattr(asyncio, "to_thread", lambda f, *a: hops.append(f) or real_hop(f, *a))
+    server = judge_server()
+    image, other = png_bytes(), png_bytes(colour=(0, 0, 200))
+    judge = OpenAICompatibleJudge(config(server.base_url))
+
+    async def one_at_a_time() -> list:
+        try:
+            return [(await judge.judge_batch([request(f"rollout {i}", image=image)]))[0] for i in range(6)]
+        finally:
+            await judge.aclose()
+
+    outcomes = asyncio.run(one_at_a_time())
+    assert all(isinstance(o, Judgement) for o in outcomes) and server.counters.total == 6
+    assert (len(calls), len(hops)) == (1, 1)
+    assert judge.images.prepared(image) is judge.images.load(image)
+    assert judge.images.prepared(bytes(bytearray(image))) is None  # equal bytes, another object
+    assert judge.images.prepared(other) is None and judge.images.prepared(bytearray(image)) is None
+
+
+def test_the_images_held_stay_within_their_count_and_bytes(monkeypatch):
+    monkeypatch.setattr(images_module, "HELD_BYTES", 3 * len(png_bytes()) + 1)
+    loader = ImageLoader(max_side=64, remember=4)
+    images = [png_bytes(colour=(i, 0, 0)) for i in range(5)]
+    for image in images:
+        loader.load(image)
+    assert [loader.prepared(image) is not None for image in images] == [False, False, True, True, True]
+    small = ImageLoader(max_side=64, remember=2)
+    for image in images:
+        small.load(image)
+    assert [small.prepared(image) is not None for image in images] == [False, False, False, True, True]
 
 
 def test_root_confinement(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import resource
 import subprocess
 import sys
@@ -322,21 +323,60 @@ def test_a_server_that_does_not_stream_is_not_cut_at_the_first_byte_limit():
     assert server.counters.total == 4
 
 
-def test_the_judge_path_imports_neither_torch_nor_the_openai_sdk():
-    code = (
-        "import sys; import balcaprl.evaluate.score, balcaprl.judge.client, balcaprl.judge.calls; "
-        "from balcaprl.cli import app; print(sorted(m for m in ('torch', 'openai') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+# What `score` must not have imported when its first request leaves: the heavy libraries, the
+# protocols it does not run, numpy (only the bootstrap after the last verdict uses it) and rich's
+# tables (the summary's).
+NOT_BEFORE_THE_FIRST_CALL = (
+    "torch", "openai", "numpy", "pandas", "matplotlib", "transformers", "pyarrow",
+    "balcaprl.evaluate.dcscore", "balcaprl.evaluate.captionqa", "balcaprl.evaluate.caparena",
+    "balcaprl.evaluate.bcapscore", "balcaprl.evaluate.config", "balcaprl.evaluate.suite",
+    "balcaprl.evaluate.official", "rich.table",
+)  # fmt: skip
+
+# A fresh interpreter runs `balcaprl score`; aiohttp's request method notes the loaded modules when
+# the first judge request is sent (a structural check of the path, not a timing).
+_FIRST_CALL_PROBE = """
+import json, sys
+import aiohttp
+
+send, seen = aiohttp.ClientSession._request, []
+
+def noted(self, *args, **kwargs):
+    if not seen:
+        seen.append([name for name in json.loads(sys.argv[1]) if name in sys.modules])
+    return send(self, *args, **kwargs)
+
+aiohttp.ClientSession._request = noted
+from balcaprl.cli import app
+
+try:
+    app(sys.argv[2:], prog_name="balcaprl", standalone_mode=False)
+finally:
+    print("LOADED " + json.dumps(seen))
+"""
+
+
+def test_score_sends_its_first_call_before_importing_what_it_does_not_use(tmp_path):
+    server = _server()
+    try:
+        argv = _score_args(tmp_path, server, 3)
+        out = subprocess.run(
+            [sys.executable, "-c", _FIRST_CALL_PROBE, json.dumps(NOT_BEFORE_THE_FIRST_CALL), *argv],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "60"},
+        )  # fmt: skip
+    finally:
+        server.stop()
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert server.counters.total == 3
+    assert json.loads(out.stdout.rsplit("LOADED ", 1)[1]) == [[]]
 
 
 # ------------------------------------------------------------------------------ helpers
 
 
-def _score(tmp_path: Path, server: JudgeServer, captions: int | list[str], **settings):
-    """``balcaprl score`` of ``captions`` (a count or the texts) over 12 images against ``server``."""
+def _score_args(tmp_path: Path, server: JudgeServer, captions: int | list[str], **settings) -> list[str]:
+    """The arguments of ``balcaprl score`` of ``captions`` (a count or the texts) over 12 images
+    against ``server``."""
     texts = captions if isinstance(captions, list) else _captions("scored", captions)
     images = tmp_path / "images"
     images.mkdir()
@@ -350,7 +390,12 @@ def _score(tmp_path: Path, server: JudgeServer, captions: int | list[str], **set
         "base_url": server.base_url, "model": "scripted", "api_key_env": None, "cache_path": None,
         "max_retries": 0, **settings,
     }))  # fmt: skip
-    args = ["score", "--images", str(images), "--captions", str(tmp_path / "captions.jsonl"),
+    return ["score", "--images", str(images), "--captions", str(tmp_path / "captions.jsonl"),
             "--references", str(tmp_path / "references.json"), "--judge", str(judge_yaml),
             "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
+
+
+def _score(tmp_path: Path, server: JudgeServer, captions: int | list[str], **settings):
+    """``balcaprl score`` of ``captions`` (a count or the texts) over 12 images against ``server``."""
+    args = _score_args(tmp_path, server, captions, **settings)
     return CliRunner(env={"COLUMNS": "60"}).invoke(app, args)

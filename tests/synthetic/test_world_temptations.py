@@ -10,32 +10,42 @@ world's code as it changes. The sample is refused once the world's generator ver
 from __future__ import annotations
 
 import json
-import math
 import random
-import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from balcaprl.demo.config import DatasetSettings
-from balcaprl.rewards import BCAPSCORE_REWARDS, b_capscore, score_rollout, score_verdict
+from balcaprl.rewards import score_verdict
 from balcaprl.synthetic.captioners import (
     base_caption,
     error_probability,
-    original_caption,
     salience_order,
 )
 from balcaprl.synthetic.captions import reference_caption
 from balcaprl.synthetic.lexicon import words_of
 from balcaprl.synthetic.linguistic import word_budget
+from balcaprl.synthetic.mechanisms import Direction, measure_mechanisms
 from balcaprl.synthetic.oracle import oracle_verdict
-from balcaprl.synthetic.parser import parse_caption
-from balcaprl.synthetic.probe import Group, load_groups, probe_groups, save_groups, stand_in_groups
+from balcaprl.synthetic.probe import (
+    ONE_PER_BATCH,
+    Group,
+    load_groups,
+    probe_groups,
+    save_groups,
+    stand_in_groups,
+)
 from balcaprl.synthetic.scenes import Scene, SceneObject, generate_scenes
 
 DEMO_SCENES = generate_scenes(48, seed=0, spec=DatasetSettings().scene_spec())
 FULL_SCENES = generate_scenes(60, seed=7)
+
+
+@pytest.fixture(scope="module")
+def mechanisms():
+    """Each temptation's direction over the demo's scenes, paired (balcaprl.synthetic.mechanisms)."""
+    return measure_mechanisms(DEMO_SCENES)
 
 
 @pytest.fixture(scope="module")
@@ -55,31 +65,17 @@ def sft_start():
     return probe_groups(groups)
 
 
-def rewards(scene, caption, reference):
-    return score_verdict(oracle_verdict(scene, caption, reference))
-
-
 # ---------------------------------------------------------------------------------- at the start
 # Each check names the paper's statement it holds the world to; its threshold comes from that
 # statement or from the arithmetic of the estimate, written before the world it tests was measured.
 #
-# A batch of the demo is 8 prompts x 8 rollouts: a mechanism that acts on a kind of rollout can act in
-# an average batch only if that kind is at least 1 in 64 of the rollouts.
-ONE_PER_BATCH = 1 / 64
-# A pooled within-group correlation of N rollouts in G groups has N - G - 1 degrees of freedom; with no
-# relation at all it falls within +-1.96 / sqrt(N - G - 1) 95% of the time (Fisher). A direction the
-# paper states is there only when the correlation is past that bound on the stated side.
+# ONE_PER_BATCH: a mechanism acting on a kind of rollout acts in an average 8 x 8 batch only if that kind
+# is at least 1 in 64. A direction the paper states is there only when a within-group correlation is past
+# the noise bound 1.96 / sqrt(N - G - 1) on the stated side (WorldProbe.noise_bound).
 
 
 def noise_bound(probe) -> float:
-    return 1.96 / math.sqrt(probe.n_captions - len(set(probe.table.groups.tolist())) - 1)
-
-
-def above(xs, ys) -> bool:
-    """Is ``xs`` above ``ys``, pair by pair, by more than the noise of the mean difference (1.96
-    standard errors)? The direction a mechanism's paper text states, with no size chosen for it."""
-    diffs = [x - y for x, y in zip(xs, ys, strict=True)]
-    return statistics.mean(diffs) > 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return probe.noise_bound
 
 
 @pytest.fixture(params=["start", "sft_start"])
@@ -116,6 +112,18 @@ def test_c_gdpo_and_grpo_advantages_differ(each_start):
     _, high = each_start.table.interval(lambda t: t.advantage_corr())
     assert high < 1.0
     assert sum(each_start.variance_shares) == pytest.approx(1.0)
+
+
+def test_failed_checks_names_what_the_checks_above_assert(start, sft_start):
+    # one function gives the verdicts of the checks above (the preflight tables' "fails" column)
+    assert start.failed_checks() == [] and sft_start.failed_checks(upper_side=False) == []
+    scene = DEMO_SCENES[0]
+    reference = reference_caption(scene, random.Random(1))
+    terse = base_caption(scene, random.Random(2), "terse")
+    probe = probe_groups([Group(scene, reference, (reference, reference, terse, reference))])
+    failed = probe.failed_checks()  # 1 of 4 terse and below the band, none above; 4 captions
+    assert "above" in failed and "terse" not in failed and "below" not in failed
+    assert "above" not in probe.failed_checks(upper_side=False)
 
 
 def test_the_interval_over_prompts_resamples_whole_groups():
@@ -162,56 +170,28 @@ def test_a_saved_sample_of_another_world_is_refused(tmp_path):
 # ------------------------------------------------------------------------------ each mechanism
 
 
-def test_hard_to_see_shapes_come_last_and_go_wrong_more_often():
+def test_hard_to_see_shapes_come_last_and_go_wrong_more_often(mechanisms):
     for scene in FULL_SCENES:
         sizes = [o.size for o in salience_order(scene)]
         assert sizes == sorted(sizes, key=["large", "medium", "small"].index)
     big, small = SceneObject("circle", "red", "large", 0, 0), SceneObject("circle", "red", "small", 0, 0)
     assert error_probability(0, big) < error_probability(2, big) < error_probability(2, small)
     # measured: the first shape named is right more often than the last
-    first, last = [], []
-    for i in range(400):
-        scene = DEMO_SCENES[i % len(DEMO_SCENES)]
-        parsed = parse_caption(base_caption(scene, random.Random(i), "detailed"), scene)
-        objects = [a for a in parsed.assertions if a.kind == "object"]
-        first.append(objects[0].visible)
-        last.append(objects[-1].visible)
-    assert above(first, last)
+    assert mechanisms.directions["first named right"].holds
 
 
-def test_enumerating_buys_recall_with_precision_and_overloads_the_caption():
-    detailed, enumerating, past_twice = [], [], []
-    for i, scene in enumerate(DEMO_SCENES):
-        reference = reference_caption(scene, random.Random(i))
-        detailed.append(rewards(scene, base_caption(scene, random.Random(i), "detailed"), reference))
-        caption = base_caption(scene, random.Random(i), "enumerating")
-        enumerating.append(rewards(scene, caption, reference))
-        past_twice.append(len(words_of(caption)) > 2 * len(words_of(reference)))
-    assert statistics.mean(past_twice) >= ONE_PER_BATCH  # where tau_u = 2 binds
-    of = lambda xs, key: [getattr(x, key) for x in xs]  # noqa: E731
+def test_enumerating_buys_recall_with_precision_and_overloads_the_caption(mechanisms):
+    assert mechanisms.enumerating_past_twice >= ONE_PER_BATCH  # where tau_u = 2 binds
     # the paper: captions made long to raise recall, at the cost of hallucination and fluency
-    assert above(of(enumerating, "recall"), of(detailed, "recall"))
-    assert above(of(detailed, "precision"), of(enumerating, "precision"))
-    assert above(of(detailed, "linguistic"), of(enumerating, "linguistic"))
+    for what in ("recall", "precision", "linguistic"):
+        assert mechanisms.directions[f"enumerating {what}"].holds, what
 
 
-def held_out_b_capscore(scene, caption, reference):
-    """b-CapScore as the demo's held-out evaluation computes it (evaluation rubric, no length mask)."""
-    r = score_rollout(oracle_verdict(scene, caption, reference, "evaluation"), BCAPSCORE_REWARDS)
-    return b_capscore(r.precision, r.recall, r.linguistic)
-
-
-def test_at_evaluation_a_terse_caption_scores_below_a_describing_one():
+def test_at_evaluation_a_terse_caption_scores_below_a_describing_one(mechanisms):
     # The paper: without length control captions get shorter and DCScore regresses; saying less must
     # cost more recall than it gains precision, for a captioner that sees the shapes (the base
     # captioner's detailed mode, its later shapes wrong more often).
-    terse, detailed = [], []
-    for i, scene in enumerate(DEMO_SCENES):
-        reference = reference_caption(scene, random.Random(i))
-        for mode, scores in (("terse", terse), ("detailed", detailed)):
-            caption = base_caption(scene, random.Random(i), mode)
-            scores.append(held_out_b_capscore(scene, caption, reference))
-    assert above(detailed, terse)
+    assert mechanisms.directions["terse below at evaluation"].holds
 
 
 def test_every_reference_is_within_the_word_budget_and_an_overloaded_caption_is_not():
@@ -227,7 +207,7 @@ def test_every_reference_is_within_the_word_budget_and_an_overloaded_caption_is_
     assert "overloaded caption" in verdict.explanation and verdict.clarity < 10
 
 
-def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it():
+def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it(mechanisms):
     scene = Scene(
         "s", (SceneObject("circle", "red", "large", 0, 0), SceneObject("star", "blue", "small", 2, 2))
     )
@@ -243,14 +223,17 @@ def test_the_original_reference_is_weaker_and_the_oracle_decomposes_all_of_it():
     r = score_verdict(verdict)
     assert r.precision < 1.0  # ... and it is still false of the image
     # the original annotator's captions: shorter, less complete and less true than the re-captioned ones
-    orig, recap = [], []
-    for i, s in enumerate(DEMO_SCENES):
-        recap_ref = reference_caption(s, random.Random(i))
-        orig.append(rewards(s, original_caption(s, random.Random(i)), recap_ref))
-        recap.append(rewards(s, recap_ref, recap_ref))
-    # the paper: "higher-quality reference captions provide a more effective recall signal"
-    assert above([x.recall for x in recap], [x.recall for x in orig])
-    assert above([x.precision for x in recap], [x.precision for x in orig])
+    # (the paper: "higher-quality reference captions provide a more effective recall signal")
+    assert mechanisms.directions["recap recall"].holds and mechanisms.directions["recap precision"].holds
+    assert mechanisms.failed_checks() == []  # the script's "fails" column says what the checks above say
+
+
+def test_a_direction_holds_past_1_96_standard_errors_of_the_paired_mean():
+    # by hand: differences 1, 1, 1, 0 have mean 0.75, standard deviation 0.5, standard error 0.25
+    direction = Direction.of([1, 1, 1, 0], [0, 0, 0, 0])
+    assert (direction.mean, direction.se) == pytest.approx((0.75, 0.25)) and direction.holds
+    assert not Direction.of([1, 0, 1, 0], [0, 0, 0, 0]).holds  # 0.5 against 1.96 x 0.289
+    assert not Direction.of([0, 0, 0, 1], [1, 1, 1, 1]).holds  # the other side
 
 
 def test_the_probe_command_samples_groups_from_a_policy(tiny_dataset, tmp_path):

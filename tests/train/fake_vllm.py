@@ -4,6 +4,8 @@ processor, as vLLM does (the checkpoint's processor, with the ``mm_processor_kwa
 without them), and refuses a prompt whose image-token count differs from what that processor makes,
 as vLLM does. Completions are a few random tokens with log-probs.
 
+:class:`ScriptedServerClient` stands in for TRL's ``VLLMClient`` in front of a vLLM server (server mode).
+
 ``generate`` drives a stand-in of vLLM's engine the way vLLM's ``LLM.generate`` does (``_run_engine``):
 it adds every request under a request id counted up from 0 across calls, then loops ``step()``, which
 finishes one request at a time, shortest completion first (a seeded tie-break), not in the order the
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from types import SimpleNamespace
 from typing import Any
+
+from trl.generation.vllm_client import VLLMClient
 
 
 class FakeSamplingParams:
@@ -142,3 +147,40 @@ def stand_in_vllm(monkeypatch: Any) -> type[FakeLLM]:
     FakeLLM.instances.clear()
     monkeypatch.setattr(FakeLLM, "honour_processor_kwargs", True)
     return FakeLLM
+
+
+class ScriptedServerClient:
+    """TRL's ``VLLMClient`` in front of a scripted vLLM server: TRL's own ``generate`` and
+    ``_generate_from_features`` (one request per prompt from a thread pool) over ``image_features``
+    (each prompt's image one run of ``image_tokens`` placeholders) and ``_post``, which answers the
+    prompts last first: prompt ``j`` (the first token of its ids) once prompt ``j + 1`` is released,
+    by the caller (:meth:`release`, ``released_by_caller``) or as soon as it is answered. Each prompt
+    gets ``n`` completions of two vocabulary words, which differ from rollout to rollout."""
+
+    generate = VLLMClient.generate
+    _generate_from_features = VLLMClient._generate_from_features
+    base_url, model = "http://vllm.invalid", "policy"
+
+    def __init__(
+        self, prompts: int, vocab: list[int], image_tokens: int = 4, released_by_caller: bool = False
+    ):
+        self.vocab, self.image_tokens, self.released_by_caller = vocab, image_tokens, released_by_caller
+        self.released = [threading.Event() for _ in range(prompts)]
+        self.order: list[int] = []
+
+    def release(self, j: int) -> None:
+        self.released[j].set()
+
+    def image_features(self, images: list) -> list[dict]:
+        return [{"mm_placeholders": {"image": [{"offset": 0, "length": self.image_tokens}]}} for _ in images]
+
+    def _post(self, url: str, json: dict) -> dict:
+        j = int(json["token_ids"][0])
+        if j + 1 < len(self.released):
+            assert self.released[j + 1].wait(timeout=30), f"deadlock guard: prompt {j + 1} was never released"
+        self.order.append(j)
+        if not self.released_by_caller:
+            self.release(j)
+        n, vocab = json["sampling_params"]["n"], self.vocab
+        tokens = [[vocab[(j * n + k) % len(vocab)], vocab[k]] for k in range(n)]
+        return {"choices": [{"token_ids": ids, "logprobs": None} for ids in tokens]}

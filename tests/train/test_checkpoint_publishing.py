@@ -152,6 +152,43 @@ def test_a_save_cut_short_keeps_the_earlier_checkpoints_and_resume_falls_back(
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
     assert (out / "final" / "model.safetensors").is_file()
     assert not (out / STAGING_DIR / "final").exists()
+    for folder in (out / "checkpoint-3", out / "final"):  # the trainer's own saves
+        assert _video_processor(folder)["video_processor_type"] == "Qwen2VLVideoProcessor", folder
+
+
+def _video_processor(folder: Path) -> dict:
+    """The video processor settings transformers finds in ``folder`` (the first step of loading the full
+    Qwen2/2.5-VL processor class, which vLLM does; the rest needs torchvision)."""
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    config, _ = BaseVideoProcessor.get_video_processor_dict(str(folder))
+    return config
+
+
+def test_an_image_only_processor_saves_what_the_full_class_loads(tiny_policy, tmp_path):
+    """Without torchvision the policy's processor is loaded image-only; saved as it was, a checkpoint had
+    no video processor, and the full class (vLLM, any machine with torchvision) failed to load it. Saved
+    now with the video entry that transformers reads from a checkpoint holding only an image processor
+    config (how the published Qwen2.5-VL checkpoints load)."""
+    from balcaprl.recipe import ModelConfig
+    from balcaprl.train.modeling import load_processor
+
+    processor = load_processor(ModelConfig(path=str(tiny_policy)))
+    assert not hasattr(processor, "video_processor")  # image-only here (no torchvision)
+    processor.save_pretrained(tmp_path / "saved")
+    image = json.loads((tmp_path / "saved" / "processor_config.json").read_text())["image_processor"]
+    legacy = tmp_path / "legacy"  # the image processor config alone, in the file name before transformers 5
+    legacy.mkdir()
+    (legacy / "preprocessor_config.json").write_text(json.dumps(image))
+    read_legacy = _video_processor(legacy)
+    kind = read_legacy.pop("image_processor_type").replace(
+        "ImageProcessor", "VideoProcessor"
+    )  # transformers' rule
+    assert _video_processor(tmp_path / "saved") == {**read_legacy, "video_processor_type": kind}
+    assert kind == "Qwen2VLVideoProcessor"
+    shutil.copy(tiny_policy / "config.json", tmp_path / "saved")  # a checkpoint's, naming the architecture
+    again = load_processor(ModelConfig(path=str(tmp_path / "saved")))  # and it still loads image-only here
+    assert again.image_processor.to_dict() == processor.image_processor.to_dict()
 
 
 class _Accelerator:

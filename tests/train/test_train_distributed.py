@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from train_testkit import run_on_two_processes
 
 from balcaprl import c_gdpo_advantages
 from balcaprl.train.advantages import group_index_from_ids
@@ -24,38 +20,7 @@ WORKER = Path(__file__).with_name("train_distributed_worker.py")
 @pytest.fixture(scope="module")
 def ranks(tiny_policy, tiny_dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("distributed")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with socket.socket() as probe:  # a free port for the rendezvous (torchrun's port 0 hangs)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-    ]
-    command += ["--master_port", str(port)]
-    # Own process group, so a hang kills torchrun *and* its workers (subprocess.run's timeout would
-    # only kill torchrun and leave the ranks running).
-    with subprocess.Popen(
-        [*command, str(WORKER), str(tiny_policy), str(tiny_dataset), str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    ) as process:
-        try:
-            _, stderr = process.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            _, stderr = process.communicate()
-            pytest.fail(f"torchrun did not finish in 240 s:\n{stderr[-4000:]}")
-    result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_on_two_processes(WORKER, tiny_policy, tiny_dataset, out)
     return {
         case: [json.loads((out / case / f"rank{r}.json").read_text()) for r in (0, 1)]
         for case in ("whole_groups", "split_groups")

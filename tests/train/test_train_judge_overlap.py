@@ -12,19 +12,22 @@ the engine finished them, and the rewards and advantages are those of ``off``.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
-from fake_vllm import stand_in_vllm
-from train_testkit import ScriptedJudge, tiny_recipe_dict
-from trl.generation.vllm_client import VLLMClient
+from fake_vllm import ScriptedServerClient, stand_in_vllm
+from train_testkit import ScriptedJudge, run_on_two_processes, tiny_recipe_dict
 
 from balcaprl.judge.protocol import JudgeRequest
 from balcaprl.recipe import recipe_from_dict
 from balcaprl.train.early_judge import EarlyJudge, judge_stage_metrics, stamped
 from balcaprl.train.judge_overlap import watching_finishes
 from balcaprl.train.metrics import read_jsonl
+
+SERVER_WORKER = Path(__file__).with_name("judge_overlap_server_worker.py")
 
 
 class WhenCalledJudge(ScriptedJudge):
@@ -334,29 +337,6 @@ def test_settle_keeps_early_calls_by_index_and_judges_a_mismatch_once_more():
 # ------------------------------------------------------------------ server mode: per-prompt responses
 
 
-class ScriptedServerClient:
-    """A stand-in for TRL's ``VLLMClient`` in front of a vLLM server: TRL's own
-    ``_generate_from_features`` (one request per prompt from a thread pool) over a ``_post`` that
-    answers the prompts last first (prompt ``j`` waits for ``j + 1``), ``n`` completions each."""
-
-    _generate_from_features = VLLMClient._generate_from_features
-    base_url, model = "http://vllm.invalid", "policy"
-
-    def __init__(self, prompts: int, n: int, vocab: list[int]):
-        self.n, self.vocab = n, vocab
-        self.answered = [threading.Event() for _ in range(prompts)]
-        self.order: list[int] = []
-
-    def _post(self, url, json):
-        j = int(json["token_ids"][0])  # the stand-in's prompts start with their own index
-        if j + 1 < len(self.answered):
-            assert self.answered[j + 1].wait(timeout=30), "deadlock guard: the thread pool did not run"
-        self.order.append(j)
-        self.answered[j].set()
-        tokens = [[self.vocab[(j * self.n + k) % len(self.vocab)], self.vocab[k]] for k in range(self.n)]
-        return {"choices": [{"token_ids": ids, "logprobs": None} for ids in tokens]}
-
-
 def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_policy):
     from types import SimpleNamespace
 
@@ -368,13 +348,18 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
     processor = AutoTokenizer.from_pretrained(tiny_policy)  # what the processor's batch_decode uses
     vocab = [i for i in range(len(processor)) if i not in processor.all_special_ids]
     prompts, n = 3, 2
-    client = ScriptedServerClient(prompts, n, vocab)
+    client = ScriptedServerClient(prompts, vocab, released_by_caller=True)
     started: list[dict[int, JudgeRequest]] = []
+
+    def start_rollouts(by_index):  # prompt j's rollouts seen: the server may answer prompt j - 1
+        started.append(by_index)
+        client.release(min(by_index) // n)
+
     trainer = SimpleNamespace(
         use_vllm=True,
         vllm_mode="server",
         vllm_generation=SimpleNamespace(vllm_client=client),
-        accelerator=SimpleNamespace(is_main_process=True),
+        accelerator=SimpleNamespace(is_main_process=True, num_processes=1, process_index=0),
         num_generations=n,
         processing_class=processor,
         scorer=SharedVerdictScorer(ScriptedJudge(), image_column="image", reference_column="reference"),
@@ -385,7 +370,7 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
     prompt_ids = [[j, 7, 7] for j in range(prompts)]
     overlap = TrlJudgeOverlap(trainer, "off")  # no reward loop here: the early judge is a recorder
     overlap.begin_batch(inputs)
-    overlap.mode, overlap.early_judge = "per_rollout", SimpleNamespace(start_rollouts=started.append)
+    overlap.mode, overlap.early_judge = "per_rollout", SimpleNamespace(start_rollouts=start_rollouts)
     with overlap.watching(chat):
         output = client._generate_from_features(prompt_ids, [None] * prompts, {"n": n})
     assert client.order == [2, 1, 0]
@@ -396,6 +381,60 @@ def test_server_mode_judges_each_prompts_rollouts_as_its_response_arrives(tiny_p
     by_index = {i: request for batch in started for i, request in batch.items()}
     assert [by_index[i].caption for i in range(len(inputs))] == [text.strip() for text in decoded]
     assert [by_index[i].image for i in range(len(inputs))] == [row["image"] for row in inputs]
+
+
+# ------------------------------------------------ server mode, two processes: the main one judges all
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_policy, tmp_path_factory):
+    """TRL's server-mode generation on two processes (torchrun, gloo) with the judge overlap around it
+    (judge_overlap_server_worker.py): for each case and mode, what each process saw."""
+    out = tmp_path_factory.mktemp("server-two-processes")
+    run_on_two_processes(SERVER_WORKER, tiny_policy, out)
+    return {
+        (case, mode): [json.loads((out / case / mode / f"rank{r}.json").read_text()) for r in (0, 1)]
+        for case in ("whole_groups", "split_groups")
+        for mode in ("per_rollout", "off")
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["whole_groups", "split_groups"])
+def test_every_processs_rollouts_are_judged_while_the_server_generates(two_processes, case):
+    main, other = two_processes[case, "per_rollout"]
+    size = len(main["captions"])
+    assert len(other["captions"]) == size
+    # Every rollout of both processes was handed to the judge, on the main process, before TRL's
+    # generate returned on either process (they return after the broadcast of the last response).
+    places = {f"{process}/{index}" for process in (0, 1) for index in range(size)}
+    assert set(main["submitted"]) == places and other["submitted"] == {}
+    assert main["returned_everywhere"] == [main["returned"], other["returned"]]
+    assert max(main["submitted"].values()) < min(main["returned"], other["returned"])
+    # The main process judged every rollout, in one call each; the other judged none itself.
+    assert sorted(main["judged_here"]) == sorted(main["captions"] + other["captions"])
+    assert other["judged_here"] == []
+    for process in (main, other):
+        assert process["metrics"]["judge/started_early_share"] == 1.0 and process["mismatched"] == 0
+        assert process["metrics"]["judge/exposed_s"] <= process["metrics"]["judge/wall_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["whole_groups", "split_groups"])
+def test_each_process_gets_the_rewards_of_its_own_rollouts(two_processes, case):
+    on, off = two_processes[case, "per_rollout"], two_processes[case, "off"]
+    for rank in (0, 1):
+        assert on[rank]["captions"] == off[rank]["captions"]  # the same server answers, sliced alike
+        assert on[rank]["rewards"] == off[rank]["rewards"]  # exactly: the verdicts travel unchanged
+        assert off[rank]["judged_here"] == off[rank]["captions"]  # off: each process judges its own
+    rewards = [row for rank in (0, 1) for row in on[rank]["rewards"]]
+    assert [None] * 3 in rewards  # a failed call travels as a failure, never a 0
+    assert len({tuple(row) for row in rewards}) > 2  # the rows' rewards differ: a swap would show
+    assert on[0]["captions"] != on[1]["captions"]
+    # Usage: the main process paid for every call, counted once over the processes.
+    assert on[1]["usage"] == {} and on[0]["usage"]["prompt_tokens"] > 0
+    total = sum(off[rank]["usage"]["prompt_tokens"] for rank in (0, 1))
+    assert on[0]["usage"]["prompt_tokens"] == total
 
 
 class InterleavingJudge(ScriptedJudge):

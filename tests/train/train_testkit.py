@@ -7,6 +7,11 @@ picks whichever folder's conftest comes first on sys.path."""
 from __future__ import annotations
 
 import io
+import os
+import signal
+import socket
+import subprocess
+import sys
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,7 +101,6 @@ def qwen_vl_text_config(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 def build_tiny_qwen2_5_vl(out: Path) -> Path:
     """Random-init Qwen2.5-VL (2 layers, hidden 64, vision depth 2), word-level tokenizer, saved to ``out``."""
     from transformers import (
-        GenerationConfig,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5_VLProcessor,
@@ -129,11 +133,19 @@ def build_tiny_qwen2_5_vl(out: Path) -> Path:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
+    return save_tiny_model(
+        out, Qwen2_5_VLForConditionalGeneration, config, processor, ids["<|im_end|>"], ids["<|endoftext|>"]
     )
+
+
+def save_tiny_model(out: Path, model_class: type, config: Any, processor: Any, eos: int, pad: int) -> Path:
+    """A random-init ``model_class(config)`` (seed 0) with its generation config and ``processor``, saved to
+    ``out`` as a checkpoint: what every tiny builder ends with."""
+    from transformers import GenerationConfig
+
+    torch.manual_seed(0)
+    model = model_class(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
@@ -146,7 +158,6 @@ def build_tiny_llava(out: Path) -> Path:
     """Random-init LLaVA (CLIP vision 2 layers, Qwen2 text 2 layers): the synthetic demo's policy shape."""
     from transformers import (
         CLIPVisionConfig,
-        GenerationConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -197,12 +208,7 @@ def build_tiny_llava(out: Path) -> Path:
         vision_feature_select_strategy="default",
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+    return save_tiny_model(out, LlavaForConditionalGeneration, config, processor, eos, pad)
 
 
 def _png(colour: tuple[int, int, int]) -> bytes:
@@ -314,3 +320,35 @@ def tiny_recipe_dict(
     for section, values in sections.items():
         recipe.setdefault(section, {}).update(values)
     return recipe
+
+
+def run_on_two_processes(worker: Path, *args: Any, timeout: int = 240, accelerate: bool = False) -> None:
+    """``worker`` with ``args`` under ``torchrun --nproc_per_node 2`` (CPU, gloo, 127.0.0.1), or ``accelerate
+    launch`` as a user starts training (``--multi_gpu``: torchrun underneath; the worker asks accelerate
+    for the CPU); fails the test on a non-zero exit or after ``timeout`` seconds, with its stderr's end."""
+    import pytest
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with socket.socket() as probe:  # a free port for the rendezvous (torchrun's port 0 hangs)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    if accelerate:
+        command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes",
+                   "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(port)]  # fmt: skip
+    command += [str(worker), *map(str, args)]
+    # Own process group, so a hang kills torchrun *and* its workers (subprocess.run's timeout would
+    # only kill torchrun and leave the ranks running).
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as process:
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, stderr = process.communicate()
+            pytest.fail(f"torchrun did not finish in {timeout} s:\n{stderr[-4000:]}")
+    assert process.returncode == 0, stderr[-4000:]

@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 from train_testkit import (
     CHAT_TEMPLATE,
     SIDE,
     SPECIALS,
     ScriptedJudge,
     qwen_vl_text_config,
+    save_tiny_model,
     word_level_tokenizer,
 )
 
@@ -31,7 +31,6 @@ KV_CACHE_BYTES = 64 << 20
 def build_tiny_qwen2_vl(out: Path) -> Path:
     """Random-init Qwen2-VL (2 layers, hidden 64, vision depth 2), the test vocabulary, saved to ``out``."""
     from transformers import (
-        GenerationConfig,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
         Qwen2VLProcessor,
@@ -55,14 +54,9 @@ def build_tiny_qwen2_vl(out: Path) -> Path:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
+    return save_tiny_model(
+        out, Qwen2VLForConditionalGeneration, config, processor, ids["<|im_end|>"], ids["<|endoftext|>"]
     )
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
 
 
 class StampedJudge(ScriptedJudge):

@@ -39,3 +39,34 @@ def test_the_engine_loads_and_captions_images_with_special_tokens_masked(family,
     # the mask is what keeps them out: the same draws without it sample special tokens
     drawn = {t for output in unmasked for c in output.outputs for t in c.token_ids}
     assert drawn & set(banned), "the unmasked engine drew no special token: the test cannot tell"
+
+
+def test_the_engine_starts_from_a_policy_the_trainer_saved(tiny_qwen2_5_vl, tiny_dataset, tmp_path):
+    """balcaprl's own save path (save_final_model: the trainer's model and its processor, loaded image-only
+    without torchvision) writes a checkpoint vLLM starts from and captions with, its video processor
+    entry included: without it the full Qwen processor class, which vLLM builds wherever torchvision is
+    installed, failed ("Can't load video processor"; here the CPU set-up builds it image-only)."""
+    from train_testkit import ScriptedJudge, tiny_recipe_dict
+    from transformers.video_processing_utils import BaseVideoProcessor
+    from vllm import SamplingParams
+
+    from balcaprl.recipe import recipe_from_dict
+    from balcaprl.train import build_trainer
+    from balcaprl.train.checkpointing import save_final_model
+
+    trainer = build_trainer(
+        recipe_from_dict(tiny_recipe_dict(tiny_qwen2_5_vl, tiny_dataset, tmp_path / "run")), ScriptedJudge()
+    )
+    final = tmp_path / "run" / "final"
+    save_final_model(trainer, final)
+    del trainer
+    config, _ = BaseVideoProcessor.get_video_processor_dict(str(final))
+    assert config["video_processor_type"] == "Qwen2VLVideoProcessor"
+    processor = AutoProcessor.from_pretrained(final)
+    with engine(final) as llm:
+        (output,) = llm.generate(
+            [image_prompt(processor, (10, 200, 10))],
+            SamplingParams(n=2, max_tokens=8, seed=0),
+            use_tqdm=False,
+        )
+    assert [len(c.token_ids) > 0 for c in output.outputs] == [True, True]

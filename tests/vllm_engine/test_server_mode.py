@@ -2,7 +2,8 @@
 prints for it (``rollout_engine.server_command``, run through ``trl vllm-serve``): two training steps
 whose rollouts come from the server over HTTP (image features, then one request per prompt), with the
 special-token mask sent along, the image-token counts compared, and each prompt's rollouts judged as
-its response arrives.
+its response arrives; then two processes (``accelerate launch``) on the same server, every process's
+rollouts judged on the main process as their responses arrive.
 
 CPU only, in the test set-up: TRL pushes weights to a server over NCCL, which needs CUDA
 (``VLLMClient.init_communicator`` refuses a CPU device), so the weight push is skipped here; the
@@ -11,6 +12,7 @@ colocated slice checks weight sync.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -25,12 +27,13 @@ pytest.importorskip("vllm")
 
 import requests  # noqa: E402
 from engine_kit import StampedJudge  # noqa: E402
-from train_testkit import tiny_recipe_dict  # noqa: E402
+from train_testkit import run_on_two_processes, tiny_recipe_dict  # noqa: E402
 
 from balcaprl.recipe import recipe_from_dict  # noqa: E402
 from balcaprl.train.metrics import read_jsonl  # noqa: E402
 from balcaprl.train.rollout_engine import server_command  # noqa: E402
 
+TWO_PROCESSES = Path(__file__).with_name("served_two_processes_worker.py")
 START_S = 420  # importing vLLM and starting its server takes a minute or two on 2 loaded cores
 
 
@@ -132,3 +135,21 @@ def test_each_prompts_rollouts_are_judged_as_its_response_arrives(served_run):
     shares = [row["judge/started_early_share"] for row in read_jsonl(served_run["out"] / "metrics.jsonl")
               if "judge/started_early_share" in row]  # fmt: skip
     assert len(shares) == 2 and all(share == 1.0 for share in shares)  # one process: every rollout
+
+
+@pytest.fixture(scope="module")
+def two_processes(server, tiny_qwen2_5_vl, tiny_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("served-two-processes")
+    run_on_two_processes(
+        TWO_PROCESSES, tiny_qwen2_5_vl, tiny_dataset, server["url"], out, timeout=420, accelerate=True
+    )
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_on_two_processes_every_rollout_is_judged_as_its_response_arrives(two_processes):
+    main, other = two_processes
+    for process in (main, other):
+        assert process["global_step"] == 2
+        shares = [metrics["judge/started_early_share"] for metrics in process["metrics"]]
+        assert shares == [1.0, 1.0]  # every rollout of each process, on both steps
+    assert main["judged_here"] == 2 * 4 and other["judged_here"] == 0  # the main process judged them all

@@ -22,6 +22,7 @@ show local variables, which may hold API keys.
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import textwrap
 
@@ -153,7 +154,28 @@ def _group(help: str) -> typer.Typer:
     return typer.Typer(help=help, no_args_is_help=True, add_completion=False)
 
 
-app = typer.Typer(
+class RootApp(typer.Typer):
+    """The root app, built for the command a process runs: ``balcaprl score ...`` builds the click
+    command of ``score`` alone (typer reads every command's signature and type hints when it builds
+    one, some 50 ms for the whole tree, all before the first judge call); anything else (help, a
+    mistyped name) builds the whole tree. Library and test callers (``get_command(app)``,
+    ``CliRunner``) always see the whole tree."""
+
+    def __call__(self, *args, **kwargs):
+        argv = kwargs.get("args", args[0] if args else None)
+        tokens = list(sys.argv[1:] if argv is None else argv)
+        while tokens and tokens[0] == "--debug":  # the one root option that precedes a command
+            tokens.pop(0)
+        names = [info.name for info in (*self.registered_commands, *self.registered_groups)]
+        if not tokens or tokens[0] not in names:
+            return super().__call__(*args, **kwargs)
+        one = copy.copy(self)
+        one.registered_commands = [info for info in self.registered_commands if info.name == tokens[0]]
+        one.registered_groups = [info for info in self.registered_groups if info.name == tokens[0]]
+        return typer.Typer.__call__(one, *args, **kwargs)
+
+
+app = RootApp(
     name="balcaprl",
     cls=RootGroup,
     help="Balanced RL for image captioners (c-GDPO) and multi-view caption evaluation (b-CapScore).",

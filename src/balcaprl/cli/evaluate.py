@@ -151,8 +151,6 @@ def score(
     Every scored caption is recorded in OUT as it arrives: after an interruption, run the same
     command with --resume and only the unscored captions are judged (also with --no-cache).
     """
-    from rich.table import Table
-
     from balcaprl.evaluate.score import score_captions, score_results
     from balcaprl.judge.client import build_judge
     from balcaprl.judge.protocol import JudgeFailure
@@ -184,6 +182,8 @@ def score(
             judge_client, captions, references, target.work, resamples=resamples, seed=seed,
             on_start=started, on_outcome=judged,
         )  # fmt: skip
+    from rich.table import Table  # after the last verdict: not on the way to the first call
+
     summary = run.summary
     table = Table(title=f"b-CapScore — {summary['n_scored']}/{summary['n_captions']} captions scored")
     for column in ("metric", "mean (x100)", "95% CI"):

@@ -135,7 +135,7 @@ class SFTSettings(_Frozen):
         ge=0,
         le=1,
         description="Free (no paper statement fixes it): share of flawed SFT targets, the "
-        "mistakes RL is there to remove; scripts/world_preflight_table.py measures the start over 0..0.75.",
+        "mistakes RL is there to remove; scripts/world_preflight_table.py measures the start over 0..1.",
     )
     seed: int = 0
 

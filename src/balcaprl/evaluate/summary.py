@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 METRICS = ("precision", "recall", "linguistic", "b_capscore")
 _BLOCK = 1 << 20  # resampled values drawn at once: the bootstrap's memory does not grow with resamples x n
@@ -23,6 +24,8 @@ def bootstrap_mean_ci(
     values: Sequence[float], resamples: int = 1000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float] | None:
     """``(mean, low, high)``: the sample mean and its percentile-bootstrap interval; None if empty."""
+    import numpy as np  # here, not at the top: `score` reaches its first judge call without numpy
+
     x = np.asarray(values, dtype=np.float64)
     return None if x.size == 0 else bootstrap_means_ci(x[:, None], resamples, seed, level)[0]
 
@@ -33,6 +36,8 @@ def bootstrap_means_ci(
     """:func:`bootstrap_mean_ci` of each column of the ``(n, k)`` array ``columns`` (n >= 1), all
     from one set of resampled rows: the draws each column would get alone (one seed, one stream), made
     once instead of k times (per caption, the bootstrap was the largest cost of a warm-cache score)."""
+    import numpy as np
+
     n = columns.shape[0]
     each = [np.ascontiguousarray(column) for column in columns.T]  # one column's sums, as alone
     rng = np.random.default_rng(seed)
@@ -72,6 +77,8 @@ class ScoreTally:
         n_scored = len(self.values["b_capscore"])
         metrics: dict[str, Any] = dict.fromkeys(METRICS)
         if n_scored:
+            import numpy as np
+
             columns = np.stack(
                 [np.frombuffer(self.values[name], dtype=np.float64) for name in METRICS], axis=1
             )

@@ -160,7 +160,8 @@ class OpenAICompatibleJudge:
         except* JudgeConfigError as errors:
             raise errors.exceptions[0] from None
         self.stats.merge(stats)
-        log.info(stats.one_line(self.config.price_per_million_tokens))
+        if log.isEnabledFor(logging.INFO):  # the line's percentiles cost a sort per batch (one per rollout)
+            log.info(stats.one_line(self.config.price_per_million_tokens))
         return BatchResult([o for o in outcomes if o is not None], stats)
 
     async def aclose(self) -> None:
@@ -284,6 +285,9 @@ class OpenAICompatibleJudge:
         identity = self._image_identity(image)
         task = images.get(identity)
         if task is None:
+            known = self.images.prepared(image)  # prepared by an earlier batch: no thread hop
+            if known is not None:
+                return known
             task = asyncio.ensure_future(asyncio.to_thread(self.images.load, image))
             images[identity] = task
         return await task

@@ -36,6 +36,9 @@ from balcaprl.images import DECODE_SLOTS, ImageReadError, ImageRoot, check_pixel
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
 _DECODING = threading.BoundedSemaphore(DECODE_SLOTS)  # shared by every loader of the process
+# Image objects a loader holds to know them again (ImageLoader.prepared): a process's images of a step
+# several times over (a paper step: 32 prompts per GPU process, an image a few hundred KB encoded).
+HELD_BYTES = 64 << 20
 
 
 class ImageError(InputError):
@@ -110,6 +113,10 @@ class ImageLoader:
         self._remember = remember
         self._known: OrderedDict[tuple, PreparedImage] = OrderedDict()
         self._digests: OrderedDict[tuple, str] = OrderedDict()  # files hashed but not yet prepared
+        # bytes objects prepared, by identity (each held, so its id stays its own): a prompt's rollouts
+        # judged one at a time as they finish share one image object, prepared once, not once each
+        self._objects: OrderedDict[int, tuple[bytes, PreparedImage]] = OrderedDict()
+        self._objects_bytes = 0
         self._lock = threading.Lock()
 
     def resolve(self, image: Path | str) -> Path:
@@ -150,8 +157,14 @@ class ImageLoader:
     def load(self, image: Path | str | bytes) -> PreparedImage:
         """Prepare ``image`` (a path, or PNG/JPEG/... bytes). Raises :class:`ImageError`."""
         if isinstance(image, bytes | bytearray | memoryview):
+            known = self.prepared(image)
+            if known is not None:
+                return known
             with _DECODING:
-                return self._prepare(bytes(image), where="<image bytes>")
+                prepared = self._prepare(bytes(image), where="<image bytes>")
+            if type(image) is bytes:  # immutable: the same object is the same image
+                self._hold(image, prepared)
+            return prepared
         if not isinstance(image, str | os.PathLike):
             raise ImageError(f"an image must be a path or encoded bytes, got {type(image).__name__}")
         path, relative = self._resolved(image)
@@ -182,6 +195,30 @@ class ImageLoader:
             while len(self._known) > self._remember:
                 self._known.popitem(last=False)
         return prepared
+
+    def prepared(self, image: Path | str | bytes) -> PreparedImage | None:
+        """The image as :meth:`load` prepared it, when that needs no reading, hashing or decoding (a
+        ``bytes`` object prepared before: cheap enough to ask on the event loop); None otherwise."""
+        if type(image) is not bytes:
+            return None
+        with self._lock:
+            held = self._objects.get(id(image))
+            if held is None or held[0] is not image:
+                return None
+            self._objects.move_to_end(id(image))
+            return held[1]
+
+    def _hold(self, image: bytes, prepared: PreparedImage) -> None:
+        """Remember ``prepared`` for the object ``image``, within ``remember`` objects and
+        :data:`HELD_BYTES` bytes held (the oldest let go first)."""
+        with self._lock:
+            if id(image) in self._objects:
+                return
+            self._objects[id(image)] = (image, prepared)
+            self._objects_bytes += len(image) + len(prepared.data) * prepared.reencoded
+            while len(self._objects) > self._remember or self._objects_bytes > HELD_BYTES:
+                old, old_prepared = self._objects.popitem(last=False)[1]
+                self._objects_bytes -= len(old) + len(old_prepared.data) * old_prepared.reencoded
 
     def sha256(self, image: Path | str | bytes) -> str:
         """The sha256 of an image's original bytes (what :class:`PreparedImage` ``.sha256`` will be),

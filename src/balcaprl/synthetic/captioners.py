@@ -42,6 +42,10 @@ _SALIENCE = {"large": 0, "medium": 1, "small": 2}
 # for a small shape (it is harder to see).
 ERROR_FIRST, ERROR_STEP, ERROR_SMALL = 0.08, 0.12, 0.25
 GUESSES_PER_SHAPE = 4  # the enumerating mode's wrong candidates beside each shape's true description
+TERSE_NAMES_A_SHAPE = 0.5  # chance a terse caption names its most salient shape after the overview
+# The original annotator: chances it gets an attribute wrong, adds commentary nobody can point at, and
+# adds an inference from evidence (it also leaves one shape out of a scene of three or more).
+ORIGINAL_WRONG_ATTRIBUTE, ORIGINAL_COMMENTARY, ORIGINAL_INFERENCE = 0.5, 0.7, 0.3
 
 
 def salience_order(scene: Scene) -> list[SceneObject]:
@@ -66,7 +70,7 @@ def base_caption(scene: Scene, rng: random.Random, mode: BaseMode = "detailed") 
     objects = salience_order(scene)
     sentences = [overview_sentence(scene, rng)]
     if mode == "terse":
-        if rng.random() < 0.5:
+        if rng.random() < TERSE_NAMES_A_SHAPE:
             sentences.append(describe_object(replace(objects[0], text=None), rng))
     elif mode == "detailed":
         for i, obj in enumerate(objects):
@@ -92,14 +96,14 @@ def original_caption(scene: Scene, rng: random.Random) -> str:
     objects = list(scene.objects)
     if len(objects) >= 3:
         objects.pop(rng.randrange(len(objects)))  # a shape left out
-    if rng.random() < 0.5:  # an attribute got wrong
+    if rng.random() < ORIGINAL_WRONG_ATTRIBUTE:
         i = rng.randrange(len(objects))
         objects[i] = hallucinated_object(scene, objects[i], rng)
     sentences = [overview_sentence(scene, rng)]
     sentences += [describe_object(replace(o, text=None), rng) for o in objects]
-    if rng.random() < 0.7:  # commentary a person cannot point at
+    if rng.random() < ORIGINAL_COMMENTARY:
         sentences.insert(rng.randint(1, len(sentences)), rng.choice(META_SENTENCES))
-    if rng.random() < 0.3:
+    if rng.random() < ORIGINAL_INFERENCE:
         sentences.append(rng.choice(INFERENCE_SENTENCES))
     return " ".join(sentences)
 

@@ -159,18 +159,28 @@ def _size_sentence(scene: Scene, rng: random.Random) -> str | None:
     return sentence_case(rng.choice((f"the image holds {listed}.", f"the picture holds {listed}.")))
 
 
+# The re-captioner is thorough (the paper's references are long, detailed re-captions): it places each
+# shape of a small scene against every other it is left/right of or above/below, and says how the sizes
+# are spread; fewer relations in big scenes, to stay within the word budget. (most shapes, relations):
+# the first row that fits a scene gives its relation sentences. Free: no paper statement fixes the
+# count (docs/synthetic-world.md, "World parameters").
+REFERENCE_SHUFFLED = 0.25  # share of references that describe the shapes out of reading order
+RELATIONS_BY_SCENE_SIZE: tuple[tuple[int, int], ...] = ((3, 4), (5, 2), (9, 1))
+
+
+def relation_count(n_shapes: int) -> int:
+    """How many relation sentences the re-captioner writes about a scene of ``n_shapes`` shapes."""
+    return next(count for most, count in RELATIONS_BY_SCENE_SIZE if n_shapes <= most)
+
+
 def reference_caption(scene: Scene, rng: random.Random) -> str:
     """A good detailed caption of ``scene``: overview, one sentence per shape, relations, counts."""
     objects = list(scene.objects)  # reading order, which is also how the scene stores them
-    if rng.random() < 0.25:
+    if rng.random() < REFERENCE_SHUFFLED:
         rng.shuffle(objects)
     sentences = [overview_sentence(scene, rng)]
     sentences += [describe_object(o, rng) for o in objects]
-    # The re-captioner is thorough (the paper's references are long, detailed re-captions): it places
-    # each shape of a small scene against every other it is left/right of or above/below, and says
-    # how the sizes are spread; fewer relations in big scenes, to stay within the word budget.
-    n_relations = 4 if len(objects) <= 3 else 2 if len(objects) <= 5 else 1
-    relations = relation_sentences(scene, rng, n_relations, every_pair=True)
+    relations = relation_sentences(scene, rng, relation_count(len(objects)), every_pair=True)
     for sentence in relations:  # spread relations among the object sentences, after both are introduced
         sentences.append(sentence)
     sizes = _size_sentence(scene, rng)

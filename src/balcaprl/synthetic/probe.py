@@ -24,6 +24,7 @@ probe real SFT rollouts in seconds (``tests/synthetic/data/sft_rollouts.jsonl``)
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,12 @@ class ProbeTable:
         return _corr(self.within[:, k], self.within_length)
 
 
+# The pre-flight checks' thresholds (tests/synthetic/test_world_temptations.py), each from a principle,
+# none from a measured value. A batch of the demo is 8 prompts x 8 rollouts: a mechanism that acts on a
+# kind of rollout acts in an average batch only if that kind is at least 1 in 64 of the rollouts.
+ONE_PER_BATCH = 1 / 64
+
+
 @dataclass(frozen=True)
 class WorldProbe:
     n_captions: int
@@ -104,6 +111,28 @@ class WorldProbe:
     variance_shares: tuple[float, float, float]  # (P, R, L) shares of sum_k Var(w_k r_k) within groups
     length_corr: tuple[float, float, float]  # within-group correlation of each reward with length
     table: ProbeTable = field(compare=False, repr=False)  # the rollouts, for intervals over prompts
+
+    @property
+    def noise_bound(self) -> float:
+        """A pooled within-group correlation of N rollouts in G groups has N - G - 1 degrees of freedom;
+        with no relation at all it falls within +-1.96 / sqrt(N - G - 1) 95% of the time (Fisher)."""
+        return 1.96 / math.sqrt(self.n_captions - len(np.unique(self.table.groups)) - 1)
+
+    def failed_checks(self, *, upper_side: bool = True) -> list[str]:
+        """The pre-flight checks this start fails, by name: terse captions, captions below and (with
+        ``upper_side``) above the band each at least one per batch; precision falling and recall rising
+        with length past the noise bound; the c-GDPO/GRPO advantage correlation's 95% interval over
+        prompts below 1."""
+        p_len, r_len, _ = self.length_corr
+        checks = {
+            "terse": self.terse_share >= ONE_PER_BATCH,
+            "below": self.below_band_share >= ONE_PER_BATCH,
+            "above": not upper_side or self.above_band_share >= ONE_PER_BATCH,
+            "P-length": p_len < -self.noise_bound,
+            "R-length": r_len > self.noise_bound,
+            "corr < 1": self.table.interval(lambda t: t.advantage_corr())[1] < 1.0,
+        }
+        return [name for name, passed in checks.items() if not passed]
 
 
 def _within(values: np.ndarray, groups: np.ndarray) -> np.ndarray:

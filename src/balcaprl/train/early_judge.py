@@ -9,7 +9,10 @@ functions use: the trainer hands it the batch's requests as soon as the completi
 it (:meth:`EarlyJudge.start_rollouts`, then :meth:`EarlyJudge.settle` with the batch TRL decoded),
 and when the reward functions later ask (:meth:`EarlyJudge.judge_batch`, the ``Judge`` protocol)
 each request is answered by the call already in flight for it. Requests nobody started are judged
-then, as without overlap. The calls are the judge's own, for the same requests (built by
+then, as without overlap. Where one process sees every process's rollouts finish (TRL's server mode:
+the main process posts all prompts), it starts the other processes' calls as well
+(:meth:`EarlyJudge.start_held`) and hands over their outcomes (:meth:`EarlyJudge.held_verdicts`, sent
+by the trainer); each process takes its own (:meth:`EarlyJudge.receive`) before it settles. The calls are the judge's own, for the same requests (built by
 :func:`~balcaprl.train.judging.judge_requests`, as ``judge_rollouts`` builds them): the rewards and
 advantages are those of the path without overlap (tests check both on the tiny model).
 
@@ -109,6 +112,7 @@ class EarlyJudge:
         self._spent: Counter[str] = Counter()  # usage of the calls finished since the last batch answered
         self._started: dict[Hashable, deque[asyncio.Future]] = defaultdict(deque)
         self._slots: dict[int, tuple[Hashable, asyncio.Future]] = {}  # rollout index -> its early call
+        self._held: dict[Hashable, tuple[Hashable, asyncio.Future]] = {}  # another process's rollouts
         self.mismatched = 0  # early calls whose rollout TRL decoded to another request (none expected)
         self._first_start: float | None = None
         self._last_times = StepTimes(0.0, 0.0)
@@ -129,6 +133,36 @@ class EarlyJudge:
         Held by index until :meth:`settle` compares them with the batch TRL decoded."""
         if by_index:
             self._on_loop(self._launch_rollouts, dict(by_index))
+
+    def start_held(self, by_place: Mapping[Hashable, JudgeRequest]) -> None:
+        """Start judging rollouts that another process will score (thread-safe), by their place (a key
+        of the caller's, e.g. ``(process, index)``). Held until :meth:`held_verdicts` hands them over."""
+        if by_place:
+            self._on_loop(self._launch_held, dict(by_place))
+
+    async def held_verdicts(self) -> dict[Hashable, tuple[Hashable, JudgeOutcome]]:
+        """The held calls' outcomes by place, each with its request's :func:`request_key` (on the loop);
+        a call that failed or was dropped is left out (its process judges that rollout itself). Their
+        usage is counted here, in the next batch this judge answers."""
+        held, self._held = self._held, {}
+        verdicts = {}
+        for place, (key, future) in held.items():
+            if future.cancelled():
+                continue
+            try:
+                outcome, spent = await future
+            except Exception:  # the owner's own call will meet the judge's exception, as without overlap
+                continue
+            self._account(spent)
+            verdicts[place] = (key, outcome)
+        return verdicts
+
+    def receive(self, verdicts: Mapping[int, tuple[Hashable, JudgeOutcome]]) -> None:
+        """Outcomes another process judged for this process's rollouts while they were generated, by index
+        in the batch, each with its request's :func:`request_key` (thread-safe): :meth:`settle` then keeps
+        each one whose request is the one decoded here, as it keeps a call started here."""
+        if verdicts:
+            self._on_loop(self._receive, dict(verdicts))
 
     def settle(self, requests: Sequence[JudgeRequest]) -> None:
         """The batch as TRL decoded it, in rollout order (thread-safe): the call started for rollout
@@ -165,6 +199,17 @@ class EarlyJudge:
         futures = self._launch(list(by_index.values()))
         for (index, request), future in zip(by_index.items(), futures, strict=True):
             self._slots[index] = (request_key(request), future)
+
+    def _launch_held(self, by_place: dict[Hashable, JudgeRequest]) -> None:
+        futures = self._launch(list(by_place.values()))
+        for (place, request), future in zip(by_place.items(), futures, strict=True):
+            self._held[place] = (request_key(request), future)
+
+    def _receive(self, verdicts: dict[int, tuple[Hashable, JudgeOutcome]]) -> None:
+        for index, (key, outcome) in verdicts.items():
+            future = self.loop.create_future()  # type: ignore[union-attr]
+            future.set_result((outcome, None))  # paid for, and counted, where it was judged
+            self._slots[index] = (key, future)
 
     def _settle(self, requests: list[JudgeRequest]) -> None:
         mismatched = self.mismatched
@@ -277,10 +322,11 @@ class EarlyJudge:
                 dropped += 1
                 future.cancel()
         self._started.clear()
-        for _, future in self._slots.values():
+        for _, future in [*self._slots.values(), *self._held.values()]:
             dropped += 1
             future.cancel()
         self._slots.clear()
+        self._held.clear()
         self._first_start = None
         self._early_share = 0.0
         return dropped

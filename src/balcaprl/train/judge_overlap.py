@@ -2,13 +2,15 @@
 
 ``train.judge_overlap`` picks the schedule: ``per_rollout`` (each rollout judged as vLLM finishes it,
 where TRL lets that be seen: colocated vLLM without tensor parallelism, and a vLLM server's
-per-prompt responses for the main process's share; elsewhere as ``batch``), ``batch`` (the batch's
-calls start when ``_generate`` returns), ``off`` (TRL's own order). The TRL and vLLM names this
-leans on are listed in ``train/trl_seams.py``; the real-engine slice (``tests/vllm_engine``) runs them.
+per-prompt responses, every process's rollouts judged on the main process that posts them;
+elsewhere as ``batch``), ``batch`` (the batch's calls start when ``_generate`` returns), ``off``
+(TRL's own order). The TRL and vLLM names this leans on are listed in ``train/trl_seams.py``; the
+real-engine slice (``tests/vllm_engine``) runs them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
@@ -130,19 +132,27 @@ def _wrapped(target: Any, **methods: Callable[..., Any]) -> Iterator[None]:
 class TrlJudgeOverlap:
     """Judging overlapped with one TRL trainer's generation, and the judge's share of each step.
 
-    The trainer (``trl_backend.BalancedGRPOTrainer``) calls it at four points of its step, in order:
-    :meth:`begin_batch` (the batch's rows), :meth:`watching` around TRL's generation, :meth:`settle`
-    with the completions TRL decoded, :meth:`stage_metrics` once the rewards are in.
+    The trainer (``trl_backend.BalancedGRPOTrainer``) calls it at five points of its step, in order, on
+    every process: :meth:`begin_batch` (the batch's rows), :meth:`watching` around TRL's generation,
+    :meth:`settle` with the completions TRL decoded, :meth:`share_verdicts` when TRL asks for the
+    rewards, :meth:`stage_metrics` once the rewards are in.
 
     ``mode`` (:data:`OverlapMode`): with ``batch`` the scorer's judge is wrapped in an
     :class:`EarlyJudge` and the batch's judge calls start as soon as generation returns the
     completions: before the old-log-prob forward, the reference model and the padding that TRL does
     next. ``per_rollout`` also starts each rollout's call as colocated vLLM finishes it
-    (:func:`watching_finishes`), or as a vLLM server answers its prompt (:func:`watching_prompt_responses`;
-    the main process's rollouts), with the caption decoded as TRL decodes it; :meth:`settle` keeps each
-    early call whose request is the one TRL built for that rollout and starts the rest. Where no finish
-    can be seen (no vLLM, tensor parallelism, a text-only server batch, tool calls, a response parser),
-    ``per_rollout`` is ``batch``. ``off``: nothing changes but the metrics.
+    (:func:`watching_finishes`), or as a vLLM server answers its prompt (:func:`watching_prompt_responses`),
+    with the caption decoded as TRL decodes it; :meth:`settle` keeps each early call whose request is
+    the one TRL built for that rollout and starts the rest. Where no finish can be seen (no vLLM, tensor
+    parallelism, a text-only server batch, tool calls, a response parser), ``per_rollout`` is ``batch``.
+    ``off``: nothing changes but the metrics.
+
+    Server mode with several processes: TRL gathers every process's prompts on the main process, which
+    posts them all and sends each process its slice once the last response is in. So the main process
+    judges every process's rollouts as their responses arrive (the rows gathered from every process
+    when generation starts, in TRL's order), and when TRL asks for the rewards it sends each process
+    the outcomes of its slice (:meth:`share_verdicts`); a process settles its batch with them, and
+    judges itself only a rollout whose outcome did not come (a failed call, another decoding).
     """
 
     def __init__(self, trainer: Any, mode: OverlapMode):
@@ -160,6 +170,9 @@ class TrlJudgeOverlap:
         self._inputs: Sequence[Mapping[str, Any]] | None = None
         self._decoding = threading.Lock()  # server mode: responses arrive on TRL's client threads
         self._watched = False  # whether this batch's rollouts could be seen finishing
+        self._shared = False  # whether the main process judges every process's rollouts (server mode)
+        self._decoded: list[JudgeRequest] | None = None  # settled when the main process's verdicts come
+        self._shared_wait_s = 0.0  # this batch's wait for them
         self._warned_not_early = False
 
     def begin_batch(self, inputs: Sequence[Mapping[str, Any]] | None) -> None:
@@ -171,16 +184,20 @@ class TrlJudgeOverlap:
                     "judge overlap: %d calls started for the previous batch were never used", dropped
                 )
         self._inputs = inputs
+        self._watched = self._shared = False
+        self._decoded = None
 
     def watching(self, prompts: Sequence[Any]) -> AbstractContextManager:
         """While TRL generates this batch: each rollout judged as the vLLM engine finishes it (colocate:
         request ``i`` is rollout ``i``; server: prompt ``j``'s response holds rollouts ``j*n`` to
-        ``j*n+n-1``, of which the main process's share is its own), where that applies; else nothing."""
-        watcher = self._watcher(prompts, self._inputs)
-        self._watched = not isinstance(watcher, nullcontext)
+        ``j*n+n-1`` of every process's batches, in TRL's order), where that applies; else nothing. In
+        server mode with several processes every process calls it (the rows are gathered)."""
+        watcher, self._watched, self._shared = self._watcher(prompts, self._inputs)
         return watcher
 
-    def _watcher(self, prompts, inputs) -> AbstractContextManager:
+    def _watcher(self, prompts, inputs) -> tuple[AbstractContextManager, bool, bool]:
+        """(the context, whether rollouts are seen finishing, whether the main process judges every
+        process's). Every condition before the gather is the same on every process."""
         trainer = self.trainer
         if (
             self.mode != "per_rollout"
@@ -192,63 +209,125 @@ class TrlJudgeOverlap:
             or getattr(trainer, "tools", None)  # completions rewritten by the tool loop
             or _parses_responses(trainer)
         ):
-            return nullcontext()
+            return nullcontext(), False, False
         generation = getattr(trainer, "vllm_generation", None)
         mode = getattr(trainer, "vllm_mode", None)
-        judged = functools.partial(self.judge_finished, prompts, inputs)
         if mode == "colocate" and getattr(generation, "tensor_parallel_size", 1) == 1:
             engine = getattr(getattr(generation, "llm", None), "llm_engine", None)
             if engine is not None:  # (with tensor parallelism the engine runs the group's prompts)
-                return watching_finishes(
+                judged = functools.partial(self.judge_finished, prompts, inputs)
+                watcher = watching_finishes(
                     engine, lambda finished: judged([(i, out.outputs[0].token_ids) for i, out in finished])
                 )
-        if mode == "server" and trainer.accelerator.is_main_process:
-            client, n = getattr(generation, "vllm_client", None), trainer.num_generations
-            if client is not None:
-                return watching_prompt_responses(
-                    client,
-                    lambda j, response: judged(
-                        [(j * n + k, choice["token_ids"]) for k, choice in enumerate(response["choices"])]
-                    ),
-                )
-        return nullcontext()
+                return watcher, True, False
+        if mode == "server":
+            accelerator, n = trainer.accelerator, trainer.num_generations
+            shared = accelerator.num_processes > 1
+            rows = self._gathered_rows(inputs) if shared else inputs  # the batch the server is sent
+            client = getattr(generation, "vllm_client", None) if accelerator.is_main_process else None
+            if client is None:  # another process: its rollouts are judged on the main process
+                return nullcontext(), shared, shared
+            judged = functools.partial(self.judge_finished, prompts, rows)
+            watcher = watching_prompt_responses(
+                client,
+                lambda j, response: judged(
+                    [(j * n + k, choice["token_ids"]) for k, choice in enumerate(response["choices"])]
+                ),
+            )
+            return watcher, True, shared
+        return nullcontext(), False, False
 
-    def judge_finished(self, prompts, inputs, finished: Sequence[tuple[int, Sequence[int]]]) -> None:
-        """Start the calls of finished rollouts ``(index in this process's batch, completion token
-        ids)``, their captions decoded as TRL's ``_generate`` will decode them (``batch_decode(...,
-        skip_special_tokens=True)``; one sequence decodes the same alone as in a batch). Rollouts
-        beyond this process's batch are another process's."""
+    def _gathered_rows(self, inputs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Every process's rows, in process order as TRL gathers the prompts (``gather_object``; a
+        collective), each with only the columns a judge request is built from."""
+        from accelerate.utils import gather_object
+
+        columns = self.trainer.scorer.request_columns
+        return gather_object([{key: row[key] for key in columns if key in row} for row in inputs])
+
+    def judge_finished(self, prompts, rows, finished: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Start the calls of finished rollouts ``(index in rows, completion token ids)``, their captions
+        decoded as TRL's ``_generate`` will decode them (``batch_decode(..., skip_special_tokens=True)``; one
+        sequence decodes the same alone as in a batch). ``rows``: the batch the engine was given, this
+        process's rows first (colocated: only those; served: the main process's, then every other
+        process's, ``rows`` cut in batches of this one's size as TRL slices them), another process's held
+        for it (:meth:`share_verdicts`)."""
         from trl.data_utils import is_conversational
 
         conversational = is_conversational({"prompt": prompts[0]})
-        by_index = {}
+        size = len(self._inputs or ())
+        own, held = {}, {}
         with self._decoding:
             for index, token_ids in finished:
-                if not 0 <= index < len(inputs):
+                if not 0 <= index < len(rows) or not size:
                     continue
                 (text,) = self.trainer.processing_class.batch_decode(
                     [list(token_ids)], skip_special_tokens=True
                 )
                 completion = [{"role": "assistant", "content": text}] if conversational else text
-                (by_index[index],) = requests_for(self.trainer.scorer, [inputs[index]], [completion])
-        self.early_judge.start_rollouts(by_index)  # type: ignore[union-attr]
+                (request,) = requests_for(self.trainer.scorer, [rows[index]], [completion])
+                if index < size:
+                    own[index] = request
+                else:
+                    held[divmod(index, size)] = request  # (process, index in its batch)
+        self.early_judge.start_rollouts(own)  # type: ignore[union-attr]
+        if held:
+            self.early_judge.start_held(held)  # type: ignore[union-attr]
 
     def settle(self, completions: Sequence[Any]) -> None:
         """The completions TRL decoded, in rollout order: every rollout's call is started now (the early
-        ones kept where they were started for exactly that request)."""
+        ones kept where they were started for exactly that request). A process whose rollouts the main
+        process judges settles when their outcomes come (:meth:`share_verdicts`)."""
         inputs = self._inputs
-        if self.early_judge is not None and inputs is not None and len(inputs) == len(completions):
-            self.early_judge.settle(requests_for(self.trainer.scorer, inputs, completions))
+        if self.early_judge is None or inputs is None or len(inputs) != len(completions):
+            return
+        requests = requests_for(self.trainer.scorer, inputs, completions)
+        if self._shared and not self.trainer.accelerator.is_main_process:
+            self._decoded = requests
+        else:
+            self.early_judge.settle(requests)
+
+    def share_verdicts(self) -> None:
+        """When TRL asks for the rewards, on every process (a collective), in server mode with several
+        processes: the main process waits for the calls it started for the other processes' rollouts and
+        sends them out (``broadcast_object_list``, as TRL sends the completions); each process takes the
+        outcomes of its slice and settles its batch with them. Elsewhere nothing."""
+        if not self._shared:
+            return
+        from accelerate.utils import broadcast_object_list
+
+        self._shared = False
+        accelerator, early_judge = self.trainer.accelerator, self.early_judge
+        assert early_judge is not None  # shared only with an early judge
+        began = time.perf_counter()
+        by_process: list[dict] | None = None
+        if accelerator.is_main_process:
+            held = asyncio.run_coroutine_threadsafe(early_judge.held_verdicts(), early_judge.loop).result()
+            by_process = [{} for _ in range(accelerator.num_processes)]
+            for (process, index), verdict in held.items():
+                by_process[process][index] = verdict
+        box = [by_process]
+        broadcast_object_list(box, from_process=0)
+        if not accelerator.is_main_process and self._decoded is not None:
+            early_judge.receive(box[0][accelerator.process_index])
+            early_judge.settle(self._decoded)
+        self._decoded = None
+        self._shared_wait_s = time.perf_counter() - began
 
     def stage_metrics(self, asked: float) -> dict[str, float]:
         """The judge's share of the step once the rewards are in (``asked``: when TRL asked for them,
         ``time.perf_counter``): ``judge/wall_s``, ``judge/exposed_s``, ``judge/started_early_share``.
+        The wait for the main process's verdicts (:meth:`share_verdicts`) is exposed; a process that
+        received its verdicts cannot see when their calls started, so its ``wall_s`` is at least that wait.
         Warns once per run when ``per_rollout`` applied and no rollout was judged while generated."""
         if self.early_judge is not None:
             times, share = self.early_judge.step_times(), self.early_judge.started_early_share()
+            exposed = times.exposed_s + self._shared_wait_s
+            times = StepTimes(max(times.wall_s, exposed), exposed)
         else:
             elapsed = time.perf_counter() - asked
             times, share = StepTimes(elapsed, elapsed), 0.0
+        self._shared_wait_s = 0.0
         if self._watched and share == 0.0 and not self._warned_not_early:
             self._warned_not_early = True  # once per run
             logger.warning(

@@ -10,8 +10,10 @@ environment quirk: transformers 5 builds a Qwen2/2.5-VL processor only with its 
 which needs torchvision, and PyPI has no CPU build of torchvision matching a CPU-only torch. Without
 torchvision, :func:`load_processor` loads the same checkpoint through an image-only variant of the
 processor class (the image processor falls back to its PIL implementation). Captioning never uses
-video inputs, so nothing changes for training; saved checkpoints keep the original processor class
-name and load normally wherever torchvision is installed.
+video inputs, so nothing changes for training. Saved checkpoints keep the original processor class
+name, and the image-only processor saves a video processor entry as well (:func:`video_processor_config`),
+so the full class loads them wherever torchvision is installed: vLLM's engine among others, which
+otherwise fails at start ("Can't load video processor").
 
 Rollouts see the trainer's images. A Qwen2/2.5-VL processor resizes each image to a grid of
 ``patch x merge`` pixel squares within [min_pixels, max_pixels] (``smart_resize``), and the number of
@@ -40,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 
 def image_only_processor_class(processor_class: type) -> type:
-    """A subclass of ``processor_class`` without its video processor (same name, same files)."""
+    """A subclass of ``processor_class`` without its video processor (same name), which saves the files of
+    the full class: the video processor's settings included (:func:`video_processor_config`)."""
 
     class ImageOnlyProcessor(processor_class):  # type: ignore[misc, valid-type]
         # ProcessorMixin reads a processor's parts from its __init__ signature: no video_processor here.
@@ -53,9 +56,31 @@ def image_only_processor_class(processor_class: type) -> type:
                 **kwargs,
             )
 
+        def to_dict(self) -> dict[str, Any]:  # what save_pretrained writes to processor_config.json
+            output = super().to_dict()
+            if "video_processor" not in output and "image_processor" in output:
+                output["video_processor"] = video_processor_config(output["image_processor"])
+            return output
+
     ImageOnlyProcessor.__name__ = processor_class.__name__  # saved as, and reloads as, the real class
     ImageOnlyProcessor.__qualname__ = processor_class.__qualname__
     return ImageOnlyProcessor
+
+
+def video_processor_config(image_processor: dict[str, Any]) -> dict[str, Any]:
+    """The video processor's entry of a checkpoint saved by an image-only processor: its image processor's
+    settings under the matching video processor class (``Qwen2VLImageProcessor`` -> ``Qwen2VLVideoProcessor``).
+
+    Transformers reads a checkpoint that has only an image processor config this way (its legacy fallback,
+    how the published Qwen2/2.5-VL checkpoints load), but not one saved as transformers 5 saves processors
+    (one ``processor_config.json``): there the full processor class, which vLLM and any machine with
+    torchvision load, fails ("Can't load video processor"). Captioning never sends video: the entry only
+    lets the checkpoint load."""
+    config = {key: value for key, value in image_processor.items() if key != "image_processor_type"}
+    image_type = str(image_processor.get("image_processor_type", ""))
+    if "ImageProcessor" in image_type:  # else transformers infers the class from the model config
+        config["video_processor_type"] = image_type.replace("ImageProcessor", "VideoProcessor")
+    return config
 
 
 def _processor_class_for(path: str, trust_remote_code: bool) -> type:

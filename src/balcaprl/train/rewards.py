@@ -115,6 +115,11 @@ class SharedVerdictScorer:
         self._memo = (key, loop, task)
         return await asyncio.shield(task)
 
+    @property
+    def request_columns(self) -> tuple[str, str, str]:
+        """The dataset columns a rollout's judge request is built from: image, reference, its token count."""
+        return (self.image_column, self.reference_column, self.reference_tokens_column)
+
     def rollouts_to_judge(
         self,
         ids: Sequence[str],
@@ -124,7 +129,7 @@ class SharedVerdictScorer:
     ) -> list[RolloutToJudge]:
         """The rollouts as ``judge_rollouts`` takes them, from the dataset columns TRL passes (a batch's,
         or one rollout's as the engine finishes it); caption length from the generated ids."""
-        names = (self.image_column, self.reference_column, self.reference_tokens_column)
+        names = self.request_columns
         for needed in names:
             if needed not in columns:
                 raise KeyError(

@@ -345,6 +345,7 @@ class BalancedGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     # 2. Rewards: TRL calls the three shared-verdict reward functions and gathers them over processes.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         asked = time.perf_counter()
+        self.judge_overlap.share_verdicts()  # server mode, several processes: each its rollouts' outcomes
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gathered_rewards = rewards.detach()  # (N, 3), NaN = failed judge; checked against the records
         metrics = self._metrics["train" if self.model.training else "eval"]

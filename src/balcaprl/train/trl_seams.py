@@ -74,7 +74,8 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_GENERATION, "_fix_param_name_to_vllm",
                 "wrapped: LLaVA's weights synced under vLLM's names (rollout_engine.vllm_param_name)"),
     PrivateName(_CLIENT, "_generate_from_features",
-                "wrapped per call: a server response's rollouts judged as it arrives (judge_overlap)"),
+                "wrapped per call on the main process: a server response's rollouts, every process's, judged "
+                "as it arrives (judge_overlap; the rows cut by process as VLLMGeneration.generate slices them)"),
     PrivateName(_CLIENT, "_post", "wrapped per call: each prompt's response, found by its token-id list"),
     # -- vLLM's engine as LLM.generate drives it (public methods of an internal object)
     PrivateName("vllm.v1.engine.llm_engine:LLMEngine", "add_request",
