@@ -47,7 +47,12 @@ def guide_commands(text: str) -> list[list[str]]:
         line for line in text.splitlines() if INDENTED_COMMAND.match(line)
     ]  # `    balcaprl ...` blocks
     for snippet in [s for _, s in shell_snippets(text)] + indented:
-        words = shlex.split(snippet)
+        if "balcaprl" not in snippet:
+            continue
+        try:
+            words = shlex.split(snippet)
+        except ValueError:  # prose in a code span (an apostrophe): split on spaces, as a reader would
+            words = snippet.split()
         cut = next((i for i, w in enumerate(words) if w in SHELL_OPERATORS), len(words))
         words = [PLACEHOLDERS.get(w, w) for w in words[:cut]]
         if words[:2] == ["accelerate", "launch"] and "balcaprl.cli" in words:
