@@ -82,7 +82,7 @@ gpu-check:
 	$(GPU_CHECK_PYTHON) benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json
 
 # The offline main job: synthetic world -> SFT -> c-GDPO with the oracle judge -> held-out report
-# (about 11 minutes on 2 cores; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
+# (its measured time: docs/demo.md; configs/demo.yaml). Re-running reuses the stages already in runs/demo.
 demo: setup
 	$(VENV)/bin/balcaprl demo
 
@@ -99,7 +99,8 @@ bench: setup
 
 # Every figure block in README.md and docs/ (<!-- figures:NAME -->) measured again and rewritten from
 # its record in docs/figures/ (commit, load, CPU-minutes, wall time): FIGURES="offline-walk" for some.
-# The demo measurement runs the demo (about 10 CPU-minutes).
+# The demo measurement runs the demo, and demo-clone runs it again in a fresh clone of the same
+# commit; test-suite runs the whole suite. Each record in docs/figures/ says what its run cost.
 FIGURES ?=
 docs-figures: setup
 	$(PY) scripts/docs_figures.py run $(FIGURES)

@@ -60,6 +60,18 @@ def test_every_help_screen_names_plain_kinds_and_helps_every_option(path):
     assert not bare, f"options without help: {bare}"
 
 
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_a_usage_line_shows_no_hidden_old_spelling(path):
+    help_text = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "60"}).output
+    usage = help_text.split("\n\n", 1)[0]  # the usage line, however it wraps
+    command = dict(leaf_commands())[path]
+    for param in command.params:
+        if param.hidden:
+            assert param.name not in usage and not any(o in usage for o in param.opts), (param.name, usage)
+    if path == ("data", "info"):  # the old DIR positional is hidden; the usage names what the help lists
+        assert " ".join(usage.split()) == "Usage: balcaprl data info [OPTIONS]"
+
+
 def test_old_spellings_still_run_and_are_hidden(tmp_path):
     runner = CliRunner()
     built = runner.invoke(

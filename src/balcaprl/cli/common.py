@@ -91,10 +91,14 @@ def plain_kind(label: str) -> str:
 
 
 def plain_help_types(command) -> None:
-    """Give every parameter of ``command`` (and of its subcommands) a plain kind in its help."""
+    """Give every parameter of ``command`` (and of its subcommands) a plain kind in its help, and
+    keep a hidden argument (an old spelling, such as ``data info DIR``) out of the usage line too:
+    click hides it from the argument list only, so the usage would name what the help never lists."""
     for sub in getattr(command, "commands", {}).values():
         plain_help_types(sub)
     for param in getattr(command, "params", []):
+        if getattr(param, "hidden", False) and param.param_type_name == "argument":
+            param.get_usage_pieces = types.MethodType(lambda self, ctx: [], param)
         typer_label = getattr(param, "display_type", None)
         if typer_label is None or getattr(param, "_plain_kind", False):
             continue
