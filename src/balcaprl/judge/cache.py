@@ -153,9 +153,7 @@ class JudgeCache:
         self._read_failure: str | None = None
         try:
             self._check_sound()
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
+            self._set_up(busy_timeout_s)
         except sqlite3.OperationalError as error:
             if _is_corruption(error):
                 self._db.close()
@@ -172,6 +170,26 @@ class JudgeCache:
         except OutputError:
             self._db.close()
             raise
+
+    def _set_up(self, busy_timeout_s: float) -> None:
+        """WAL mode and the table, waiting while another process holds the file. Switching to WAL
+        takes an exclusive lock, and when several processes open a new file at once SQLite answers
+        some of them "database is locked" at once instead of calling the busy handler (it would
+        deadlock); taken for a read-only file, that made a trainer rank stop writing the cache for
+        the whole run. A lock is waited out here, up to the busy timeout like any other."""
+        deadline = time.monotonic() + busy_timeout_s
+        pause = 0.005
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute(_SCHEMA)
+                return
+            except sqlite3.OperationalError as error:
+                if not _is_lock(error) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.25)
 
     def _unusable(self, why: str) -> OutputError:
         return OutputError(
@@ -292,3 +310,11 @@ class JudgeCache:
 def _is_corruption(error: sqlite3.OperationalError) -> bool:
     """sqlite reports some damage as an OperationalError (e.g. a malformed schema)."""
     return "malformed" in str(error) or "not a database" in str(error)
+
+
+def _is_lock(error: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED (extended codes included): another connection holds the file."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(error) or "busy" in str(error)
