@@ -114,9 +114,9 @@ def test_the_preflight_record_renders_its_tables_with_cost_load_and_commit():
     docs_figures = importlib.util.module_from_spec(spec)
     sys.modules["docs_figures"] = docs_figures
     spec.loader.exec_module(docs_figures)
-    record = {"commit": "0123456789abcdef", "dirty": False, "cores": 2, "load_before": 2.5, "wall_s": 120.0,
+    record = {"commit": "0123456789abcdef", "dirty": False, "cores": 2, "load_before": 2.5, "load_after": 3.5, "wall_s": 120.0,
               "cpu_s": 60.0, "results": {"markdown": "| start |\n| --- |\n"}}  # fmt: skip
     assert docs_figures.render_world_preflight(record) == (
         "| start |\n| --- |\n\nMeasured by `scripts/world_preflight_table.py` in 1.0 CPU-minutes (2.0 min wall "
-        "on 2 cores at 1-minute load 2.5; commit 0123456789, `make docs-figures`).\n"
+        "on 2 cores, 1-minute load 2.5 at the start and 3.5 at the end; commit 0123456789, `make docs-figures`).\n"
     )
