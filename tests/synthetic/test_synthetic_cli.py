@@ -63,6 +63,37 @@ def test_sft_command_defaults_match_the_config():
         assert params[name].default.default == getattr(SFTConfig(), name), name
 
 
+def test_the_guides_sft_command_trains_the_demos_warm_start(tiny_dataset, tmp_path, monkeypatch):
+    # The synthetic-world guide's `balcaprl synthetic sft --data D --out P` and the demo's SFT stage
+    # must train the same policy: once the command had its own defaults (800 steps, the vision tower at
+    # the language model's rate, 30% flawed targets) and a reader following the guide got a policy
+    # scoring 10 where the demo's starts at 21.4.
+    import contextlib
+    import dataclasses
+
+    import balcaprl.synthetic.sft as sft_module
+    from balcaprl.demo.config import load_demo_config
+    from balcaprl.demo.pipeline import ensure_sft
+
+    built = []
+
+    def fake_run_sft(data, out, *args, config, **kwargs):
+        built.append(config)
+        raise SystemExit(0)  # the settings are what is compared: no training
+
+    monkeypatch.setattr(sft_module, "run_sft", fake_run_sft)
+    runner.invoke(
+        app,
+        ["synthetic", "sft", "--data", str(tiny_dataset), "--out", str(tmp_path / "cli"), "--no-progress"],
+    )
+    with contextlib.suppress(SystemExit):
+        ensure_sft(load_demo_config(), tiny_dataset, tmp_path / "demo", log=lambda line: None)
+    assert len(built) == 2, built
+    command, demo = (dataclasses.replace(c, eval_limit=0) for c in built)  # the demo evaluates apart
+    assert command == demo
+    assert (demo.steps, demo.vision_lr_scale, demo.flawed_fraction) == (1500, 5.0, 0.5)
+
+
 class FakeClock:
     """Ten seconds pass between two readings: progress lines without any real waiting."""
 

@@ -64,13 +64,13 @@ def sft(
     policy: Path | None = typer.Option(
         None, "--policy", help="Start from this policy (default: a fresh tiny one)."
     ),
-    steps: int = typer.Option(800, "--steps", min=1, help="Optimizer steps."),
+    steps: int = typer.Option(1500, "--steps", min=1, help="Optimizer steps."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Captions per optimizer step."),
     lr: float = typer.Option(
         5e-4, "--lr", help="Peak learning rate (warm-up, then cosine decay to a tenth of it)."
     ),
     flawed_fraction: float = typer.Option(
-        0.3,
+        0.5,
         "--flawed-fraction",
         min=0.0,
         max=1.0,

@@ -34,6 +34,7 @@ from balcaprl.recipe import (
 )
 from balcaprl.rewards import RewardWeights
 from balcaprl.synthetic.lexicon import COLORS, KINDS
+from balcaprl.synthetic.sft import SFTConfig
 
 
 class _Frozen(Section):
@@ -105,39 +106,42 @@ class PolicySettings(_Frozen):
         return self
 
 
+_SFT = SFTConfig()  # the defaults live there, one copy for the demo, the command and the library
+
+
 class SFTSettings(_Frozen):
-    """``balcaprl synthetic sft`` settings (``balcaprl.synthetic.sft.SFTConfig``); stopped early on
-    purpose, so RL starts from a policy that still makes mistakes."""
+    """``balcaprl synthetic sft`` settings (``balcaprl.synthetic.sft.SFTConfig``, whose defaults these
+    are); stopped early on purpose, so RL starts from a policy that still makes mistakes."""
 
     steps: int = Field(
-        1500,
+        _SFT.steps,
         ge=1,
         description="Tuned: held-out b-CapScore 37 after 800, 41.3 after 1,500, 42.5 after 2,000 "
         "steps (an earlier world); about 5.5 minutes on one idle core.",
     )
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(5e-4, gt=0)
+    batch_size: int = Field(_SFT.batch_size, ge=1)
+    lr: float = Field(_SFT.lr, gt=0)
     vision_lr_scale: float = Field(
-        5.0,
+        _SFT.vision_lr_scale,
         gt=0,
         description="Tuned: the vision tower and projector train at lr x this (faster to see; "
         "at 1 one run named colours right more often but agreed more with GRPO, docs/synthetic-world.md).",
     )
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(_SFT.warmup_steps, ge=0)
     micro_batches: int = Field(
-        2,
+        _SFT.micro_batches,
         ge=1,
         description="Each batch runs as this many parts of similar caption length, each padded to its own "
         "longest: the same gradient as the whole padded batch, ~20% less compute.",
     )
     flawed_fraction: float = Field(
-        0.5,
+        _SFT.flawed_fraction,
         ge=0,
         le=1,
         description="Free (no paper statement fixes it): share of flawed SFT targets, the "
         "mistakes RL is there to remove; scripts/world_preflight_table.py measures the start over 0..1.",
     )
-    seed: int = 0
+    seed: int = _SFT.seed
 
 
 class EvaluationSettings(_Frozen):
