@@ -88,8 +88,8 @@ demo: setup
 
 # The paper's ablation tables in miniature (Tables 3 and 4 with its tau grid, the precision-weight
 # table): 18 variants x 3 seeds from one SFT start, 2 runs at a time; writes
-# runs/ablation/comparison.md/.csv with every stated direction counted (docs/demo.md). Estimated at
-# about 1.5 hours on an idle 2-core machine (scaled from the 36-run table of the previous world).
+# runs/ablation/comparison.md/.csv with every stated direction counted (docs/demo.md, which gives
+# its measured cost in CPU-minutes).
 ablation: setup
 	$(VENV)/bin/balcaprl demo --variants ablation --seeds 3 --jobs 2 --out runs/ablation
 
