@@ -186,7 +186,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         (
             "sh",
             "-c",
-            'set -e; "$0" -m balcaprl.cli synthetic build --out runs/docs-figures-shapes --n-train 2000 '
+            'set -e; "$0" -m balcaprl.cli synthetic build --world demo --out runs/docs-figures-shapes --n-train 2000 '
             '--n-eval 200 --seed 0 --overwrite; "$0" -m balcaprl.cli synthetic sft --data runs/docs-figures-shapes '
             "--out runs/docs-figures-sft --overwrite",
             sys.executable,

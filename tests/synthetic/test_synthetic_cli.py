@@ -63,6 +63,28 @@ def test_sft_command_defaults_match_the_config():
         assert params[name].default.default == getattr(SFTConfig(), name), name
 
 
+def test_build_world_demo_writes_the_demos_dataset(tmp_path):
+    # The guide builds with --world demo so that its SFT learns where the demo's does: the whole world
+    # (2-7 shapes, every kind and colour) left the same 1,500 SFT steps at b-CapScore 10.5, rambling to
+    # the cap; the demo's corner starts at 21.4.
+    from balcaprl.demo.config import load_demo_config
+    from balcaprl.demo.pipeline import ensure_dataset
+
+    counts = ["dataset.n_train=3", "dataset.n_eval=2", "evaluation.scenes=2"]
+    demo = ensure_dataset(load_demo_config(None, counts), tmp_path / "demo", log=lambda line: None)
+    built = tmp_path / "cli"
+    result = runner.invoke(app, ["synthetic", "build", "--world", "demo", "--out", str(built), "--n-train", "3",
+                                 "--n-eval", "2", "--no-progress"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (built / "scenes.jsonl").read_bytes() == (demo / "scenes.jsonl").read_bytes()
+    full = runner.invoke(app, ["synthetic", "build", "--out", str(tmp_path / "full"), "--n-train", "3",
+                               "--n-eval", "2", "--no-progress"])  # fmt: skip
+    assert full.exit_code == 0, full.output
+    assert (tmp_path / "full" / "scenes.jsonl").read_bytes() != (demo / "scenes.jsonl").read_bytes()
+    wrong = runner.invoke(app, ["synthetic", "build", "--world", "tiny", "--out", str(tmp_path / "x")])
+    assert wrong.exit_code == 2 and "--world tiny: choose full or demo" in wrong.output
+
+
 def test_the_guides_sft_command_trains_the_demos_warm_start(tiny_dataset, tmp_path, monkeypatch):
     # The synthetic-world guide's `balcaprl synthetic sft --data D --out P` and the demo's SFT stage
     # must train the same policy: once the command had its own defaults (800 steps, the vision tower at

@@ -3,6 +3,7 @@ call into the modules, print."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,8 +20,18 @@ def build(
     n_eval: int = typer.Option(200, "--n-eval", min=1, help="Held-out scenes."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same dataset."),
     image_size: int = typer.Option(224, "--image-size", min=24, help="Rendered image side in pixels."),
-    min_objects: int = typer.Option(2, "--min-objects", min=1, max=9, help="Fewest shapes in a scene."),
-    max_objects: int = typer.Option(7, "--max-objects", min=1, max=9, help="Most shapes in a scene."),
+    world: str = typer.Option(
+        "full",
+        "--world",
+        help="full: the whole world (2-7 shapes, every kind, colour, word and texture); demo: the corner "
+        "`balcaprl demo` trains in (2-3 shapes, fewer kinds and colours), where its warm start learns to see.",
+    ),
+    min_objects: int | None = typer.Option(
+        None, "--min-objects", min=1, max=9, help="Fewest shapes in a scene (default: the world's)."
+    ),
+    max_objects: int | None = typer.Option(
+        None, "--max-objects", min=1, max=9, help="Most shapes in a scene (default: the world's)."
+    ),
     policy: Path | None = typer.Option(
         None, "--policy", help="Count reference_tokens with this policy's tokenizer."
     ),
@@ -35,7 +46,17 @@ def build(
     from balcaprl.synthetic.build import build_dataset, build_results, build_settings, built_settings
     from balcaprl.synthetic.scenes import SceneSpec
 
-    spec = SceneSpec(min_objects=min_objects, max_objects=max_objects)  # ConfigError names the bounds
+    if world not in ("full", "demo"):
+        raise UserError(f"--world {world}: choose full or demo")
+    spec = SceneSpec()
+    if world == "demo":
+        from balcaprl.demo.config import DatasetSettings
+
+        spec = DatasetSettings().scene_spec()
+    bounds = {"min_objects": min_objects, "max_objects": max_objects}
+    spec = dataclasses.replace(
+        spec, **{k: v for k, v in bounds.items() if v is not None}
+    )  # ConfigError names them
     target = claim_output_dir(out, what="--out", results=build_results, resume=resume, overwrite=overwrite)
     if target.mode == "resume" and build_results(target.final):
         wanted = build_settings(n_train, n_eval, seed, image_size, spec, policy)
