@@ -34,7 +34,7 @@ from balcaprl.recipe import (
 )
 from balcaprl.rewards import RewardWeights
 from balcaprl.synthetic.lexicon import COLORS, KINDS
-from balcaprl.synthetic.sft import SFTConfig
+from balcaprl.synthetic.sft_config import SFTConfig
 
 
 class _Frozen(Section):
