@@ -93,3 +93,14 @@ def test_a_claim_against_another_variant_pairs_that_variants_seeds():
     (vs_no_recall,) = [c for c in s.claims if c.baseline == "no-recall"]
     assert vs_no_recall.interval.delta == pytest.approx(-5.0) and vs_no_recall.verdict == "reproduced"
     assert {c.verdict for c in s.claims if c.baseline == "full"} == {"not run"}
+
+
+def test_each_seed_is_shown_apart_so_runs_that_fall_into_different_modes_show():
+    # two seeds far apart: the interval over seeds and scenes hides it, the per-seed line does not
+    runs = [evaluation((0.42, 0.52), (44, 54)), evaluation((0.60, 0.70), (20, 30))]
+    s = summarise(VARIANTS["full"], runs, BEFORE, {"full": runs}, BOOT, train_s=0.0)
+    assert s.per_seed == [pytest.approx((2.0, 49.0)), pytest.approx((20.0, 25.0))]
+    before = {k: 0.5 for k in (*KEYS, "fluency")}
+    md = ablation_markdown(before, [s], seeds=3, level=0.95, wall_s=60.0)
+    assert "| variant | seed 0 | seed 1 | seed 2 |" in md
+    assert "| full | +2.0 (49.0) | +20.0 (25.0) |  |" in md  # a seed not run is left blank

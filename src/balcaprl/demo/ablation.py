@@ -111,6 +111,7 @@ class VariantSummary:
     means: dict[str, float]  # MEAN_METRICS averaged over seeds and scenes
     claims: list[ClaimCheck]
     train_s: float
+    per_seed: list[tuple[float, float]]  # each seed's (Δ b-CapScore, mean tokens), averaged over scenes
 
 
 @dataclass
@@ -149,10 +150,10 @@ def summarise(
     """The figures of one variant from its runs (one per seed), the SFT start and the runs of the other
     variants (``others``, by name: each claim's baseline, paired seed by seed). A claim whose baseline
     did not run is kept, with the verdict "not run", so every direction the paper states is listed."""
-    changes = {}
-    for key, scale in CHANGE_METRICS:
-        start = _matrix([before], key) * len(runs)
-        changes[key] = seed_scene_bootstrap(_nan_free(_minus(_matrix(runs, key), start, scale)), **boot)
+    start = {key: _matrix([before], key) * len(runs) for key, _ in CHANGE_METRICS}
+    # per scene, a row per seed
+    change = {key: _nan_free(_minus(_matrix(runs, key), start[key], scale)) for key, scale in CHANGE_METRICS}
+    changes = {key: seed_scene_bootstrap(rows, **boot) for key, rows in change.items()}
     means = {}
     for key in MEAN_METRICS:
         values = [v for row in _matrix(runs, key) for v in row if math.isfinite(v)]
@@ -171,7 +172,11 @@ def summarise(
         interval = seed_scene_bootstrap(diff, **boot)
         verdict = direction_verdict(interval, claim.sign)
         claims.append(ClaimCheck(claim.metric, claim.sign, claim.baseline, interval, verdict, claim.basis))
-    return VariantSummary(variant, len(runs), changes, means, claims, train_s)
+    per_seed = [
+        (sum(row) / len(row), run.held_out.mean_tokens)
+        for row, run in zip(change["b_capscore"], runs, strict=True)
+    ]
+    return VariantSummary(variant, len(runs), changes, means, claims, train_s, per_seed)
 
 
 def run_ablation(
@@ -316,6 +321,13 @@ def ablation_markdown(
                 f"| {s.variant.name} | {claim.label} | {claim.basis} | {difference} | {claim.verdict} |"
             )
     lines += ["", direction_count([c for s in summaries for c in s.claims])]
+    # Each seed apart: an interval over seeds and scenes hides whether runs agree or fall into modes.
+    lines += ["", "Per seed, Δ b-CapScore from the SFT start (mean caption tokens):", ""]
+    lines += ["| variant | " + " | ".join(f"seed {i}" for i in range(seeds)) + " |"]
+    lines += ["| --- |" + " ---: |" * seeds]
+    for s in summaries:
+        cells = [f"{delta:+.1f} ({tokens:.1f})" for delta, tokens in s.per_seed]
+        lines.append(f"| {s.variant.name} | " + " | ".join(cells + [""] * (seeds - len(cells))) + " |")
     lines += [
         "",
         f"Changes are after RL minus the SFT start, per held-out scene, averaged over {seeds} seed(s) and the "
