@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from balcaprl.demo.ablation import ablation_csv, ablation_markdown, direction_count, summarise
+from balcaprl.demo.ablation import ablation_csv, ablation_markdown, direction_count, summarise, time_left
 from balcaprl.demo.pipeline import Evaluation
 from balcaprl.demo.report import HeldOut
 from balcaprl.demo.variants import VARIANTS
@@ -104,3 +104,10 @@ def test_each_seed_is_shown_apart_so_runs_that_fall_into_different_modes_show():
     md = ablation_markdown(before, [s], seeds=3, level=0.95, wall_s=60.0)
     assert "| variant | seed 0 | seed 1 | seed 2 |" in md
     assert "| full | +2.0 (49.0) | +20.0 (25.0) |  |" in md  # a seed not run is left blank
+
+
+def test_the_time_left_is_the_wall_time_per_run_so_far_times_the_runs_left():
+    assert time_left(600.0, 4, 50) == "; about 125 min left"  # 150 s a run, 50 left
+    assert time_left(601.0, 4, 1) == "; about 3 min left"  # rounded up: never "0 min" while one runs
+    assert time_left(0.0, 0, 54) == ""  # nothing trained yet: nothing to tell from
+    assert time_left(600.0, 4, 0) == ""  # the last run is done

@@ -194,6 +194,7 @@ def test_the_ablation_runner_trains_each_variant_per_seed_and_checks_the_papers_
         "--steps", "1", "--judge", "in-process",
     )  # fmt: skip
     assert "sft: reusing" in output and "4 runs (2 variants x 2 seeds)" in output
+    assert "(1/4, trained in" in output and "min left)" in output  # the time left after the first run
     for name in (
         "full-1steps-seed0",
         "full-1steps-seed1",
@@ -217,6 +218,15 @@ def test_the_ablation_runner_trains_each_variant_per_seed_and_checks_the_papers_
     assert len(verdicts) == 4 + 4 and set(verdicts) <= {"reproduced", "not reproduced", "opposite"}
     md = (out / "comparison.md").read_text()
     assert "| no-length | Table 4 'w/o length penalty' |" in md and "paper's direction" in md
+    # run again: every run is reused, and the log says so instead of estimating time for them
+    again = run_cli(
+        "--config", str(toy_config), "--out", str(out), "--variants", "full,no-length", "--seeds", "2",
+        "--steps", "1", "--judge", "in-process", "--jobs", "1",
+    )  # fmt: skip
+    assert "4 runs (2 variants x 2 seeds), 1 at a time; 4 finished before, reused" in again
+    assert "min left" not in again
+    tables = lambda text: text.split("Changes are")[0]  # noqa: E731  (the last line gives the wall time)
+    assert tables((out / "comparison.md").read_text()) == tables(md)
     # a run stopped early is summarised over the seeds every variant finished
     from balcaprl.demo.ablation import comparison_so_far
 

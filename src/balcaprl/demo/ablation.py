@@ -210,13 +210,22 @@ def run_ablation(
     work = [(v, s) for s in range(seeds) for v in variants]  # seed-major: every variant gets seed 0 first
     config_json = config.model_dump(mode="json")
     train_s: dict[tuple[str, int], float] = {}
-    log(f"ablation: {len(work)} runs ({len(variants)} variants x {seeds} seeds), {jobs} at a time")
+    # Runs evaluated by an earlier invocation are reused in seconds: the time left counts the others.
+    before_now = {(v.name, s) for v, s in work if (root / "eval" / f"{run_name(v, s, steps)}.json").is_file()}
+    reused = f"; {len(before_now)} finished before, reused" if before_now else ""
+    log(f"ablation: {len(work)} runs ({len(variants)} variants x {seeds} seeds), {jobs} at a time{reused}")
     paths = (str(sft_dir.resolve()), str(data_dir.resolve()))
+    runs_clock, to_run = time.perf_counter(), len(work) - len(before_now)
+
+    def finished(done: int, key: tuple[str, int], name: str, seconds: float) -> None:
+        train_s[key] = seconds
+        ran = len(train_s.keys() - before_now)
+        left = time_left(time.perf_counter() - runs_clock, ran, to_run - ran)
+        log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s{left})")
+
     if jobs == 1:  # one at a time, in this process (no worker start-up to pay)
         for done, (v, s) in enumerate(work, start=1):
-            name, seconds = _train_and_evaluate(config_json, v.name, s, steps, *paths)
-            train_s[(v.name, s)] = seconds
-            log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
+            finished(done, (v.name, s), *_train_and_evaluate(config_json, v.name, s, steps, *paths))
     else:
         # spawn, not fork: a forked torch (with its thread pools) and a running event loop do not mix
         with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=get_context("spawn")) as pool:
@@ -225,12 +234,19 @@ def run_ablation(
                 for v, s in work
             }
             for done, future in enumerate(as_completed(futures), start=1):
-                name, seconds = future.result()
-                train_s[futures[future]] = seconds
-                log(f"ablation: {name} done ({done}/{len(work)}, trained in {seconds:.0f} s)")
+                finished(done, futures[future], *future.result())
 
     wall = time.perf_counter() - start_clock
     return write_comparison(config, variants, seeds, steps, before, train_s, wall)
+
+
+def time_left(elapsed_s: float, ran: int, left: int) -> str:
+    """``"; about N min left"`` after ``ran`` runs trained in ``elapsed_s`` of wall time (several at a
+    time: their wall time per run already counts the parallelism), ``left`` still to train; empty
+    when nothing is left or nothing has run yet to tell."""
+    if ran <= 0 or left <= 0:
+        return ""
+    return f"; about {math.ceil(elapsed_s / ran * left / 60)} min left"
 
 
 def write_comparison(
