@@ -161,11 +161,11 @@ def test_the_threshold_counts_a_waiting_attempt_only_for_the_time_it_has_waited(
 
 def test_calls_starting_one_by_one_get_duplicates_only_in_the_tail():
     # A fresh client whose calls start one by one, more and more often (rollouts judged as they
-    # finish, the short ones first): 160 first bytes at the quantiles of a lognormal (median 30 ms,
+    # finish, the short ones first): 160 first bytes at the quantiles of a lognormal (median 60 ms,
     # sigma 1.12, the latency model's), in a fixed shuffled order. Early on the fast have answered and
     # the slow not yet: read as first bytes, their waits put the 90th percentile near the 66th, and
     # the duplicates went to calls faster than the 80th.
-    log_first_byte = NormalDist(math.log(0.03), 1.12)
+    log_first_byte = NormalDist(math.log(0.06), 1.12)
 
     def quantile(q: float) -> float:
         return math.exp(log_first_byte.inv_cdf(q))
@@ -174,7 +174,7 @@ def test_calls_starting_one_by_one_get_duplicates_only_in_the_tail():
     random.Random(3).shuffle(first_bytes)
 
     async def go() -> list[float]:
-        hedging = Hedging(quantile=0.9, floor_s=0.02, max_share=1.0)
+        hedging = Hedging(quantile=0.9, floor_s=0.04, max_share=1.0)
         duplicated: list[float] = []
 
         async def one(first_byte_s: float) -> None:
@@ -190,8 +190,8 @@ def test_calls_starting_one_by_one_get_duplicates_only_in_the_tail():
                 duplicated.append(first_byte_s)
 
         calls, start = [], asyncio.get_running_loop().time()
-        for k, first_byte_s in enumerate(first_bytes):  # the k-th at sqrt(k / 160) s
-            await asyncio.sleep(max(0.0, start + math.sqrt(k / 160) - asyncio.get_running_loop().time()))
+        for k, first_byte_s in enumerate(first_bytes):  # the k-th at 2 sqrt(k / 160) s
+            await asyncio.sleep(max(0.0, start + 2 * math.sqrt(k / 160) - asyncio.get_running_loop().time()))
             calls.append(asyncio.ensure_future(one(first_byte_s)))
         await asyncio.gather(*calls)
         return duplicated

@@ -205,6 +205,8 @@ async def first_answer(
     primary = asyncio.ensure_future(attempt(seen))
     byte_seen = asyncio.ensure_future(first_byte.wait())
     try:
+        # No duplicate before the floor: most attempts answer by then, and never estimate the threshold.
+        await asyncio.wait({primary, byte_seen}, timeout=hedging.floor_s, return_when=asyncio.FIRST_COMPLETED)
         while True:
             if primary.done() or first_byte.is_set():
                 return await primary
