@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import random
+from statistics import NormalDist
 
 import pytest
 import yaml
@@ -120,6 +123,92 @@ def test_hedging_threshold_is_the_quantile_with_a_floor_and_the_cap_is_a_share()
     assert not hedging.allow()  # 2 > 0.05 x 20
 
 
+def test_the_threshold_counts_a_waiting_attempt_only_for_the_time_it_has_waited():
+    # First bytes: 80% at 0.2 s, 15% at 2 s, 5% at 10 s, so the 90th percentile is 2 s. 40 attempts
+    # started long ago have all answered; of 60 started 1 s ago the 48 fast answered, 12 still wait.
+    hedging = Hedging(quantile=0.9, floor_s=0.1, max_share=0.05, min_seen=4)
+    now = 100.0
+    for seconds in [0.2] * 32 + [2.0] * 6 + [10.0] * 2 + [0.2] * 48:
+        hedging.observe(seconds)
+    hedging.waiting.update({i: now - 1.0 for i in range(12)})
+    # Taken as first bytes at 1 s, the waits put the 90th of 100 values at 1.0 s (80 at 0.2 s, then
+    # the 12): an attempt at its 80th percentile would get a duplicate. Product-limit: 80 of 100 by
+    # 0.2 s (1 - F = 0.2); the 12 leave at 1 s; 6 of the 8 left by 2 s: 1 - F = 0.2 x 2/8 = 0.05.
+    assert hedging.threshold_s(now) == 2.0
+    # nothing is told while fewer than min_seen are known at the quantile (by default at least
+    # 1 / (1 - quantile): 50 for the 98th percentile)
+    young = Hedging(quantile=0.9, floor_s=0.1, max_share=0.05, min_seen=10)
+    for _ in range(9):
+        young.observe(0.2)
+    young.waiting[0] = now - 0.15  # gone from view before 0.2 s: 9 known there
+    assert young.threshold_s(now) is None
+    young.observe(0.2)
+    assert young.threshold_s(now) == pytest.approx(0.2)
+    # more than 10% never answered: the 90th percentile may be past any wait, so none is told
+    stalls = Hedging(quantile=0.9, floor_s=0.1, max_share=0.05, min_seen=4)
+    for seconds in [0.2] * 8 + [0.5] * 4:
+        stalls.observe(seconds)
+    for _ in range(4):
+        stalls.observe(30.0, first_byte=False)
+    assert stalls.threshold_s(now) is None
+    stalls.observe(0.6)
+    for _ in range(23):
+        stalls.observe(0.1)
+    assert stalls.threshold_s(now) == 0.6  # 4 of 40 (10%): told, at the last first byte
+    assert Hedging(quantile=0.98, floor_s=5.0, max_share=0.05).min_seen == 50
+    assert Hedging(quantile=0.5, floor_s=5.0, max_share=0.05).min_seen == 16
+
+
+def test_calls_starting_one_by_one_get_duplicates_only_in_the_tail():
+    # A fresh client whose calls start one by one, more and more often (rollouts judged as they
+    # finish, the short ones first): 160 first bytes at the quantiles of a lognormal (median 60 ms,
+    # sigma 1.12, the latency model's), in a fixed shuffled order. Early on the fast have answered and
+    # the slow not yet: read as first bytes, their waits put the 90th percentile near the 66th, and
+    # the duplicates went to calls faster than the 80th.
+    log_first_byte = NormalDist(math.log(0.06), 1.12)
+
+    def quantile(q: float) -> float:
+        return math.exp(log_first_byte.inv_cdf(q))
+
+    first_bytes = [quantile((i + 0.5) / 160) for i in range(160)]
+    random.Random(3).shuffle(first_bytes)
+
+    async def go() -> list[float]:
+        hedging = Hedging(quantile=0.9, floor_s=0.04, max_share=1.0)
+        duplicated: list[float] = []
+
+        async def one(first_byte_s: float) -> None:
+            copies = []
+
+            async def attempt(seen):
+                copies.append(first_byte_s)
+                await asyncio.sleep(first_byte_s if len(copies) == 1 else 0.0)
+                seen()
+
+            await first_answer(attempt, hedging)
+            if len(copies) > 1:
+                duplicated.append(first_byte_s)
+
+        calls, start = [], asyncio.get_running_loop().time()
+        for k, first_byte_s in enumerate(first_bytes):  # the k-th at 2 sqrt(k / 160) s
+            await asyncio.sleep(max(0.0, start + 2 * math.sqrt(k / 160) - asyncio.get_running_loop().time()))
+            calls.append(asyncio.ensure_future(one(first_byte_s)))
+        await asyncio.gather(*calls)
+        return duplicated
+
+    duplicated = asyncio.run(go())
+    assert not [s for s in duplicated if s < quantile(0.8)]  # 10 on the old estimate
+    slowest = [s for s in first_bytes if s > quantile(0.95)]  # 8: a duplicate for most
+    assert len([s for s in duplicated if s in slowest]) >= len(slowest) - 2
+
+
+def _seen_fast(hedging: Hedging) -> None:
+    """Twenty first bytes at 10 ms: with an attempt waiting past them, 20 of 21 answered by then, so
+    the 90th percentile is told (a quantile the attempt waiting might itself be beyond is not)."""
+    for _ in range(20):
+        hedging.observe(0.01)
+
+
 def _attempts(script):
     """An attempt function playing ``script``: per call, (seconds to first byte or None, result)."""
     calls = []
@@ -142,7 +231,7 @@ def _attempts(script):
 
 def test_a_stalled_attempt_gets_a_duplicate_which_wins_and_the_first_is_cancelled():
     hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
-    hedging.observe(0.01)
+    _seen_fast(hedging)
     attempt, calls = _attempts([(None, "first"), (0.0, "duplicate")])
     told = []
     result = asyncio.run(first_answer(attempt, hedging, told.append))
@@ -152,18 +241,18 @@ def test_a_stalled_attempt_gets_a_duplicate_which_wins_and_the_first_is_cancelle
 
 def test_no_duplicate_past_the_cap_or_for_an_attempt_that_has_answered():
     capped = Hedging(quantile=0.9, floor_s=0.01, max_share=0.0, min_seen=1)
-    capped.observe(0.01)
+    _seen_fast(capped)
     attempt, calls = _attempts([(0.1, "first")])
     assert asyncio.run(first_answer(attempt, capped)) == "first" and capped.hedges == 0 and len(calls) == 1
     quick = Hedging(quantile=0.9, floor_s=0.5, max_share=1.0, min_seen=1)
-    quick.observe(0.01)
+    _seen_fast(quick)
     attempt, calls = _attempts([(0.0, "first")])
     assert asyncio.run(first_answer(attempt, quick)) == "first" and quick.hedges == 0
 
 
 def test_when_both_fail_the_first_attempts_failure_is_raised():
     hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
-    hedging.observe(0.01)
+    _seen_fast(hedging)
     attempt, _ = _attempts([(0.2, ValueError("first")), (0.0, ValueError("second"))])
     told = []
     with pytest.raises(ValueError, match="first"):

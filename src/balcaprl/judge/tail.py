@@ -9,7 +9,9 @@ its chunks; and what bounds an answer that trickles in is a deadline on the whol
 
 Hedging (:func:`first_answer`, on by default): an attempt that has produced nothing after a high
 quantile (``hedge_quantile``) of the recently observed times to first byte -- never less than
-``hedge_floor_s`` -- gets one duplicate; the first to answer wins and the other is cancelled.
+``hedge_floor_s`` -- gets one duplicate; the first to answer wins and the other is cancelled. The
+quantile counts an attempt still waiting only for the time it has waited (:meth:`Hedging.threshold_s`),
+so a run whose calls start one by one does not read its fast first answers as the whole distribution.
 Duplicates are capped at ``hedge_max_share`` (default 5%) in every window, not over a lifetime (a quiet
 stretch must not save up duplicates for a later slow batch): of the calls of any batch
 (:func:`hedge_batch`), of any 1,000 consecutive calls, and of the calls started so far. A duplicate is
@@ -72,29 +74,65 @@ class Hedging:
     """When an attempt gets a duplicate, from the times to first byte seen on one endpoint."""
 
     def __init__(
-        self, quantile: float, floor_s: float, max_share: float, window: int = 512, min_seen: int = 16
+        self,
+        quantile: float,
+        floor_s: float,
+        max_share: float,
+        window: int = 512,
+        min_seen: int | None = None,
     ):
-        self.quantile, self.floor_s, self.max_share, self.min_seen = quantile, floor_s, max_share, min_seen
-        self._seen: deque[float] = deque(maxlen=window)
+        self.quantile, self.floor_s, self.max_share = quantile, floor_s, max_share
+        # A quantile q is told from n attempts only if one of them is expected above it, n (1 - q) >= 1
+        # (50 for the 98th percentile), and never from fewer than 16.
+        self.min_seen = max(16, math.ceil(1 / (1 - quantile) - 1e-9)) if min_seen is None else min_seen
+        # (seconds, whether the first byte came then: else the attempt ended without one after them)
+        self._seen: deque[tuple[float, bool]] = deque(maxlen=window)
         self.waiting: dict[int, float] = {}  # attempts without a first byte yet: when each started
         self.started = 0  # calls started (duplicates not counted): the next call's position
         self.hedges = 0
         self._hedged: list[int] = []  # positions of the calls that got a duplicate, sorted
 
-    def observe(self, seconds: float) -> None:
-        self._seen.append(seconds)
+    def observe(self, seconds: float, *, first_byte: bool = True) -> None:
+        """An attempt's first byte came after ``seconds``; or, ``first_byte=False``, it ended without
+        one after ``seconds`` (cut short by its duplicate, or timed out)."""
+        self._seen.append((seconds, first_byte))
 
     def threshold_s(self, now: float | None = None) -> float | None:
-        """The wait after which an attempt without a first byte gets a duplicate: the quantile of
-        the observed times, at least the floor; None until ``min_seen`` have been observed. The
-        attempts still waiting count with the time they have waited so far (a lower bound of their
-        own): early in a batch only the fast ones have answered, and a quantile of those alone would
-        be far too low."""
-        if len(self._seen) < self.min_seen:
+        """The wait after which an attempt without a first byte gets a duplicate: the ``quantile`` of the
+        times to first byte, at least the floor; None while it is not told.
+
+        An attempt still waiting, or one that ended without a first byte, only says its first byte
+        takes longer than it has waited: taking that wait for its time to first byte (as this did)
+        counts the calls just started as fast ones, so while calls start one by one the quantile comes
+        out low -- at the start of a run, the 98th percentile of a heavy tail came out between its
+        82nd and 96th, and the capped duplicates went to calls that were not slow. The product-limit
+        estimate (Kaplan and Meier, 1958) counts each such attempt only for the times it has reached:
+        ``1 - F(t) = prod over first-byte times s <= t of (1 - d_s / n_s)``, ``d_s`` the attempts
+        whose first byte came at ``s``, ``n_s`` those that reached ``s`` without one. The quantile is
+        told where at least ``min_seen`` attempts are known to have answered by it or to have waited
+        past it, and not at all while more than ``1 - quantile`` of them may never answer (the
+        first-byte limit ends those)."""
+        if len(self._seen) + len(self.waiting) < self.min_seen:
             return None
         now = time.perf_counter() if now is None else now
-        ordered = sorted([*self._seen, *(now - start for start in self.waiting.values())])
-        return max(self.floor_s, ordered[min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)])
+        times = sorted(  # at a tie the first bytes come first: an attempt waiting s has reached s
+            [(seconds, not first_byte) for seconds, first_byte in self._seen]
+            + [(now - started, True) for started in self.waiting.values()]
+        )
+        survival, censored, i = 1.0, 0, 0  # censored: attempts that stopped telling before t
+        while i < len(times):
+            t, reached = times[i][0], len(times) - i  # n_t
+            # known at t: answered by t, or reached t without a first byte
+            known, first_bytes = len(times) - censored, 0
+            while i < len(times) and times[i][0] == t:
+                censored += times[i][1]
+                first_bytes += not times[i][1]
+                i += 1
+            if first_bytes:
+                survival *= 1 - first_bytes / reached
+                if 1 - survival >= self.quantile - 1e-9:
+                    return max(self.floor_s, t) if known >= self.min_seen else None
+        return None
 
     def begin(self) -> tuple[int, _Batch | None]:
         """A call started: its position among the calls, and the batch it belongs to."""
@@ -167,6 +205,8 @@ async def first_answer(
     primary = asyncio.ensure_future(attempt(seen))
     byte_seen = asyncio.ensure_future(first_byte.wait())
     try:
+        # No duplicate before the floor: most attempts answer by then, and never estimate the threshold.
+        await asyncio.wait({primary, byte_seen}, timeout=hedging.floor_s, return_when=asyncio.FIRST_COMPLETED)
         while True:
             if primary.done() or first_byte.is_set():
                 return await primary
@@ -206,7 +246,7 @@ async def first_answer(
         if not first_byte.is_set():
             # A slow attempt cut short still tells something: its first byte took at least this long.
             # Leaving it out would bias the quantile towards the fast attempts, and hedge ever more.
-            hedging.observe(time.perf_counter() - started)
+            hedging.observe(time.perf_counter() - started, first_byte=False)
         if not primary.done():
             primary.cancel()
 
