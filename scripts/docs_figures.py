@@ -160,6 +160,17 @@ def render_world_preflight(record: dict[str, Any]) -> str:
     )
 
 
+def render_hedging_replay(record: dict[str, Any]) -> str:
+    """docs/measurements.md's replay of hedging rules on the judge-stage benchmark's draws."""
+    r = record["results"]
+    return (
+        f"{r['markdown']}\n{r['steps']} steps of the stage benchmark's paper size; a rule's duplicates at most "
+        f"{r['share']:.0%} of each process's calls, none before the {r['floor_s']:.0f} s floor; the model's 98th "
+        f"percentile of the time to first byte is {r['quantile_s']:.1f} s. Measured by `benchmarks/replay_hedging.py` "
+        f"in {_measured(record)}.\n"
+    )
+
+
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 DEMO = Measurement(
     (sys.executable, "-m", "balcaprl.cli", "demo", "--out", "runs/docs-figures-demo"),
@@ -195,6 +206,11 @@ MEASUREMENTS: dict[str, Measurement] = {
         results="runs/docs-figures-sft/sft_result.json",
     ),
     "demo-clone": dataclasses.replace(DEMO, render=render_demo_clone, repeats="demo"),
+    "hedging-replay": Measurement(
+        (sys.executable, "benchmarks/replay_hedging.py", "--json", "runs/hedging-replay.json"),
+        render_hedging_replay,
+        results="runs/hedging-replay.json",
+    ),
     "world-preflight": Measurement(
         (sys.executable, "scripts/world_preflight_table.py", "--json", "runs/world-preflight.json"),
         render_world_preflight,
