@@ -12,6 +12,10 @@ floor; a stalled attempt with no duplicate is cut at the first-byte limit and re
   with no first byte after the 98th percentile of the model's times to first byte;
 - ``p98 + waited-on``: the same, and once the trainer waits for its rewards (the end of generation
   and old log-probs) every call still without a first byte gets one, after the floor, oldest first;
+- ``critical path``: ``p98``, and at the floor a duplicate for every call still without a first
+  byte that would answer after the trainer starts waiting even if a typical first byte came now (its
+  decode time predicted from its caption's length; the wait's start known, as a trainer could know
+  it from its previous step): not the client's rule, a measured direction for one;
 - ``oracle``: a rule that knows every draw: each process duplicates, at the floor, the calls that
   finish last, one by one while that moves its last answer. No online rule can do better with
   duplicates sent at the floor or later; it bounds what a better rule could buy;
@@ -68,6 +72,7 @@ class Call:
         self.second_s = second.total_s  # a retry's or a duplicate's whole answer
         # alone: its first attempt, or a stall cut at the first-byte limit and retried
         self.alone_s = FIRST_BYTE_LIMIT_S + self.second_s if first.stalled else first.total_s
+        self.typical_decode_s = MODEL.per_char_s * len(caption)  # the model's median: known from the caption
 
     def end(self, duplicate_at_s: float | None = None) -> float:
         """When it answers, given a duplicate sent ``duplicate_at_s`` after its start (None: none)."""
@@ -108,6 +113,20 @@ def p98_and_waited_on(calls: list[Call], waits_at_s: float) -> float:
     return duplicates_in_time_order(calls, due)
 
 
+def critical_path(calls: list[Call], waits_at_s: float) -> float:
+    """``p98``, and at the floor a duplicate for every call still without a first byte that would
+    answer after the trainer starts waiting even if a typical first byte came now (its decode time
+    predicted from its caption's length): the calls the step will wait for, sent first."""
+    after = max(FLOOR_S, first_byte_quantile(QUANTILE))
+    due = [(c.start_s + after, i) for i, c in enumerate(calls)]
+    due += [
+        (c.start_s + FLOOR_S, i)
+        for i, c in enumerate(calls)
+        if c.start_s + FLOOR_S + MODEL.first_byte_s + c.typical_decode_s > waits_at_s
+    ]
+    return duplicates_in_time_order(calls, due)
+
+
 def oracle(calls: list[Call], waits_at_s: float, share: float = SHARE) -> float:
     ends, sent, budget = [c.end() for c in calls], set(), math.floor(share * len(calls))
     while budget:
@@ -124,6 +143,7 @@ RULES: dict[str, Rule] = {
     "none": no_duplicates,
     "p98": p98,
     "p98 + waited-on": p98_and_waited_on,
+    "critical path": critical_path,
     "oracle": oracle,
     "oracle, no cap": lambda calls, waits_at_s: oracle(calls, waits_at_s, share=1.0),  # does the cap bind?
 }

@@ -28,6 +28,7 @@ def replay():
 def call(replay, start_s, first_byte_s, alone_s, second_s):
     c = object.__new__(replay.Call)
     c.start_s, c.first_byte_s, c.alone_s, c.second_s = start_s, first_byte_s, alone_s, second_s
+    c.typical_decode_s = alone_s - min(first_byte_s, alone_s)
     return c
 
 
@@ -51,3 +52,14 @@ def test_the_oracle_moves_the_last_answer_while_it_can_and_bounds_the_rules(repl
     assert replay.oracle(calls, 0.0, share=0.0) == 36.0
     for rule in replay.RULES.values():
         assert rule(calls, 0.0) >= replay.oracle(calls, 0.0)
+
+
+def test_the_critical_path_rule_duplicates_at_the_floor_what_the_step_will_wait_for(replay):
+    # the trainer waits from 20 s. Call A (start 15 s, decode 10 s) would answer past 20 s even with a
+    # typical first byte: a duplicate at 15 + 5 = 20 s if it is still waiting. Call B (start 0, decode
+    # 2 s) would not, and its first byte at 8 s is under the 98th percentile: no duplicate.
+    slow = call(replay, 15.0, 9.0, 19.0, 12.0)  # first byte at 9 s, answer at 15 + 19 = 34 s alone
+    fine = call(replay, 0.0, 8.0, 10.0, 3.0)
+    calls = [slow, fine] + [call(replay, 0.0, 1.0, 3.0, 6.0) for _ in range(38)]
+    assert replay.critical_path(calls, 20.0) == 32.0  # 15 + 5 + 12: the duplicate wins
+    assert replay.p98(calls, 20.0) == 34.0  # 9 s is under the 98th percentile (18 s): none sent
