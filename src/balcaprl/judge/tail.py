@@ -102,10 +102,10 @@ class Hedging:
         times to first byte, at least the floor; None while it is not told.
 
         An attempt still waiting, or one that ended without a first byte, only says its first byte
-        takes longer than it has waited: taking that wait for its time to first byte (as this did)
-        counts the calls just started as fast ones, so while calls start one by one the quantile comes
-        out low -- at the start of a run, the 98th percentile of a heavy tail came out between its
-        82nd and 96th, and the capped duplicates went to calls that were not slow. The product-limit
+        takes longer than it has waited: taking that wait for its time to first byte counts the calls
+        just started as fast ones, so while calls start one by one the quantile comes out low (traced
+        at the start of a run: the 98th percentile of a heavy tail came out between its 82nd and
+        96th, and the capped duplicates went to calls that were not slow). The product-limit
         estimate (Kaplan and Meier, 1958) counts each such attempt only for the times it has reached:
         ``1 - F(t) = prod over first-byte times s <= t of (1 - d_s / n_s)``, ``d_s`` the attempts
         whose first byte came at ``s``, ``n_s`` those that reached ``s`` without one. The quantile is
