@@ -560,11 +560,10 @@ def docs_section(
             "call is the same stall, sent its duplicate after 26.3 s: each process estimates the 98th percentile from its own "
             "calls, 13-23 s in that step (the model's is 17.7 s), and a long caption's second attempt adds "
             "10-14 s, past the 15 s of old log-probs. `after_generation` gains as much from the estimate, so "
-            "the exposed ratio does not fall to 0.4: an offline replay of the same rule with the model's own "
-            "98th percentile (the benchmark's steps and draws, no concurrency bound, 6 seeds) gives "
-            "`per_rollout` 10.0 s and `after_generation` 23.0 s exposed, a ratio of 0.46. The other tables "
-            "of this section (the scaled runs above, the quick run below) were measured before the estimate "
-            "changed.",
+            "the exposed ratio does not fall to 0.4; the same rule replayed with the percentile known gives "
+            "about the same ratio ([what a hedging rule can reach](#what-a-hedging-rule-can-reach)). The "
+            "other tables of this section (the scaled runs above, the quick run below) were measured before "
+            "the estimate changed.",
         ]
     if quick is not None:
         lines += ["", f"Quick (`{quick['command']}`, what `make bench` runs):", "", *table(quick)]
