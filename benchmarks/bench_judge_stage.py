@@ -562,8 +562,7 @@ def docs_section(
             "10-14 s, past the 15 s of old log-probs. `after_generation` gains as much from the estimate, so "
             "the exposed ratio does not fall to 0.4; the same rule replayed with the percentile known gives "
             "about the same ratio ([what a hedging rule can reach](#what-a-hedging-rule-can-reach)). The "
-            "other tables of this section (the scaled runs above, the quick run below) were measured before "
-            "the estimate changed.",
+            "fixed-concurrency table above was measured before the estimate changed; the others after.",
         ]
     if quick is not None:
         lines += ["", f"Quick (`{quick['command']}`, what `make bench` runs):", "", *table(quick)]
