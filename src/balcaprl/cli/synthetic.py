@@ -11,7 +11,10 @@ import typer
 
 from balcaprl.cli.common import OVERWRITE_HELP
 from balcaprl.errors import UserError
+from balcaprl.synthetic.sft_config import SFTConfig
 from balcaprl.threads import DEFAULT_CPU_THREADS, THREADS_HELP
+
+_SFT = SFTConfig()  # the warm start's defaults, one copy for this command, the demo and the library
 
 
 def build(
@@ -85,22 +88,26 @@ def sft(
     policy: Path | None = typer.Option(
         None, "--policy", help="Start from this policy (default: a fresh tiny one)."
     ),
-    steps: int = typer.Option(1500, "--steps", min=1, help="Optimizer steps."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Captions per optimizer step."),
+    steps: int = typer.Option(_SFT.steps, "--steps", min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(
+        _SFT.batch_size, "--batch-size", min=1, help="Captions per optimizer step."
+    ),
     lr: float = typer.Option(
-        5e-4, "--lr", help="Peak learning rate (warm-up, then cosine decay to a tenth of it)."
+        _SFT.lr, "--lr", help="Peak learning rate (warm-up, then cosine decay to a tenth of it)."
     ),
     flawed_fraction: float = typer.Option(
-        0.5,
+        _SFT.flawed_fraction,
         "--flawed-fraction",
         min=0.0,
         max=1.0,
         help="Share of targets replaced by a flawed caption (terse, enumerating, ...), as real SFT data has.",
     ),
     seed: int = typer.Option(
-        0, "--seed", help="Seed of the run: starting weights, data order, flawed captions."
+        _SFT.seed, "--seed", help="Seed of the run: starting weights, data order, flawed captions."
     ),
-    eval_limit: int = typer.Option(200, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."),
+    eval_limit: int = typer.Option(
+        _SFT.eval_limit, "--eval-limit", min=0, help="Held-out scenes to score (0: skip)."
+    ),
     evaluate_before: bool = typer.Option(False, "--evaluate-before", help="Also score the starting policy."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace the policy already in --out (kept until the new one is saved)."
@@ -115,7 +122,7 @@ def sft(
     """Teacher-forced warm start on references mixed with flawed captions; prints held-out b-CapScore."""
     from balcaprl.outputs import claim_output_dir
     from balcaprl.progress import Progress
-    from balcaprl.synthetic.sft import SFTConfig, policy_results, run_sft
+    from balcaprl.synthetic.sft import policy_results, run_sft
     from balcaprl.threads import use_cpu_threads
 
     use_cpu_threads(threads, on_cpu=True)  # the synthetic policy always runs on the CPU
