@@ -82,6 +82,23 @@ PAPER_ROLLOUTS = 2048  # a paper step: 256 prompts x 8 rollouts
 SIZES = {"quick": (4, 512), "paper": (20, PAPER_ROLLOUTS)}
 PAPER_LIMITS = {"rpm_cap": 10_000}  # the server's requests per minute (and the client's stated limit)
 SCHEDULES = ("today", "after_generation", "per_rollout", "per_rollout_unhedged")
+# A step's shape in real seconds (the defaults of --processes, --group-size, --generation-s,
+# --logprob-s, --stall-p; benchmarks/replay_hedging.py replays the same steps).
+PROCESSES, GROUP_SIZE, GENERATION_S, LOGPROB_S, STALL_P = 8, 8, 60.0, 15.0, 0.003
+
+
+def latency_model(
+    time_scale: float = 1.0, stall_p: float = STALL_P, rpm_cap: int | None = None
+) -> LatencyModel:
+    """The judge's latency in this benchmark. Captions a third of a real one's length (the loopback
+    judge's CPU per call grows with them, and it shares two cores with the client), decoded at 3x the
+    time per character: a real caption's latency."""
+    return LatencyModel(
+        seed=24, time_scale=time_scale, stall_p=stall_p, rpm_cap=rpm_cap, per_char_s=3 * LatencyModel.per_char_s,
+        chunks=4,
+    )  # fmt: skip
+
+
 BASELINE = "after_generation"  # exposed time is compared with judging after generation, same settings
 IDEAL = (
     "ideal: every call in flight at once from when its schedule starts it (no bound, no rate limit), "
@@ -592,22 +609,22 @@ def main() -> None:
         help="the paper-shaped run: steps of 2,048 rollouts (results/judge_stage.json)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="default: 4, or 20 with --paper")
-    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=PROCESSES)
     parser.add_argument(
         "--rollouts",
         type=int,
         default=None,
         help="per step, over all processes; default: 512, or 2,048 with --paper",
     )
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=GROUP_SIZE)
     parser.add_argument("--time-scale", type=float, default=10.0, help="real seconds per benchmark second")
     parser.add_argument(
-        "--generation-s", type=float, default=60.0, help="a process's generation, real seconds"
+        "--generation-s", type=float, default=GENERATION_S, help="a process's generation, real seconds"
     )
     parser.add_argument(
-        "--logprob-s", type=float, default=15.0, help="the old-log-prob forward, real seconds"
+        "--logprob-s", type=float, default=LOGPROB_S, help="the old-log-prob forward, real seconds"
     )
-    parser.add_argument("--stall-p", type=float, default=0.003, help="probability an attempt stalls")
+    parser.add_argument("--stall-p", type=float, default=STALL_P, help="probability an attempt stalls")
     parser.add_argument(
         "--rpm-cap", type=int, default=None,
         help="the server's requests per (real) minute; default 10,000 per 2,048 rollouts",
@@ -632,12 +649,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server too (the finally below)
     scale = args.time_scale
-    # Captions a third of a real one's length (the loopback judge's CPU per call grows with them, and it
-    # shares two cores with the client), decoded at 3x the time per character: a real caption's latency.
-    model = LatencyModel(
-        seed=24, time_scale=scale, stall_p=args.stall_p, rpm_cap=args.rpm_cap, per_char_s=3 * LatencyModel.per_char_s,
-        chunks=4,
-    )  # fmt: skip
+    model = latency_model(scale, args.stall_p, args.rpm_cap)
     server, base_url = _start_server(model)
     # The client's clocks at the benchmark's scale: its rate-limit minute and first latency guess.
     throughput.RATE_WINDOW_S = 60.0 / scale

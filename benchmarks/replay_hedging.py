@@ -41,15 +41,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_judge_stage import PAPER_ROLLOUTS, plan_step  # noqa: E402  (a sibling script)
+from bench_judge_stage import (  # noqa: E402  (a sibling script: the same steps, the same model)
+    GENERATION_S,
+    GROUP_SIZE,
+    LOGPROB_S,
+    PAPER_ROLLOUTS,
+    PROCESSES,
+    latency_model,
+    plan_step,
+)
 
 from balcaprl.judge import JudgeConfig  # noqa: E402
-from balcaprl.testing.judge_server import LatencyModel  # noqa: E402
 
-PROCESSES, GROUP, GENERATION_S, LOGPROB_S = 8, 8, 60.0, 15.0  # bench_judge_stage.py's real-seconds defaults
-MODEL = LatencyModel(
-    seed=24, stall_p=0.003, per_char_s=3 * LatencyModel.per_char_s, chunks=4
-)  # the same model
+MODEL = latency_model()  # in real seconds
 _DEFAULTS = JudgeConfig.model_fields
 FLOOR_S = _DEFAULTS["hedge_floor_s"].default
 FIRST_BYTE_LIMIT_S = _DEFAULTS["first_byte_timeout_s"].default
@@ -151,7 +155,7 @@ RULES: dict[str, Rule] = {
 
 def exposed_s(step: int, schedule: str, rule: Rule) -> float:
     """One step's exposed judge time under ``schedule`` (``per_rollout`` or ``after_generation``)."""
-    plan = plan_step(step, PROCESSES, PAPER_ROLLOUTS // PROCESSES, GROUP, GENERATION_S)
+    plan = plan_step(step, PROCESSES, PAPER_ROLLOUTS // PROCESSES, GROUP_SIZE, GENERATION_S)
     ready = []
     for p, generation_end in enumerate(plan.generation_end_s):
         mine = plan.rollouts_of(p)
