@@ -507,6 +507,8 @@ def create_app(
                 kind, named_rubric = judge_kind or ("verdict", None)
                 parsed = parse_judge_messages(body["messages"])
                 rubric = _rubric(parsed, named_rubric)
+                # a follow-up names the numbers it asks for: one that names none is malformed (400)
+                asked = followup_ids(body["messages"]) if kind == "coverage_missing" else None
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return _error(400, f"not a balcaprl judge request: {error}", "invalid_request_error")
         if call is not None:
@@ -516,8 +518,8 @@ def create_app(
         text = (parsed.reference or "") if kind == "reference_assertions" else (parsed.caption or "")
         counters.by_kind[kind] += 1
         counters.by_text[text] += 1
-        if kind == "coverage_missing":
-            counters.followup_ids.append(followup_ids(body["messages"]))
+        if asked is not None:
+            counters.followup_ids.append(asked)
         prompt_tokens = _prompt_tokens(body["messages"], [parsed.image] if parsed.image else [], model)
 
         fault = faults.next_fault(text)
