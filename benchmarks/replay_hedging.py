@@ -12,10 +12,13 @@ floor; a stalled attempt with no duplicate is cut at the first-byte limit and re
   with no first byte after the 98th percentile of the model's times to first byte;
 - ``p98 + waited-on``: the same, and once the trainer waits for its rewards (the end of generation
   and old log-probs) every call still without a first byte gets one, after the floor, oldest first;
-- ``critical path``: ``p98``, and at the floor a duplicate for every call still without a first
-  byte that would answer after the trainer starts waiting even if a typical first byte came now (its
-  decode time predicted from its caption's length; the wait's start known, as a trainer could know
-  it from its previous step): not the client's rule, a measured direction for one;
+- ``critical path``: the client's rule when the trainer tells it when the rewards are wanted
+  (``judge/tail.py``, ``Hedging.misses_deadline``), with the median first byte and the decode time
+  known, not estimated: ``p98``, and a duplicate for every call still without a first byte at the floor
+  (or when generation ends, if later: when the trainer tells the deadline, its end of generation plus
+  the old log-probs) that would answer, even with a typical first byte then, after the deadline and
+  after every call started so far would typically have answered (its decode time from its caption's
+  length);
 - ``oracle``: a rule that knows every draw: each process duplicates, at the floor, the calls that
   finish last, one by one while that moves its last answer. No online rule can do better with
   duplicates sent at the floor or later; it bounds what a better rule could buy;
@@ -23,10 +26,11 @@ floor; a stalled attempt with no duplicate is cut at the first-byte limit and re
 
 Per step: the exposed judge time (rewards ready minus the last process's end of generation and old
 log-probs) under ``per_rollout`` and ``after_generation``, and their ratio (the stage benchmark's
-exposed-time goal is at most 0.4). Steps are the stage benchmark's (``plan_step(step, ...)``; its
-real-speed run uses steps 0 and 1).
+exposed-time goal is at most 0.4); and under ``today`` (every call started when the trainer waits),
+which a rule must not make worse. Steps are the stage benchmark's (``plan_step(step, ...)``; its
+real-speed run uses the first of them).
 
-Run: ``python benchmarks/replay_hedging.py [--steps 8] [--json PATH]``; about 10 s of CPU.
+Run: ``python benchmarks/replay_hedging.py [--steps 8] [--json PATH]``; about 30 s of CPU.
 """
 
 from __future__ import annotations
@@ -74,8 +78,10 @@ class Call:
         self.start_s = start_s
         self.first_byte_s = math.inf if first.stalled else first.first_byte_s
         self.second_s = second.total_s  # a retry's or a duplicate's whole answer
-        # alone: its first attempt, or a stall cut at the first-byte limit and retried
-        self.alone_s = FIRST_BYTE_LIMIT_S + self.second_s if first.stalled else first.total_s
+        # alone: its first attempt, or one cut at the first-byte limit (a stall, or a first byte later
+        # than the limit) and retried
+        cut = first.stalled or first.first_byte_s > FIRST_BYTE_LIMIT_S
+        self.alone_s = FIRST_BYTE_LIMIT_S + self.second_s if cut else first.total_s
         self.typical_decode_s = MODEL.per_char_s * len(caption)  # the model's median: known from the caption
 
     def end(self, duplicate_at_s: float | None = None) -> float:
@@ -118,17 +124,21 @@ def p98_and_waited_on(calls: list[Call], waits_at_s: float) -> float:
 
 
 def critical_path(calls: list[Call], waits_at_s: float) -> float:
-    """``p98``, and at the floor a duplicate for every call still without a first byte that would
-    answer after the trainer starts waiting even if a typical first byte came now (its decode time
-    predicted from its caption's length): the calls the step will wait for, sent first."""
+    """``p98``, and a duplicate for every call still without a first byte when it is weighed (at the
+    floor, or when the deadline is told at the end of generation, if later) that would answer after
+    the deadline and after every call started by then would typically have answered, even with a
+    typical first byte then: the calls the step will wait for, sent first."""
     after = max(FLOOR_S, first_byte_quantile(QUANTILE))
+    told = waits_at_s - LOGPROB_S  # the end of generation
+    typical = MODEL.first_byte_s  # the median first byte
+
+    def misses(call: Call, at_s: float) -> bool:
+        started = [c.start_s + typical + c.typical_decode_s for c in calls if c.start_s <= at_s]
+        return at_s + typical + call.typical_decode_s > max([waits_at_s, *started])
+
     due = [(c.start_s + after, i) for i, c in enumerate(calls)]
-    due += [
-        (c.start_s + FLOOR_S, i)
-        for i, c in enumerate(calls)
-        if c.start_s + FLOOR_S + MODEL.first_byte_s + c.typical_decode_s > waits_at_s
-    ]
-    return duplicates_in_time_order(calls, due)
+    weighed = [(max(c.start_s + FLOOR_S, told), i) for i, c in enumerate(calls)]
+    return duplicates_in_time_order(calls, due + [(t, i) for t, i in weighed if misses(calls[i], t)])
 
 
 def oracle(calls: list[Call], waits_at_s: float, share: float = SHARE) -> float:
@@ -154,12 +164,14 @@ RULES: dict[str, Rule] = {
 
 
 def exposed_s(step: int, schedule: str, rule: Rule) -> float:
-    """One step's exposed judge time under ``schedule`` (``per_rollout`` or ``after_generation``)."""
+    """One step's exposed judge time under ``schedule`` (``per_rollout``, ``after_generation``, or
+    ``today``: every call started when the trainer waits)."""
     plan = plan_step(step, PROCESSES, PAPER_ROLLOUTS // PROCESSES, GROUP_SIZE, GENERATION_S)
     ready = []
     for p, generation_end in enumerate(plan.generation_end_s):
         mine = plan.rollouts_of(p)
-        starts = [r.finish_s if schedule == "per_rollout" else generation_end for r in mine]
+        start = {"after_generation": generation_end, "today": generation_end + LOGPROB_S}.get(schedule)
+        starts = [r.finish_s if start is None else start for r in mine]
         calls = [Call(s, r.request.caption) for s, r in zip(starts, mine, strict=True)]
         ready.append(rule(calls, generation_end + LOGPROB_S))
     return max(0.0, max(ready) - (max(plan.generation_end_s) + LOGPROB_S))
@@ -173,7 +185,8 @@ def replay(steps: int) -> dict:
         ]
         ratios = [a / b if b > 0 else math.nan for a, b in per_step]
         rows.append({"rule": name, "per_rollout_s": [a for a, _ in per_step],
-                     "after_generation_s": [b for _, b in per_step], "ratio": ratios})  # fmt: skip
+                     "after_generation_s": [b for _, b in per_step], "ratio": ratios,
+                     "today_s": [exposed_s(s, "today", rule) for s in range(steps)]})  # fmt: skip
     return {"steps": steps, "quantile_s": first_byte_quantile(QUANTILE), "floor_s": FLOOR_S, "share": SHARE,
             "rows": rows}  # fmt: skip
 
@@ -181,15 +194,16 @@ def replay(steps: int) -> dict:
 def markdown(result: dict) -> str:
     lines = [
         "| rule | per_rollout exposed, median | after_generation exposed, median | ratio, median (min-max) "
-        "| ratio at steps 0, 1 |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| ratio at steps 0, 1 | today exposed, median |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in result["rows"]:
         r = row["ratio"]
         lines.append(
             f"| {row['rule']} | {statistics.median(row['per_rollout_s']):.1f} s "
             f"| {statistics.median(row['after_generation_s']):.1f} s "
-            f"| {statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f}) | {r[0]:.2f}, {r[1]:.2f} |"
+            f"| {statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f}) | {r[0]:.2f}, {r[1]:.2f} "
+            f"| {statistics.median(row['today_s']):.1f} s |"
         )
     return "\n".join(lines) + "\n"
 

@@ -55,11 +55,39 @@ def test_the_oracle_moves_the_last_answer_while_it_can_and_bounds_the_rules(repl
 
 
 def test_the_critical_path_rule_duplicates_at_the_floor_what_the_step_will_wait_for(replay):
-    # the trainer waits from 20 s. Call A (start 15 s, decode 10 s) would answer past 20 s even with a
-    # typical first byte: a duplicate at 15 + 5 = 20 s if it is still waiting. Call B (start 0, decode
-    # 2 s) would not, and its first byte at 8 s is under the 98th percentile: no duplicate.
+    # The trainer waits from 20 s (told at the end of generation, 20 - 15 = 5 s). Call A (start 15 s,
+    # decode 10 s) would answer past 20 s, and past every call's typical answer (its own: 15 + 1.8 + 10
+    # = 26.8 s), even with a typical 1.8 s first byte at 15 + 5 = 20 s: 31.8 s; a duplicate then, as it
+    # still waits. Call B (start 0, decode 2 s) would not, and its first byte at 8 s is under the 98th
+    # percentile: no duplicate.
+    assert replay.LOGPROB_S == 15.0 and replay.MODEL.first_byte_s == pytest.approx(1.8)
     slow = call(replay, 15.0, 9.0, 19.0, 12.0)  # first byte at 9 s, answer at 15 + 19 = 34 s alone
     fine = call(replay, 0.0, 8.0, 10.0, 3.0)
     calls = [slow, fine] + [call(replay, 0.0, 1.0, 3.0, 6.0) for _ in range(38)]
     assert replay.critical_path(calls, 20.0) == 32.0  # 15 + 5 + 12: the duplicate wins
     assert replay.p98(calls, 20.0) == 34.0  # 9 s is under the 98th percentile (18 s): none sent
+
+
+def test_the_critical_path_rule_spends_nothing_where_every_call_misses_the_deadline_alike(replay):
+    # Every call starts when the trainer already waits (20 s) with the same decode (2 s): at the floor
+    # each would answer at 25 + 1.8 + 2 = 28.8 s, past the deadline, but past every call's typical
+    # answer (20 + 1.8 + 2 = 23.8 s) too, so the step cannot be told to wait for one more than another:
+    # only the longer caption (decode 9 s: 25 + 1.8 + 9 = 35.8 s > 20 + 1.8 + 9 = 30.8 s, the
+    # horizon it sets) is duplicated. The rest keep the quantile rule.
+    calls = [call(replay, 20.0, 7.0, 9.0, 3.0) for _ in range(39)]  # first byte at 7 s, answered at 29 s
+    calls.append(call(replay, 20.0, 10.0, 19.0, 9.0))  # first byte at 10 s, answered at 39 s alone
+    # the duplicate of the long one, sent at 25 s, answers at 34 s; the others at 29 s, undisturbed
+    assert replay.critical_path(calls, 20.0) == 34.0
+    assert replay.p98(calls, 20.0) == 39.0
+
+
+def test_a_first_byte_later_than_its_limit_is_cut_and_retried(replay):
+    # the client cuts an attempt at the first-byte limit (30 s) whether it stalled or is merely slow
+    limit = replay.FIRST_BYTE_LIMIT_S
+    caption = next(
+        text
+        for text in (f"caption {i}" for i in range(100_000))
+        if replay.MODEL.timing(text, 0).first_byte_s > limit and not replay.MODEL.timing(text, 0).stalled
+    )
+    slow = replay.Call(0.0, caption)
+    assert slow.alone_s == limit + slow.second_s < replay.MODEL.timing(caption, 0).total_s
