@@ -8,7 +8,9 @@ RPM cap; streamed answers trickled in pieces). A simulated generator plays a ste
 GPU processes: each finishes its rollouts at staggered times (longer captions later), its generation
 ends, then its old-log-prob forward runs ``--logprob-s``. The project's real judge client
 (:class:`~balcaprl.judge.client.OpenAICompatibleJudge`, one per process with its share of the
-limits, through :class:`~balcaprl.train.early_judge.EarlyJudge` as the trainer uses it) scores the
+limits, through :class:`~balcaprl.train.early_judge.EarlyJudge` as the trainer uses it, kept from step
+to step: at each process's end of generation it tells the judge when the rewards will be wanted, from
+the previous step, so from the second step on the client hedges against that deadline) scores the
 rollouts under each schedule, every one with the same client settings, the client's defaults
 (``--concurrency``: ``auto`` by default, or a number; the same rate limits; streamed, with the
 first-byte and chunk-gap limits, unless ``--no-stream``):
@@ -270,15 +272,14 @@ def _server_counts(base_url: str, reset: bool = False) -> dict[str, int]:
 
 
 async def run_schedule(
-    schedule: str, step: int, plan: StepPlan, judges: list[Any], logprob_s: float, model: LatencyModel,
+    schedule: str, step: int, plan: StepPlan, early: list[EarlyJudge], logprob_s: float, model: LatencyModel,
     base_url: str, floor_s: float, server_pid: int,
 ) -> StepResult:  # fmt: skip
-    """One step under one schedule; ``judges``: one client per process, kept from step to step as a
-    training run keeps them (their connections and the hedging's observed times)."""
+    """One step under one schedule; ``early``: one client per process, each wrapped as the trainer wraps
+    it, kept from step to step as a training run keeps them (their connections, the hedging's observed
+    times, and the time from the end of generation to the rewards asked for: the judge's deadline)."""
     _server_counts(base_url, reset=True)
-    processes = len(judges)
-    loop = asyncio.get_running_loop()
-    early = [EarlyJudge(judge, loop) for judge in judges]
+    processes = len(early)
     t0, cpu0, server0 = time.perf_counter(), time.process_time(), _cpu_of(server_pid)
     starts: dict[int, float] = {}  # rollout index -> when its judging started (s from t0)
     ready: list[float] = [0.0] * processes
@@ -297,6 +298,7 @@ async def run_schedule(
                 starts[i] = time.perf_counter() - t0
                 early[p].start([plan.rollouts[i].request])
         await at(gen_end)
+        early[p].generation_done()
         if schedule == "after_generation":
             for i in mine:
                 starts[i] = time.perf_counter() - t0
@@ -680,6 +682,8 @@ def main() -> None:
             ]
             for s in schedules
         }
+        loop = asyncio.get_running_loop()
+        early = {s: [EarlyJudge(judge, loop) for judge in clients] for s, clients in judges.items()}
         for step in range(args.steps):
             plan = plan_step(step, args.processes, per_process, args.group_size, args.generation_s / scale)
             for schedule in schedules:
@@ -687,7 +691,7 @@ def main() -> None:
                     schedule,
                     step,
                     plan,
-                    judges[schedule],
+                    early[schedule],
                     args.logprob_s / scale,
                     model,
                     base_url,

@@ -276,6 +276,8 @@ def test_per_rollout_gives_the_rewards_and_advantages_of_no_overlap(colocated):
         assert torch.equal(a["advantages"], b["advantages"])
     assert any(torch.isnan(a["rewards"]).any() for a in on["batches"])  # failures travel alike
     assert on["trainer"].scorer.judge.mismatched == 0
+    # the end of generation -> rewards asked for, learned in TRL's step: the judge's deadline next step
+    assert on["trainer"].scorer.judge.lead_s >= 0.0
     usage = {
         mode: [
             r["judge/usage/prompt_tokens"]

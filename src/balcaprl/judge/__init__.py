@@ -38,6 +38,7 @@ from balcaprl.judge.protocol import (
     Judgement,
     JudgeOutcome,
     JudgeRequest,
+    SupportsDeadline,
     SupportsFixedReference,
 )
 from balcaprl.judge.sync import SyncJudge
@@ -58,6 +59,7 @@ __all__ = [
     "Judgement",
     "OpenAICompatibleJudge",
     "PriceTable",
+    "SupportsDeadline",
     "SupportsFixedReference",
     "SyncJudge",
     "build_judge",

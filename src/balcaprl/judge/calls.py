@@ -69,7 +69,7 @@ from balcaprl.judge.rubrics import Rubric
 from balcaprl.judge.schemas import json_response_format, schema_digest
 from balcaprl.judge.tail import Hedging, assemble_stream, first_answer
 from balcaprl.judge.throughput import RateWindow, Slots, auto_bound, auto_concurrency, sizing_limits
-from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens
+from balcaprl.judge.tokens import CompletionBudget, approx_prompt_tokens, prompt_chars
 
 log = logging.getLogger("balcaprl.judge")
 
@@ -631,7 +631,8 @@ class Endpoint:
         # What a call really uses: its prompt at the model's image rate and a realistic answer
         # (reserving the whole max_tokens paced the client at a fraction of its budget).
         tokens = self.estimate_tokens(body["messages"]) + runtime.completion_budget.reserve(max_tokens)
-        ticket = runtime.hedging.begin() if runtime.hedging is not None else None
+        size = prompt_chars(body["messages"])  # what its answer's decode time grows with (tail.py)
+        ticket = runtime.hedging.begin(size) if runtime.hedging is not None else None
         start = time.perf_counter()
         for retry in range(retries + 1):
             try:
@@ -762,8 +763,9 @@ class Endpoint:
             stats.record_hedge(won, self.estimate_tokens(messages))
 
         return await first_answer(
-            deadlined, runtime.hedging, hedged, spare=lambda: self._spare(runtime, tokens), ticket=ticket
-        )
+            deadlined, runtime.hedging, hedged, spare=lambda: self._spare(runtime, tokens), ticket=ticket,
+            size=prompt_chars(messages),
+        )  # fmt: skip
 
     async def attempt(
         self,
@@ -821,6 +823,13 @@ class Endpoint:
                 wait = _retry_after_s(response.headers)
                 raise AttemptFailed(failure, retry=True, retry_after_s=wait, status=status)
             return status, raw
+
+    def rewards_wanted_at(self, when: float | None) -> None:
+        """The trainer's deadline for this loop's calls (``time.perf_counter``; None: none now), for
+        the hedging's critical path (:meth:`~balcaprl.judge.tail.Hedging.wanted_by`). On the loop."""
+        hedging = self.runtime().hedging
+        if hedging is not None:
+            hedging.wanted_by(when)
 
     async def aclose(self) -> None:
         if self._finalizer is not None:

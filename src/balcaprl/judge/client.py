@@ -164,6 +164,12 @@ class OpenAICompatibleJudge:
             log.info(stats.one_line(self.config.price_per_million_tokens))
         return BatchResult([o for o in outcomes if o is not None], stats)
 
+    def rewards_wanted_at(self, when: float | None) -> None:
+        """When the trainer wants this step's rewards (``time.perf_counter``; None: its rewards are in):
+        calls that would answer after it get their duplicate sooner (the
+        :class:`~balcaprl.judge.protocol.SupportsDeadline` extension). On the judge's event loop."""
+        self._endpoint.rewards_wanted_at(when)
+
     async def aclose(self) -> None:
         """Close the HTTP connections and the cache."""
         await self._endpoint.aclose()

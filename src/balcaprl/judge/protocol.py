@@ -107,6 +107,15 @@ class Judge(Protocol):
 
 
 @runtime_checkable
+class SupportsDeadline(Protocol):
+    """Optional extension: a judge told when a trainer wants its step's rewards. A trainer waits for
+    the last one, so a judge that knows the deadline can spend its tail control (duplicate requests)
+    on the calls that would answer after it. Called on the judge's event loop; None: no step waits."""
+
+    def rewards_wanted_at(self, when: float | None) -> None: ...
+
+
+@runtime_checkable
 class SupportsFixedReference(Protocol):
     """Optional extension for judges served behind `balcaprl judge serve` in cached-reference mode.
 

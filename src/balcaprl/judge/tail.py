@@ -20,6 +20,16 @@ not sent yet (``spare``). Duplicates are counted in the accounting (``hedges``, 
 more call each, and the cancelled attempt's prompt tokens as estimated, since a provider bills a
 prompt it has read).
 
+A trainer waits for its batch's last reward, so what a duplicate buys depends on when the rewards are
+wanted. When the trainer says so (:meth:`Hedging.wanted_by`, from
+:class:`~balcaprl.train.early_judge.EarlyJudge`: the end of generation plus the previous step's wait
+until the rewards were asked for), a call is also weighed once, when it has waited the floor (or when
+the deadline comes, if later): one still without a first byte that would answer after the deadline
+*and* after every call of the step would typically have answered, even if a typical first byte came
+now, is on the step's critical path and gets its duplicate then, within the same cap
+(:meth:`Hedging.misses_deadline`). Its answer's decode time is predicted from the prompt's size
+(:class:`DecodeTimes`: a judge's answer restates the caption's assertions, so it grows with them).
+
 :func:`assemble_stream` turns a streamed answer (server-sent events) back into the one chat
 completion it stands for, so everything after the HTTP exchange is the same for both.
 """
@@ -70,6 +80,39 @@ def hedge_batch() -> Iterator[None]:
             _BATCH.set(None)
 
 
+class DecodeTimes:
+    """An answer's time from its first byte to its end, predicted from its prompt's size (characters
+    of text): the least-squares line through the last ``window`` answers, ``seconds = a + b * size``
+    (a judge's answer restates the caption's assertions, so it grows with the caption; the rubric's
+    fixed text is the intercept's share). None until ``min_seen`` answers are known; with sizes all
+    alike, their mean."""
+
+    def __init__(self, window: int = 512, min_seen: int = 16):
+        self.min_seen = min_seen
+        self._seen: deque[tuple[float, float]] = deque(maxlen=window)
+        self._sums = [0.0] * 5  # n, sum x, sum y, sum x^2, sum x*y over the window
+
+    def _add(self, x: float, y: float, sign: float) -> None:
+        for i, term in enumerate((1.0, x, y, x * x, x * y)):
+            self._sums[i] += sign * term
+
+    def observe(self, size: int, seconds: float) -> None:
+        if len(self._seen) == self._seen.maxlen:
+            self._add(*self._seen[0], -1.0)
+        self._seen.append((float(size), seconds))
+        self._add(float(size), seconds, 1.0)
+
+    def predict(self, size: int) -> float | None:
+        n, sx, sy, sxx, sxy = self._sums
+        if len(self._seen) < self.min_seen:
+            return None
+        spread = n * sxx - sx * sx
+        if spread <= 1e-9 * max(1.0, n * sxx):  # one size: no slope to fit
+            return max(0.0, sy / n)
+        slope = (n * sxy - sx * sy) / spread
+        return max(0.0, (sy - slope * sx) / n + slope * size)
+
+
 class Hedging:
     """When an attempt gets a duplicate, from the times to first byte seen on one endpoint."""
 
@@ -91,6 +134,11 @@ class Hedging:
         self.started = 0  # calls started (duplicates not counted): the next call's position
         self.hedges = 0
         self._hedged: list[int] = []  # positions of the calls that got a duplicate, sorted
+        self.decode = DecodeTimes(window)
+        self.deadline: float | None = None  # when the rewards are wanted (perf_counter), if told
+        self.for_deadline = 0  # duplicates sent because a call would miss it
+        self._step: deque[tuple[float, int]] = deque(maxlen=8 * WINDOW_CALLS)  # (start, size): this step's
+        self.deadline_changed = asyncio.Event()  # set, and replaced, when the deadline changes
 
     def observe(self, seconds: float, *, first_byte: bool = True) -> None:
         """An attempt's first byte came after ``seconds``; or, ``first_byte=False``, it ended without
@@ -99,7 +147,12 @@ class Hedging:
 
     def threshold_s(self, now: float | None = None) -> float | None:
         """The wait after which an attempt without a first byte gets a duplicate: the ``quantile`` of the
-        times to first byte, at least the floor; None while it is not told.
+        times to first byte (:meth:`first_byte_quantile_s`), at least the floor; None while it is not told."""
+        told = self.first_byte_quantile_s(self.quantile, now)
+        return None if told is None else max(self.floor_s, told)
+
+    def first_byte_quantile_s(self, quantile: float, now: float | None = None) -> float | None:
+        """The ``quantile`` of the times to first byte; None while it is not told.
 
         An attempt still waiting, or one that ended without a first byte, only says its first byte
         takes longer than it has waited: taking that wait for its time to first byte counts the calls
@@ -130,16 +183,40 @@ class Hedging:
                 i += 1
             if first_bytes:
                 survival *= 1 - first_bytes / reached
-                if 1 - survival >= self.quantile - 1e-9:
-                    return max(self.floor_s, t) if known >= self.min_seen else None
+                if 1 - survival >= quantile - 1e-9:
+                    return t if known >= self.min_seen else None
         return None
 
-    def begin(self) -> tuple[int, _Batch | None]:
-        """A call started: its position among the calls, and the batch it belongs to."""
+    def wanted_by(self, when: float | None) -> None:
+        """The step's rewards are wanted at ``when`` (``time.perf_counter``); None: no step waits now
+        (its rewards are in), and the next step's calls are counted afresh."""
+        self.deadline = when
+        if when is None:
+            self._step.clear()
+        changed, self.deadline_changed = self.deadline_changed, asyncio.Event()
+        changed.set()  # the calls waiting for their first byte weigh the new deadline now
+
+    def misses_deadline(self, now: float, size: int) -> bool:
+        """Whether a call of prompt ``size`` still without a first byte at ``now`` is on the step's
+        critical path: even if a typical (median) first byte came now, its answer would come after the
+        deadline and after every call of the step would typically have answered (each from its start,
+        a typical first byte and its predicted decode). A call that would miss the deadline when every
+        other call does too cannot be told from the rest: the step's end is the batch's, not its own.
+        False while no deadline is told, or the median or the decode time is not."""
+        typical, decode = self.first_byte_quantile_s(0.5, now), self.decode.predict(size)
+        if self.deadline is None or typical is None or decode is None:
+            return False
+        predict = self.decode.predict
+        horizon = max([self.deadline] + [start + typical + (predict(s) or 0.0) for start, s in self._step])
+        return now + typical + decode > horizon
+
+    def begin(self, size: int = 0) -> tuple[int, _Batch | None]:
+        """A call of prompt ``size`` started: its position among the calls, and the batch it belongs to."""
         batch = _BATCH.get()
         if batch is not None:
             batch.started += 1
         self.started += 1
+        self._step.append((time.perf_counter(), size))
         return self.started - 1, batch
 
     def allow(self, position: int | None = None, batch: _Batch | None = None) -> bool:
@@ -181,46 +258,69 @@ async def first_answer(
     on_hedge: Callable[[bool], None] = lambda won: None,
     spare: Callable[[], Callable[[], None] | None] = lambda: lambda: None,
     ticket: tuple[int, _Batch | None] | None = None,
+    size: int = 0,
 ) -> T:
     """``attempt(on_first_byte)``'s result; with ``hedging``, a duplicate ``attempt`` when the first
-    has produced no byte after :meth:`Hedging.threshold_s`, the cap allows it and ``spare()`` admits
-    it (returning the function that frees what it took; None: not now): the first to succeed wins,
+    has produced no byte after :meth:`Hedging.threshold_s`, or would miss the step's deadline
+    (:meth:`Hedging.misses_deadline`, weighed once), the cap allows it and ``spare()`` admits it
+    (returning the function that frees what it took; None: not now): the first to succeed wins,
     the other is cancelled, ``on_hedge(hedge_won)`` is told. When both fail, the first attempt's
     exception is raised. ``ticket``: the call's :meth:`Hedging.begin` (a retry keeps its call's);
-    None begins a new call."""
+    None begins a new call. ``size``: the prompt's characters of text (its answer's decode time)."""
     if hedging is None:
         return await attempt(lambda: None)
-    position, batch = hedging.begin() if ticket is None else ticket
+    position, batch = hedging.begin(size) if ticket is None else ticket
     started = time.perf_counter()
     first_byte = asyncio.Event()
     token = id(first_byte)
     hedging.waiting[token] = started
+    first_byte_at: list[float] = []
 
     def seen() -> None:
         if not first_byte.is_set():
             first_byte.set()
             hedging.waiting.pop(token, None)
-            hedging.observe(time.perf_counter() - started)
+            first_byte_at.append(time.perf_counter())
+            hedging.observe(first_byte_at[0] - started)
+
+    async def answered() -> T:
+        result = await primary
+        if first_byte_at:  # its decode time, for the next calls' critical path
+            hedging.decode.observe(size, time.perf_counter() - first_byte_at[0])
+        return result
 
     primary = asyncio.ensure_future(attempt(seen))
     byte_seen = asyncio.ensure_future(first_byte.wait())
+    weighed, critical = False, False  # against the step's deadline, once: whether it would miss it
     try:
         # No duplicate before the floor: most attempts answer by then, and never estimate the threshold.
         await asyncio.wait({primary, byte_seen}, timeout=hedging.floor_s, return_when=asyncio.FIRST_COMPLETED)
         while True:
             if primary.done() or first_byte.is_set():
-                return await primary
-            threshold = hedging.threshold_s()
-            due = None if threshold is None else started + threshold - time.perf_counter()
-            if due is not None and due <= 0 and hedging.allow(position, batch):
+                return await answered()
+            now = time.perf_counter()
+            if not weighed and hedging.deadline is not None:
+                weighed, critical = True, hedging.misses_deadline(now, size)
+            threshold = hedging.threshold_s(now)
+            due = None if threshold is None else started + threshold - now
+            if (critical or (due is not None and due <= 0)) and hedging.allow(position, batch):
                 release = spare()
                 if release is not None:
                     break
             # Not yet due, too few first bytes seen to tell, the cap spent for now (it grows with
-            # the calls started), or no rate or slot to spare: look again then, or every floor_s.
+            # the calls started), or no rate or slot to spare: look again then, or every floor_s;
+            # and, until it is weighed, when the trainer tells the step's deadline.
             wait = hedging.floor_s if due is None or due <= 0 else due
-            await asyncio.wait({primary, byte_seen}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            told = None if weighed else asyncio.ensure_future(hedging.deadline_changed.wait())
+            await asyncio.wait(
+                {primary, byte_seen} | ({told} if told else set()),
+                timeout=wait,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if told is not None:
+                told.cancel()
         hedging.record(position, batch)
+        hedging.for_deadline += critical and not (due is not None and due <= 0)
 
         async def duplicated() -> T:
             try:

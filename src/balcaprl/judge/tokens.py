@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -128,19 +129,27 @@ def approx_prompt_tokens(messages: list[dict[str, Any]], image_side: int, model:
     ``image_side`` pixels (the client passes ``max_image_side``, an upper bound of every image it
     sends; the loopback server the largest side of the images it received), at ``model``'s image
     rule."""
-    total = 0
     image = image_cost_rule(model).tokens(image_side, image_side)
+    return sum(image if text is None else approx_tokens(text) for text in _parts(messages))
+
+
+def prompt_chars(messages: list[dict[str, Any]]) -> int:
+    """The characters of a conversation's text parts (what an answer's length grows with)."""
+    return sum(len(text) for text in _parts(messages) if text is not None)
+
+
+def _parts(messages: list[dict[str, Any]]) -> Iterator[str | None]:
+    """A conversation's text parts, and None for each image part."""
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
-            total += approx_tokens(content)
+            yield content
         elif isinstance(content, list):
             for part in content:
                 if part.get("type") == "text":
-                    total += approx_tokens(part.get("text", ""))
+                    yield part.get("text", "")
                 elif part.get("type") == "image_url":
-                    total += image
-    return total
+                    yield None
 
 
 class CompletionBudget:

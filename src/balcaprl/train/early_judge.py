@@ -23,6 +23,13 @@ asked to the rewards ready (the part of the judge the step waits for), and count
 were being generated (:meth:`EarlyJudge.start_rollouts`, kept by :meth:`EarlyJudge.settle`).
 Judge usage comes back with each batch, one dict of counters
 (:meth:`EarlyJudge.judge_batch_counted`, read by :func:`~balcaprl.train.judging.counted_judge_batch`).
+
+It also tells a judge that can use it (:class:`~balcaprl.judge.protocol.SupportsDeadline`) when the
+rewards will be wanted: when generation ends (:meth:`EarlyJudge.generation_done`; :meth:`EarlyJudge.settle`
+counts as that), the time from the end of generation to the reward functions' call in the previous step
+(the old-log-prob forward, the reference model) from now; and no deadline once the rewards are in. The
+judge spends its duplicate requests on the calls that would answer after it (``judge/tail.py``). The
+first step has none: its time is learned then.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest, sendable_requests
+from balcaprl.judge.protocol import Judge, JudgeOutcome, JudgeRequest, SupportsDeadline, sendable_requests
 from balcaprl.train.judging import UsageMeter, counted_judge_batch
 
 logger = logging.getLogger(__name__)
@@ -117,6 +124,8 @@ class EarlyJudge:
         self._first_start: float | None = None
         self._last_times = StepTimes(0.0, 0.0)
         self._early_share = 0.0  # of the last settled batch: calls started while it was generated
+        self._generated_at: float | None = None  # when this batch's generation ended
+        self.lead_s: float | None = None  # the last step's end of generation -> rewards asked for
 
     def __repr__(self) -> str:
         return f"EarlyJudge({self.judge!r})"
@@ -164,16 +173,34 @@ class EarlyJudge:
         if verdicts:
             self._on_loop(self._receive, dict(verdicts))
 
+    def generation_done(self) -> None:
+        """This process's generation has ended (thread-safe): the judge is told the rewards are wanted
+        the last step's lead from now (:class:`~balcaprl.judge.protocol.SupportsDeadline`)."""
+        self._on_loop(self._generation_done, time.perf_counter(), starts=False)
+
+    def _generation_done(self, at: float) -> None:
+        if self._generated_at is not None:
+            return  # told already (settle after generation_done)
+        self._generated_at = at
+        if self.lead_s is not None:
+            self._tell_deadline(at + self.lead_s)
+
+    def _tell_deadline(self, when: float | None) -> None:
+        if isinstance(self.judge, SupportsDeadline):
+            self.judge.rewards_wanted_at(when)
+
     def settle(self, requests: Sequence[JudgeRequest]) -> None:
         """The batch as TRL decoded it, in rollout order (thread-safe): the call started for rollout
         ``i`` answers ``requests[i]`` if it was started for exactly that request; every other request
         starts now. Either way each request then has one call, found by :meth:`judge_batch`."""
+        self._on_loop(self._generation_done, time.perf_counter(), starts=False)
         self._on_loop(self._settle, list(requests))
 
-    def _on_loop(self, callback: Callable[..., None], *args: Any) -> None:
+    def _on_loop(self, callback: Callable[..., None], *args: Any, starts: bool = True) -> None:
+        """``callback(*args)`` on the loop; ``starts``: it starts judge calls (the stage's wall time)."""
         if self.loop is None:
             raise RuntimeError("EarlyJudge.start needs the reward functions' event loop (loop=...)")
-        if self._first_start is None:
+        if starts and self._first_start is None:
             self._first_start = time.perf_counter()
         try:
             on_loop = asyncio.get_running_loop() is self.loop
@@ -278,6 +305,8 @@ class EarlyJudge:
         usage of every call finished since the last batch answered."""
         asked = time.perf_counter()
         first = self._first_start if self._first_start is not None else asked
+        if self._generated_at is not None:
+            self.lead_s = asked - self._generated_at  # the next step's deadline, from its generation end
         waiting: list[asyncio.Future | None] = []
         fresh: list[JudgeRequest] = []
         for request in requests:
@@ -301,6 +330,7 @@ class EarlyJudge:
         done = time.perf_counter()
         self._last_times = StepTimes(done - first, done - asked)
         self._first_start = None
+        self._end_of_step()
         usage = dict(self._spent)
         self._spent.clear()
         return outcomes, usage
@@ -329,4 +359,11 @@ class EarlyJudge:
         self._held.clear()
         self._first_start = None
         self._early_share = 0.0
+        self._end_of_step()
         return dropped
+
+    def _end_of_step(self) -> None:
+        """No step waits for rewards now: the judge hedges by its own rule until the next deadline."""
+        if self._generated_at is not None:
+            self._generated_at = None
+            self._tell_deadline(None)
