@@ -91,3 +91,24 @@ def test_a_first_byte_later_than_its_limit_is_cut_and_retried(replay):
     )
     slow = replay.Call(0.0, caption)
     assert slow.alone_s == limit + slow.second_s < replay.MODEL.timing(caption, 0).total_s
+
+
+def test_the_stage_benchmark_gives_each_steps_ratio_and_their_median_after_the_first(replay):
+    import bench_judge_stage  # loaded by the replay fixture's path
+
+    def row(schedule, step, exposed):
+        return {"schedule": schedule, "step": step, "exposed_s": exposed}
+
+    exposed = {
+        0: (8.0, 10.0),
+        1: (2.0, 10.0),
+        2: (6.0, 10.0),
+        3: (3.0, 12.0),
+    }  # per_rollout, after_generation
+    record = {"steps": [r for step, (ours, base) in exposed.items()
+                        for r in (row("per_rollout", step, ours), row("after_generation", step, base))]}  # fmt: skip
+    text = bench_judge_stage._per_step(record)
+    assert "step 0: 8.00 / 10.00 s = 0.80; step 1: 2.00 / 10.00 s = 0.20" in text
+    # steps 1-3: 0.20, 0.60, 0.25 -> median 0.25; at or under 0.4: steps 1 and 3
+    assert "after the first (the judge told the trainer's deadline, learned in the first): 0.25" in text
+    assert "2 of 4 steps at or under 0.4" in text
