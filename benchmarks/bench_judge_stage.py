@@ -611,7 +611,8 @@ def docs_section(
             "the end of generation to the rewards asked for and hedges by the quantile alone; from the second "
             "step on, each call still without a first byte at the floor that would answer past the deadline and "
             "past every call's typical answer gets its duplicate then. Before it, the real-speed run (2 steps) "
-            "gave `per_rollout` 14.13 s exposed, 0.60 of `after_generation`'s 22.64 s.",
+            "gave `per_rollout` a median 14.13 s exposed against `after_generation`'s 22.64 s, a median "
+            "ratio of 0.60 (the medians are over steps; a ratio's median is not the ratio of the medians).",
         ]
     if quick is not None:
         lines += ["", f"Quick (`{quick['command']}`, what `make bench` runs):", "", *table(quick)]

@@ -158,3 +158,36 @@ def test_an_answer_with_a_first_byte_teaches_the_decode_time():
 
     hedging = asyncio.run(go())
     assert hedging.decode.predict(300) == pytest.approx(0.02, abs=0.05)  # told after 16 answers
+
+
+def test_a_critical_call_refused_a_slot_looks_again_at_the_floor_not_at_the_quantile():
+    async def go():
+        hedging = _hedging()
+        hedging.wanted_by(time.perf_counter())  # the trainer waits now
+        looks = []
+
+        def spare():  # no slot at the first look, one at the next
+            looks.append(time.perf_counter())
+            return None if len(looks) == 1 else (lambda: None)
+
+        attempt, attempts = _scripted(5.0)
+        answer = await asyncio.wait_for(first_answer(attempt, hedging, spare=spare, size=1000), timeout=4.0)
+        return answer, looks, hedging
+
+    answer, looks, hedging = asyncio.run(go())  # before the quantile (10 s) and the first attempt (5 s)
+    assert answer == "duplicate" and len(looks) == 2 and hedging.for_deadline == 1
+
+
+def test_a_call_cancelled_while_it_waits_leaves_nothing_pending():
+    async def go():
+        hedging = _hedging()
+        attempt, _ = _scripted(5.0)
+        call = asyncio.ensure_future(first_answer(attempt, hedging, size=1000))
+        await asyncio.sleep(0.2)  # past the floor, no deadline told: waiting for one
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0)  # let cancellations run
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    assert asyncio.run(go()) == []

@@ -94,3 +94,24 @@ def test_the_client_hands_the_deadline_to_its_hedging():
             await judge.aclose()
 
     asyncio.run(go())
+
+
+def test_only_a_training_batch_tells_the_end_of_generation(monkeypatch):
+    # TRL's evaluation batches are generated and settled too: their wait is not a training step's
+    from types import SimpleNamespace
+
+    from balcaprl.train import judge_overlap
+
+    ends: list[bool] = []
+    settled: list[list] = []
+    early = SimpleNamespace(generation_done=lambda: ends.append(True), settle=settled.append)
+    model = SimpleNamespace(training=False)
+    overlap = object.__new__(judge_overlap.TrlJudgeOverlap)
+    overlap.trainer = SimpleNamespace(model=model, scorer=None)
+    overlap.early_judge, overlap._inputs, overlap._shared = early, [{"row": 0}], False
+    monkeypatch.setattr(judge_overlap, "requests_for", lambda scorer, inputs, completions: [REQUEST])
+    overlap.settle(["a completion"])
+    assert ends == [] and settled == [[REQUEST]]
+    model.training = True
+    overlap.settle(["a completion"])
+    assert ends == [True] and len(settled) == 2

@@ -24,7 +24,7 @@ A trainer waits for its batch's last reward, so what a duplicate buys depends on
 wanted. When the trainer says so (:meth:`Hedging.wanted_by`, from
 :class:`~balcaprl.train.early_judge.EarlyJudge`: the end of generation plus the previous step's wait
 until the rewards were asked for), a call is also weighed once, when it has waited the floor (or when
-the deadline comes, if later): one still without a first byte that would answer after the deadline
+the deadline is told, if later): one still without a first byte that would answer after the deadline
 *and* after every call of the step would typically have answered, even if a typical first byte came
 now, is on the step's critical path and gets its duplicate then, within the same cap
 (:meth:`Hedging.misses_deadline`). Its answer's decode time is predicted from the prompt's size
@@ -292,6 +292,7 @@ async def first_answer(
     primary = asyncio.ensure_future(attempt(seen))
     byte_seen = asyncio.ensure_future(first_byte.wait())
     weighed, critical = False, False  # against the step's deadline, once: whether it would miss it
+    told: asyncio.Future | None = None  # a wait for the deadline to be told
     try:
         # No duplicate before the floor: most attempts answer by then, and never estimate the threshold.
         await asyncio.wait({primary, byte_seen}, timeout=hedging.floor_s, return_when=asyncio.FIRST_COMPLETED)
@@ -310,7 +311,7 @@ async def first_answer(
             # Not yet due, too few first bytes seen to tell, the cap spent for now (it grows with
             # the calls started), or no rate or slot to spare: look again then, or every floor_s;
             # and, until it is weighed, when the trainer tells the step's deadline.
-            wait = hedging.floor_s if due is None or due <= 0 else due
+            wait = hedging.floor_s if critical or due is None or due <= 0 else due
             told = None if weighed else asyncio.ensure_future(hedging.deadline_changed.wait())
             await asyncio.wait(
                 {primary, byte_seen} | ({told} if told else set()),
@@ -337,11 +338,15 @@ async def first_answer(
                 for task in pending:
                     task.cancel()
                 on_hedge(winner is duplicate)
+                if winner is primary and first_byte_at:
+                    hedging.decode.observe(size, time.perf_counter() - first_byte_at[0])
                 return winner.result()
         on_hedge(False)
         return primary.result()  # both failed: the first attempt's failure
     finally:
         byte_seen.cancel()
+        if told is not None:
+            told.cancel()  # cancelled while waiting (the caller gave up): nothing left pending
         hedging.waiting.pop(token, None)
         if not first_byte.is_set():
             # A slow attempt cut short still tells something: its first byte took at least this long.

@@ -25,8 +25,8 @@ Judge usage comes back with each batch, one dict of counters
 (:meth:`EarlyJudge.judge_batch_counted`, read by :func:`~balcaprl.train.judging.counted_judge_batch`).
 
 It also tells a judge that can use it (:class:`~balcaprl.judge.protocol.SupportsDeadline`) when the
-rewards will be wanted: when generation ends (:meth:`EarlyJudge.generation_done`; :meth:`EarlyJudge.settle`
-counts as that), the time from the end of generation to the reward functions' call in the previous step
+rewards will be wanted: when generation ends (:meth:`EarlyJudge.generation_done`, which the trainer calls
+for a training batch), the time from the end of generation to the reward functions' call in the previous step
 (the old-log-prob forward, the reference model) from now; and no deadline once the rewards are in. The
 judge spends its duplicate requests on the calls that would answer after it (``judge/tail.py``). The
 first step has none: its time is learned then.
@@ -180,7 +180,7 @@ class EarlyJudge:
 
     def _generation_done(self, at: float) -> None:
         if self._generated_at is not None:
-            return  # told already (settle after generation_done)
+            return  # told already this step
         self._generated_at = at
         if self.lead_s is not None:
             self._tell_deadline(at + self.lead_s)
@@ -193,7 +193,6 @@ class EarlyJudge:
         """The batch as TRL decoded it, in rollout order (thread-safe): the call started for rollout
         ``i`` answers ``requests[i]`` if it was started for exactly that request; every other request
         starts now. Either way each request then has one call, found by :meth:`judge_batch`."""
-        self._on_loop(self._generation_done, time.perf_counter(), starts=False)
         self._on_loop(self._settle, list(requests))
 
     def _on_loop(self, callback: Callable[..., None], *args: Any, starts: bool = True) -> None:

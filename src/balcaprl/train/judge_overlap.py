@@ -281,7 +281,8 @@ class TrlJudgeOverlap:
         inputs = self._inputs
         if self.early_judge is None or inputs is None or len(inputs) != len(completions):
             return
-        self.early_judge.generation_done()  # on every process: its rewards are wanted after the log-probs
+        if getattr(getattr(self.trainer, "model", None), "training", True):  # an evaluation batch has no step
+            self.early_judge.generation_done()  # every process: its rewards are wanted after the log-probs
         requests = requests_for(self.trainer.scorer, inputs, completions)
         if self._shared and not self.trainer.accelerator.is_main_process:
             self._decoded = requests
