@@ -637,7 +637,7 @@ class Endpoint:
         for retry in range(retries + 1):
             try:
                 status, raw = await self._admitted(
-                    runtime, payload, max_tokens, body, tokens, stats, ticket, first=retry == 0
+                    runtime, payload, max_tokens, body, tokens, stats, ticket, size, first=retry == 0
                 )
                 answer = read(status, raw)
                 break
@@ -696,6 +696,7 @@ class Endpoint:
         tokens: int,
         stats: JudgeStats,
         ticket: Any,
+        size: int,
         *,
         first: bool,
     ) -> tuple[int, bytes]:
@@ -720,6 +721,7 @@ class Endpoint:
                     stats,
                     tokens,
                     ticket,
+                    size,
                     bool(body.get("stream")),
                 )
             except AttemptFailed as failed:
@@ -747,6 +749,7 @@ class Endpoint:
         stats: JudgeStats,
         tokens: int,
         ticket: Any,
+        size: int,
         asks_stream: bool,
     ) -> tuple[int, bytes]:
         """One attempt, each copy under ``timeout_s`` as a whole (it holds against a trickle), with a
@@ -763,9 +766,13 @@ class Endpoint:
             stats.record_hedge(won, self.estimate_tokens(messages))
 
         return await first_answer(
-            deadlined, runtime.hedging, hedged, spare=lambda: self._spare(runtime, tokens), ticket=ticket,
-            size=prompt_chars(messages),
-        )  # fmt: skip
+            deadlined,
+            runtime.hedging,
+            hedged,
+            spare=lambda: self._spare(runtime, tokens),
+            ticket=ticket,
+            size=size,
+        )
 
     async def attempt(
         self,

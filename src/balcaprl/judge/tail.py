@@ -338,9 +338,7 @@ async def first_answer(
                 for task in pending:
                     task.cancel()
                 on_hedge(winner is duplicate)
-                if winner is primary and first_byte_at:
-                    hedging.decode.observe(size, time.perf_counter() - first_byte_at[0])
-                return winner.result()
+                return await answered() if winner is primary else winner.result()
         on_hedge(False)
         return primary.result()  # both failed: the first attempt's failure
     finally:

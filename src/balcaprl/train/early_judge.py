@@ -179,8 +179,6 @@ class EarlyJudge:
         self._on_loop(self._generation_done, time.perf_counter(), starts=False)
 
     def _generation_done(self, at: float) -> None:
-        if self._generated_at is not None:
-            return  # told already this step
         self._generated_at = at
         if self.lead_s is not None:
             self._tell_deadline(at + self.lead_s)
