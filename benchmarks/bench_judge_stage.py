@@ -474,7 +474,7 @@ def _per_step(record: dict[str, Any]) -> str:
         if ours is not None and base:
             ratios[step] = ours / base
             cells.append(f"step {step}: {ours:.2f} / {base:.2f} s = {ratios[step]:.2f}")
-    told = [ratio for step, ratio in ratios.items() if step > 0]  # the trainer's deadline learned in step 0
+    told = [ratio for step, ratio in ratios.items() if step > steps[0]]  # the deadline: learned in the first
     return (
         f"Per step, `per_rollout` / `{BASELINE}` exposed: " + "; ".join(cells) + ". "
         + (f"Median ratio over the steps after the first (the judge told the trainer's deadline, learned in "
@@ -642,6 +642,10 @@ def main() -> None:
         help="the paper-shaped run: steps of 2,048 rollouts (results/judge_stage.json)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="default: 4, or 20 with --paper")
+    parser.add_argument(
+        "--first-step", type=int, default=0,
+        help="the first step's draws; the clients start fresh there, as in a run's first step",
+    )  # fmt: skip
     parser.add_argument("--processes", type=int, default=PROCESSES)
     parser.add_argument(
         "--rollouts",
@@ -715,7 +719,7 @@ def main() -> None:
         }
         loop = asyncio.get_running_loop()
         early = {s: [EarlyJudge(judge, loop) for judge in clients] for s, clients in judges.items()}
-        for step in range(args.steps):
+        for step in range(args.first_step, args.first_step + args.steps):
             plan = plan_step(step, args.processes, per_process, args.group_size, args.generation_s / scale)
             for schedule in schedules:
                 result = await run_schedule(
