@@ -2,8 +2,11 @@
 
 ``bench_judge_stage.py`` measures the client against a loopback judge; this replays hedging rules on
 the same steps and the same draws (its ``plan_step`` and ``LatencyModel``: each attempt's time to
-first byte and to the whole answer, stalls included) with no server, no concurrency bound and no
-estimation, so it separates what a rule can reach from what the client makes of it. Every rule gives
+first byte and to the whole answer, first attempts' stalls included) with no server, no concurrency
+bound and no estimation, so it separates what a rule can reach from what the client makes of it. A
+call's second attempt (its retry or its duplicate) is taken at its drawn time even where the model
+stalls it too (0.3% of second attempts), and no call has a third: the real client's worst calls
+(a duplicate that stalls, a retry cut again) are not replayed. Every rule gives
 at most ``hedge_max_share`` (5%) of each process's calls a duplicate, sent no sooner than the hedge
 floor; a stalled attempt with no duplicate is cut at the first-byte limit and retried.
 

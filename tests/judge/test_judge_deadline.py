@@ -191,3 +191,33 @@ def test_a_call_cancelled_while_it_waits_leaves_nothing_pending():
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
 
     assert asyncio.run(go()) == []
+
+
+def test_a_duplicate_left_alone_past_the_deadline_gets_its_own_duplicate_at_once():
+    """The trainer waits now; a long call's first copy gets its duplicate at the floor (it would miss
+    the deadline), the duplicate stalls and the first copy is cut with no first byte: the duplicate,
+    alone, is weighed against the deadline in its turn and gets a duplicate then, long before the
+    quantile (10 s)."""
+
+    async def go():
+        hedging = _hedging()
+        for _ in range(3):  # other calls of the run: the lifetime share allows a second duplicate
+            hedging.begin()
+        hedging.wanted_by(time.perf_counter())
+        started: list[float] = []
+
+        async def attempt(on_first_byte):
+            started.append(time.perf_counter())
+            if len(started) == 1:
+                await asyncio.sleep(0.3)
+                raise TimeoutError("no first byte within first_byte_timeout_s")
+            if len(started) == 2:
+                await asyncio.sleep(3600)  # the duplicate stalls
+            on_first_byte()
+            return "third"
+
+        answer = await asyncio.wait_for(first_answer(attempt, hedging, size=1000), timeout=4.0)
+        return answer, started, hedging
+
+    answer, started, hedging = asyncio.run(go())
+    assert answer == "third" and hedging.hedges == hedging.for_deadline == 2 and len(started) == 3

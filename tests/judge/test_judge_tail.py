@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import random
+import time
 from statistics import NormalDist
 
 import pytest
@@ -258,6 +259,102 @@ def test_when_both_fail_the_first_attempts_failure_is_raised():
     with pytest.raises(ValueError, match="first"):
         asyncio.run(first_answer(attempt, hedging, told.append))
     assert told == [False]
+
+
+def _copies(first_fails_after_s: float, duplicate: str, decode_s: float = 0.0):
+    """An attempt function: the first copy fails after ``first_fails_after_s`` with no first byte (cut at
+    its first-byte limit); the second ``"stalls"``, ``"fails"`` at once (a 429), or ``"answers"``: its
+    first byte at once, its answer ``decode_s`` later; a third answers at once. ``started``: when each
+    copy started."""
+    started: list[float] = []
+
+    async def attempt(on_first_byte):
+        started.append(time.perf_counter())
+        index = len(started) - 1
+        if index == 0:
+            await asyncio.sleep(first_fails_after_s)
+            raise TimeoutError("no first byte within first_byte_timeout_s")
+        if index == 1 and duplicate == "stalls":
+            await asyncio.sleep(3600)
+        if index == 1 and duplicate == "fails":
+            raise ConnectionError("429 Too Many Requests")
+        on_first_byte()
+        await asyncio.sleep(decode_s if index == 1 else 0.0)
+        return ("first", "duplicate", "third")[index]
+
+    return attempt, started
+
+
+def _room_for_two_duplicates(hedging: Hedging) -> None:
+    """Three other calls of the run started: the lifetime share (1.0 here) allows a second duplicate."""
+    for _ in range(3):
+        hedging.begin()
+
+
+def test_a_duplicate_left_alone_without_a_first_byte_gets_a_duplicate_of_its_own():
+    """The first attempt is cut with no first byte while its duplicate stalls: the duplicate, alone now,
+    is watched by the same rule and gets its own duplicate, which answers (before, the call waited on
+    the stalled duplicate until that one's own limit: here, for ever)."""
+    hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+    _seen_fast(hedging)
+    _room_for_two_duplicates(hedging)
+    attempt, started = _copies(first_fails_after_s=0.3, duplicate="stalls")
+    told = []
+    result = asyncio.run(asyncio.wait_for(first_answer(attempt, hedging, told.append), timeout=10.0))
+    assert result == "third" and told == [False, True] and hedging.hedges == 2
+    assert started[2] - started[0] >= 0.3  # sent when the first copy failed, not while both were in flight
+
+
+def test_a_duplicate_left_alone_with_its_first_byte_is_only_awaited():
+    hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+    _seen_fast(hedging)
+    _room_for_two_duplicates(hedging)
+    attempt, started = _copies(first_fails_after_s=0.1, duplicate="answers", decode_s=0.3)
+    told = []
+    assert asyncio.run(first_answer(attempt, hedging, told.append)) == "duplicate"
+    assert told == [True] and hedging.hedges == 1 and len(started) == 2
+
+
+def test_a_duplicate_that_fails_at_once_is_not_sent_again():
+    """Each copy gets one duplicate: the first copy, left alone by a duplicate refused at once, waits for
+    its own end (here: cut, and its failure raised for the caller's retry and backoff), however much
+    room the cap has."""
+    hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+    _seen_fast(hedging)
+    _room_for_two_duplicates(hedging)
+    attempt, started = _copies(first_fails_after_s=0.3, duplicate="fails")
+    told = []
+    with pytest.raises(TimeoutError, match="first_byte"):
+        asyncio.run(first_answer(attempt, hedging, told.append))
+    assert len(started) == 2 and told == [False] and hedging.hedges == 1
+
+
+def test_a_call_given_up_with_its_duplicate_in_flight_still_reports_the_duplicate():
+    async def go():
+        hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+        _seen_fast(hedging)
+        attempt, started = _copies(first_fails_after_s=3600, duplicate="stalls")
+        told = []
+        call = asyncio.ensure_future(first_answer(attempt, hedging, told.append))
+        while len(started) < 2:  # the duplicate sent
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return told
+
+    assert asyncio.run(go()) == [False]  # paid for: counted in the accounting
+
+
+def test_a_first_attempt_cut_while_its_duplicate_answers_is_counted_at_its_own_end():
+    """The first copy's wait, cut short at 0.1 s, is what the quantile learns of it (a first byte later
+    than that), not the 1.5 s its duplicate took to answer."""
+    hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
+    _seen_fast(hedging)
+    attempt, _ = _copies(first_fails_after_s=0.1, duplicate="answers", decode_s=1.5)
+    assert asyncio.run(first_answer(attempt, hedging)) == "duplicate"
+    (cut,) = [seconds for seconds, first_byte in hedging._seen if not first_byte]
+    assert 0.1 <= cut < 1.0
 
 
 def test_assemble_stream_joins_the_deltas_and_keeps_the_last_usage():

@@ -166,7 +166,8 @@ class JudgeConfig(Section):
     hedge: bool = Field(
         True,
         description="An attempt with no first byte after hedge_quantile of the observed times to first byte "
-        "(at least hedge_floor_s) gets one duplicate; the first answer wins, the other is cancelled.",
+        "(at least hedge_floor_s) gets one duplicate; the first answer wins, the other is cancelled. When one "
+        "copy fails while the other has produced nothing, the one left is watched alike, once.",
     )
     hedge_quantile: float = Field(
         0.98,

@@ -9,7 +9,10 @@ its chunks; and what bounds an answer that trickles in is a deadline on the whol
 
 Hedging (:func:`first_answer`, on by default): an attempt that has produced nothing after a high
 quantile (``hedge_quantile``) of the recently observed times to first byte -- never less than
-``hedge_floor_s`` -- gets one duplicate; the first to answer wins and the other is cancelled. The
+``hedge_floor_s`` -- gets one duplicate; the first to answer wins and the other is cancelled. A call
+has at most two copies in flight: when one fails while the other has produced nothing, the one left
+is watched by the same rule unless it has had its duplicate (a stalled duplicate must not hold the
+call until its own limit; a duplicate that fails fast is not sent again). The
 quantile counts an attempt still waiting only for the time it has waited (:meth:`Hedging.threshold_s`),
 so a run whose calls start one by one does not read its fast first answers as the whole distribution.
 Duplicates are capped at ``hedge_max_share`` (default 5%) in every window, not over a lifetime (a quiet
@@ -252,6 +255,42 @@ class Hedging:
             del self._hedged[: 4 * WINDOW_CALLS]
 
 
+class _Copy:
+    """One copy of a call's attempt in flight: its task, when it started, when its first byte came."""
+
+    def __init__(
+        self, attempt: Callable[[Callable[[], None]], Awaitable[Any]], on_first_byte: Callable[[], None]
+    ):
+        self.started = time.perf_counter()
+        self.first_byte = asyncio.Event()
+        self.first_byte_at: float | None = None
+        self.weighed = self.critical = False  # against the step's deadline, once: whether it would miss it
+        self.duplicated = False  # one duplicate per copy: a duplicate that fails fast is not sent again
+        self._on_first_byte = on_first_byte
+        self.task = asyncio.ensure_future(attempt(self._seen))
+
+    def _seen(self) -> None:
+        if self.first_byte_at is None:
+            self.first_byte_at = time.perf_counter()
+            self.first_byte.set()
+            self._on_first_byte()
+
+    def succeeded(self) -> bool:
+        return self.task.done() and not self.task.cancelled() and self.task.exception() is None
+
+
+def _freeing(attempt: Callable[[Callable[[], None]], Awaitable[T]], release: Callable[[], None]):
+    """``attempt``, freeing what its admission took (:func:`first_answer`'s ``spare``) when it ends."""
+
+    async def duplicated(on_first_byte: Callable[[], None]) -> T:
+        try:
+            return await attempt(on_first_byte)
+        finally:
+            release()
+
+    return duplicated
+
+
 async def first_answer(
     attempt: Callable[[Callable[[], None]], Awaitable[T]],
     hedging: Hedging | None,
@@ -260,98 +299,99 @@ async def first_answer(
     ticket: tuple[int, _Batch | None] | None = None,
     size: int = 0,
 ) -> T:
-    """``attempt(on_first_byte)``'s result; with ``hedging``, a duplicate ``attempt`` when the first
-    has produced no byte after :meth:`Hedging.threshold_s`, or would miss the step's deadline
-    (:meth:`Hedging.misses_deadline`, weighed once), the cap allows it and ``spare()`` admits it
-    (returning the function that frees what it took; None: not now): the first to succeed wins,
-    the other is cancelled, ``on_hedge(hedge_won)`` is told. When both fail, the first attempt's
-    exception is raised. ``ticket``: the call's :meth:`Hedging.begin` (a retry keeps its call's);
-    None begins a new call. ``size``: the prompt's characters of text (its answer's decode time)."""
+    """``attempt(on_first_byte)``'s result; with ``hedging``, a duplicate ``attempt`` for a copy in flight
+    alone that has produced no byte after :meth:`Hedging.threshold_s`, or that would miss the step's
+    deadline (:meth:`Hedging.misses_deadline`, weighed once per copy), when the cap allows it and
+    ``spare()`` admits it (returning the function that frees what it took; None: not now). At most two
+    copies are in flight, and each copy gets at most one duplicate: when a copy fails while the other
+    has produced no byte, the one left is watched by the same rule, as a retry would be, unless it has
+    had its duplicate (waiting on a stalled duplicate alone left a call behind it until its own
+    first-byte limit; a duplicate that fails fast is not sent again, so a 429 does not bounce). The
+    first to succeed wins, the others are cancelled; ``on_hedge(hedge_won)`` is told once per duplicate
+    sent, however the call ends. When every copy fails, the first attempt's exception is raised. ``ticket``: the call's :meth:`Hedging.begin` (a retry keeps its call's); None
+    begins a new call. ``size``: the prompt's characters of text (its answer's decode time)."""
     if hedging is None:
         return await attempt(lambda: None)
     position, batch = hedging.begin(size) if ticket is None else ticket
-    started = time.perf_counter()
-    first_byte = asyncio.Event()
-    token = id(first_byte)
-    hedging.waiting[token] = started
-    first_byte_at: list[float] = []
 
-    def seen() -> None:
-        if not first_byte.is_set():
-            first_byte.set()
-            hedging.waiting.pop(token, None)
-            first_byte_at.append(time.perf_counter())
-            hedging.observe(first_byte_at[0] - started)
-
-    async def answered() -> T:
-        result = await primary
-        if first_byte_at:  # its decode time, for the next calls' critical path
-            hedging.decode.observe(size, time.perf_counter() - first_byte_at[0])
-        return result
-
-    primary = asyncio.ensure_future(attempt(seen))
-    byte_seen = asyncio.ensure_future(first_byte.wait())
-    weighed, critical = False, False  # against the step's deadline, once: whether it would miss it
-    told: asyncio.Future | None = None  # a wait for the deadline to be told
-    try:
-        # No duplicate before the floor: most attempts answer by then, and never estimate the threshold.
-        await asyncio.wait({primary, byte_seen}, timeout=hedging.floor_s, return_when=asyncio.FIRST_COMPLETED)
-        while True:
-            if primary.done() or first_byte.is_set():
-                return await answered()
-            now = time.perf_counter()
-            if not weighed and hedging.deadline is not None:
-                weighed, critical = True, hedging.misses_deadline(now, size)
-            threshold = hedging.threshold_s(now)
-            due = None if threshold is None else started + threshold - now
-            if (critical or (due is not None and due <= 0)) and hedging.allow(position, batch):
-                release = spare()
-                if release is not None:
-                    break
-            # Not yet due, too few first bytes seen to tell, the cap spent for now (it grows with
-            # the calls started), or no rate or slot to spare: look again then, or every floor_s;
-            # and, until it is weighed, when the trainer tells the step's deadline.
-            wait = hedging.floor_s if critical or due is None or due <= 0 else due
-            told = None if weighed else asyncio.ensure_future(hedging.deadline_changed.wait())
-            await asyncio.wait(
-                {primary, byte_seen} | ({told} if told else set()),
-                timeout=wait,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if told is not None:
-                told.cancel()
-        hedging.record(position, batch)
-        hedging.for_deadline += critical and not (due is not None and due <= 0)
-
-        async def duplicated() -> T:
-            try:
-                return await attempt(lambda: None)
-            finally:
-                release()
-
-        duplicate = asyncio.ensure_future(duplicated())
-        pending = {primary, duplicate}
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            winner = next((t for t in done if not t.cancelled() and t.exception() is None), None)
-            if winner is not None:
-                for task in pending:
-                    task.cancel()
-                on_hedge(winner is duplicate)
-                return await answered() if winner is primary else winner.result()
-        on_hedge(False)
-        return primary.result()  # both failed: the first attempt's failure
-    finally:
-        byte_seen.cancel()
-        if told is not None:
-            told.cancel()  # cancelled while waiting (the caller gave up): nothing left pending
+    def first_byte() -> None:  # the times to first byte are the first copies' (a duplicate is sent late)
         hedging.waiting.pop(token, None)
-        if not first_byte.is_set():
-            # A slow attempt cut short still tells something: its first byte took at least this long.
-            # Leaving it out would bias the quantile towards the fast attempts, and hedge ever more.
-            hedging.observe(time.perf_counter() - started, first_byte=False)
-        if not primary.done():
-            primary.cancel()
+        hedging.observe(primary.first_byte_at - primary.started)  # type: ignore[operator]
+
+    def ended_unanswered() -> None:
+        # A slow attempt cut short still tells something: its first byte took at least this long.
+        # Leaving it out would bias the quantile towards the fast attempts, and hedge ever more.
+        hedging.observe(time.perf_counter() - primary.started, first_byte=False)
+
+    primary = _Copy(attempt, first_byte)
+    winner: _Copy | None = None
+    token = id(primary)
+    hedging.waiting[token] = primary.started
+    copies: list[_Copy] = [primary]
+    duplicates: list[_Copy] = []
+    looks: set[asyncio.Future] = set()  # this round's waits for a first byte or the deadline
+    try:
+        while True:
+            if primary.task.done() and hedging.waiting.pop(token, None) is not None:
+                ended_unanswered()  # the first copy failed with no first byte; a duplicate goes on
+            winner = next((copy for copy in copies if copy.succeeded()), None)
+            live = [copy for copy in copies if not copy.task.done()]
+            if winner is not None or not live:
+                break
+            alone = live[0] if len(live) == 1 else None
+            watched = (
+                alone if alone is not None and alone.first_byte_at is None and not alone.duplicated else None
+            )
+            wait: float | None = None  # None: until a copy ends
+            if watched is not None:
+                now = time.perf_counter()
+                # No duplicate before the floor: most attempts answer by then, and never estimate the threshold.
+                wait = watched.started + hedging.floor_s - now
+                if wait <= 0:
+                    if not watched.weighed and hedging.deadline is not None:
+                        watched.weighed, watched.critical = True, hedging.misses_deadline(now, size)
+                    threshold = hedging.threshold_s(now)
+                    due = None if threshold is None else watched.started + threshold - now
+                    by_quantile = due is not None and due <= 0
+                    if (watched.critical or by_quantile) and hedging.allow(position, batch):
+                        release = spare()
+                        if release is not None:
+                            hedging.record(position, batch)
+                            watched.duplicated = True
+                            hedging.for_deadline += watched.critical and not by_quantile
+                            copies.append(_Copy(_freeing(attempt, release), lambda: None))
+                            duplicates.append(copies[-1])
+                            continue
+                    # Not yet due, too few first bytes seen to tell, the cap spent for now (it grows with
+                    # the calls started), or no rate or slot to spare: look again then, or every floor_s;
+                    # and, until it is weighed, when the trainer tells the step's deadline.
+                    wait = hedging.floor_s if watched.critical or due is None or by_quantile else due
+                    if not watched.weighed:
+                        looks.add(asyncio.ensure_future(hedging.deadline_changed.wait()))
+                looks.add(asyncio.ensure_future(watched.first_byte.wait()))
+            await asyncio.wait(
+                {copy.task for copy in live} | looks, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+            )
+            for look in looks:
+                look.cancel()
+            looks.clear()
+        if winner is None:
+            return primary.task.result()  # every copy failed: the first attempt's failure
+        if winner.first_byte_at is not None:  # its decode time, for the next calls' critical path
+            hedging.decode.observe(size, time.perf_counter() - winner.first_byte_at)
+        return winner.task.result()
+    finally:
+        for duplicate in duplicates:  # each sent and paid for, whatever ended the call
+            on_hedge(duplicate is winner)
+        for look in looks:
+            look.cancel()  # cancelled while waiting (the caller gave up): nothing left pending
+        if hedging.waiting.pop(token, None) is not None:
+            ended_unanswered()
+        for copy in copies:
+            if not copy.task.done():
+                copy.task.cancel()
+            elif not copy.task.cancelled():
+                copy.task.exception()  # retrieved: a losing copy's failure is no one's to log
 
 
 def assemble_stream(raw: bytes) -> bytes:
