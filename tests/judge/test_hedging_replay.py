@@ -109,6 +109,13 @@ def test_the_stage_benchmark_gives_each_steps_ratio_and_their_median_after_the_f
                         for r in (row("per_rollout", step, ours), row("after_generation", step, base))]}  # fmt: skip
     text = bench_judge_stage._per_step(record)
     assert "step 0: 8.00 / 10.00 s = 0.80; step 1: 2.00 / 10.00 s = 0.20" in text
+    # every step: 0.80, 0.20, 0.60, 0.25 -> median (0.25 + 0.60) / 2 = 0.425
+    assert "Median ratio over every step: 0.425;" in text
     # steps 1-3: 0.20, 0.60, 0.25 -> median 0.25; at or under 0.4: steps 1 and 3
-    assert "after the first (the judge told the trainer's deadline, learned in the first): 0.25" in text
+    assert "after the first (the judge told the trainer's deadline, learned in the first): 0.250" in text
     assert "2 of 4 steps at or under 0.4" in text
+    # a run started at a later step (--first-step 7): its own first step has no deadline
+    later = {"steps": [row("per_rollout", 7, 4.0), row("after_generation", 7, 5.0),
+                       row("per_rollout", 8, 1.0), row("after_generation", 8, 10.0)]}  # fmt: skip
+    text = bench_judge_stage._per_step(later)
+    assert "every step: 0.450;" in text and "learned in the first): 0.100;" in text
