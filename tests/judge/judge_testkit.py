@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,3 +114,36 @@ def judge_serve(*args: str) -> Iterator[tuple[str, int]]:
         process.terminate()
         process.wait(timeout=10)
         process.stdout.close()
+
+
+# -- first_answer's copies (balcaprl.judge.tail) -----------------------------------------------
+
+
+def copies_script(first_fails_after_s: float, duplicate: str, decode_s: float = 0.0):
+    """An attempt function: the first copy fails after ``first_fails_after_s`` with no first byte (cut at
+    its first-byte limit); the second ``"stalls"``, ``"fails"`` at once (a 429), or ``"answers"``: its
+    first byte at once, its answer ``decode_s`` later; a third answers at once. ``started``: when each
+    copy started."""
+    started: list[float] = []
+
+    async def attempt(on_first_byte):
+        started.append(time.perf_counter())
+        index = len(started) - 1
+        if index == 0:
+            await asyncio.sleep(first_fails_after_s)
+            raise TimeoutError("no first byte within first_byte_timeout_s")
+        if index == 1 and duplicate == "stalls":
+            await asyncio.sleep(3600)
+        if index == 1 and duplicate == "fails":
+            raise ConnectionError("429 Too Many Requests")
+        on_first_byte()
+        await asyncio.sleep(decode_s if index == 1 else 0.0)
+        return ("first", "duplicate", "third")[index]
+
+    return attempt, started
+
+
+def room_for_two_duplicates(hedging: Any) -> None:
+    """Three other calls of the run started: the lifetime share (1.0 here) allows a second duplicate."""
+    for _ in range(3):
+        hedging.begin()

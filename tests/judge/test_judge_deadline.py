@@ -12,6 +12,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from judge_testkit import copies_script, room_for_two_duplicates
 
 from balcaprl.judge.tail import DecodeTimes, Hedging, first_answer
 
@@ -201,21 +202,9 @@ def test_a_duplicate_left_alone_past_the_deadline_gets_its_own_duplicate_at_once
 
     async def go():
         hedging = _hedging()
-        for _ in range(3):  # other calls of the run: the lifetime share allows a second duplicate
-            hedging.begin()
+        room_for_two_duplicates(hedging)
         hedging.wanted_by(time.perf_counter())
-        started: list[float] = []
-
-        async def attempt(on_first_byte):
-            started.append(time.perf_counter())
-            if len(started) == 1:
-                await asyncio.sleep(0.3)
-                raise TimeoutError("no first byte within first_byte_timeout_s")
-            if len(started) == 2:
-                await asyncio.sleep(3600)  # the duplicate stalls
-            on_first_byte()
-            return "third"
-
+        attempt, started = copies_script(first_fails_after_s=0.3, duplicate="stalls")
         answer = await asyncio.wait_for(first_answer(attempt, hedging, size=1000), timeout=4.0)
         return answer, started, hedging
 

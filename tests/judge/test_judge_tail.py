@@ -9,12 +9,19 @@ import asyncio
 import json
 import math
 import random
-import time
 from statistics import NormalDist
 
 import pytest
 import yaml
-from judge_testkit import REFERENCE, config, judge_and_close, png_bytes, request
+from judge_testkit import (
+    REFERENCE,
+    config,
+    copies_script,
+    judge_and_close,
+    png_bytes,
+    request,
+    room_for_two_duplicates,
+)
 from typer.testing import CliRunner
 
 from balcaprl.cli import app
@@ -261,44 +268,14 @@ def test_when_both_fail_the_first_attempts_failure_is_raised():
     assert told == [False]
 
 
-def _copies(first_fails_after_s: float, duplicate: str, decode_s: float = 0.0):
-    """An attempt function: the first copy fails after ``first_fails_after_s`` with no first byte (cut at
-    its first-byte limit); the second ``"stalls"``, ``"fails"`` at once (a 429), or ``"answers"``: its
-    first byte at once, its answer ``decode_s`` later; a third answers at once. ``started``: when each
-    copy started."""
-    started: list[float] = []
-
-    async def attempt(on_first_byte):
-        started.append(time.perf_counter())
-        index = len(started) - 1
-        if index == 0:
-            await asyncio.sleep(first_fails_after_s)
-            raise TimeoutError("no first byte within first_byte_timeout_s")
-        if index == 1 and duplicate == "stalls":
-            await asyncio.sleep(3600)
-        if index == 1 and duplicate == "fails":
-            raise ConnectionError("429 Too Many Requests")
-        on_first_byte()
-        await asyncio.sleep(decode_s if index == 1 else 0.0)
-        return ("first", "duplicate", "third")[index]
-
-    return attempt, started
-
-
-def _room_for_two_duplicates(hedging: Hedging) -> None:
-    """Three other calls of the run started: the lifetime share (1.0 here) allows a second duplicate."""
-    for _ in range(3):
-        hedging.begin()
-
-
 def test_a_duplicate_left_alone_without_a_first_byte_gets_a_duplicate_of_its_own():
     """The first attempt is cut with no first byte while its duplicate stalls: the duplicate, alone now,
     is watched by the same rule and gets its own duplicate, which answers (before, the call waited on
     the stalled duplicate until that one's own limit: here, for ever)."""
     hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
     _seen_fast(hedging)
-    _room_for_two_duplicates(hedging)
-    attempt, started = _copies(first_fails_after_s=0.3, duplicate="stalls")
+    room_for_two_duplicates(hedging)
+    attempt, started = copies_script(first_fails_after_s=0.3, duplicate="stalls")
     told = []
     result = asyncio.run(asyncio.wait_for(first_answer(attempt, hedging, told.append), timeout=10.0))
     assert result == "third" and told == [False, True] and hedging.hedges == 2
@@ -308,8 +285,8 @@ def test_a_duplicate_left_alone_without_a_first_byte_gets_a_duplicate_of_its_own
 def test_a_duplicate_left_alone_with_its_first_byte_is_only_awaited():
     hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
     _seen_fast(hedging)
-    _room_for_two_duplicates(hedging)
-    attempt, started = _copies(first_fails_after_s=0.1, duplicate="answers", decode_s=0.3)
+    room_for_two_duplicates(hedging)
+    attempt, started = copies_script(first_fails_after_s=0.1, duplicate="answers", decode_s=0.3)
     told = []
     assert asyncio.run(first_answer(attempt, hedging, told.append)) == "duplicate"
     assert told == [True] and hedging.hedges == 1 and len(started) == 2
@@ -321,8 +298,8 @@ def test_a_duplicate_that_fails_at_once_is_not_sent_again():
     room the cap has."""
     hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
     _seen_fast(hedging)
-    _room_for_two_duplicates(hedging)
-    attempt, started = _copies(first_fails_after_s=0.3, duplicate="fails")
+    room_for_two_duplicates(hedging)
+    attempt, started = copies_script(first_fails_after_s=0.3, duplicate="fails")
     told = []
     with pytest.raises(TimeoutError, match="first_byte"):
         asyncio.run(first_answer(attempt, hedging, told.append))
@@ -333,7 +310,7 @@ def test_a_call_given_up_with_its_duplicate_in_flight_still_reports_the_duplicat
     async def go():
         hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
         _seen_fast(hedging)
-        attempt, started = _copies(first_fails_after_s=3600, duplicate="stalls")
+        attempt, started = copies_script(first_fails_after_s=3600, duplicate="stalls")
         told = []
         call = asyncio.ensure_future(first_answer(attempt, hedging, told.append))
         while len(started) < 2:  # the duplicate sent
@@ -351,7 +328,7 @@ def test_a_first_attempt_cut_while_its_duplicate_answers_is_counted_at_its_own_e
     than that), not the 1.5 s its duplicate took to answer."""
     hedging = Hedging(quantile=0.9, floor_s=0.05, max_share=1.0, min_seen=1)
     _seen_fast(hedging)
-    attempt, _ = _copies(first_fails_after_s=0.1, duplicate="answers", decode_s=1.5)
+    attempt, _ = copies_script(first_fails_after_s=0.1, duplicate="answers", decode_s=1.5)
     assert asyncio.run(first_answer(attempt, hedging)) == "duplicate"
     (cut,) = [seconds for seconds, first_byte in hedging._seen if not first_byte]
     assert 0.1 <= cut < 1.0

@@ -308,8 +308,8 @@ async def first_answer(
     had its duplicate (waiting on a stalled duplicate alone left a call behind it until its own
     first-byte limit; a duplicate that fails fast is not sent again, so a 429 does not bounce). The
     first to succeed wins, the others are cancelled; ``on_hedge(hedge_won)`` is told once per duplicate
-    sent, however the call ends. When every copy fails, the first attempt's exception is raised. ``ticket``: the call's :meth:`Hedging.begin` (a retry keeps its call's); None
-    begins a new call. ``size``: the prompt's characters of text (its answer's decode time)."""
+    sent, however the call ends. When every copy fails, the first attempt's exception is raised.
+    ``ticket``: the call's :meth:`Hedging.begin` (a retry keeps its call's); None begins a new call. ``size``: the prompt's characters of text (its answer's decode time)."""
     if hedging is None:
         return await attempt(lambda: None)
     position, batch = hedging.begin(size) if ticket is None else ticket
@@ -327,8 +327,7 @@ async def first_answer(
     winner: _Copy | None = None
     token = id(primary)
     hedging.waiting[token] = primary.started
-    copies: list[_Copy] = [primary]
-    duplicates: list[_Copy] = []
+    copies: list[_Copy] = [primary]  # the first attempt, then its duplicates
     looks: set[asyncio.Future] = set()  # this round's waits for a first byte or the deadline
     try:
         while True:
@@ -338,10 +337,8 @@ async def first_answer(
             live = [copy for copy in copies if not copy.task.done()]
             if winner is not None or not live:
                 break
-            alone = live[0] if len(live) == 1 else None
-            watched = (
-                alone if alone is not None and alone.first_byte_at is None and not alone.duplicated else None
-            )
+            lone = len(live) == 1 and live[0].first_byte_at is None and not live[0].duplicated
+            watched = live[0] if lone else None
             wait: float | None = None  # None: until a copy ends
             if watched is not None:
                 now = time.perf_counter()
@@ -360,7 +357,6 @@ async def first_answer(
                             watched.duplicated = True
                             hedging.for_deadline += watched.critical and not by_quantile
                             copies.append(_Copy(_freeing(attempt, release), lambda: None))
-                            duplicates.append(copies[-1])
                             continue
                     # Not yet due, too few first bytes seen to tell, the cap spent for now (it grows with
                     # the calls started), or no rate or slot to spare: look again then, or every floor_s;
@@ -381,7 +377,7 @@ async def first_answer(
             hedging.decode.observe(size, time.perf_counter() - winner.first_byte_at)
         return winner.task.result()
     finally:
-        for duplicate in duplicates:  # each sent and paid for, whatever ended the call
+        for duplicate in copies[1:]:  # each sent and paid for, whatever ended the call
             on_hedge(duplicate is winner)
         for look in looks:
             look.cancel()  # cancelled while waiting (the caller gave up): nothing left pending
