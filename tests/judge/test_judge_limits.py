@@ -87,19 +87,35 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     rules = {c: ["slow:0.1"] for batch in calm for c in batch}
     rules |= {c: ["rate_limit:0.1", "rate_limit:0.1", "slow:0.1"] for batch in storm for c in batch}
     server = _server(rules, retry_after_s=0.3)
-    peaks = []
+    peaks, sized, latencies, allowed_after_429 = [], [], [], []
     try:
         judge = OpenAICompatibleJudge(
             config(server.base_url, concurrency="auto", requests_per_minute=6000, max_retries=4, hedge=False)
         )
 
+        def spy_on(slots):  # the calls allowed in flight after each 429
+            throttled = slots.throttled
+
+            def spy():
+                throttled()
+                allowed_after_429.append(slots.allowed)
+
+            slots.throttled = spy
+
         async def go():
             try:
-                for batch in calm + storm:
+                for i, batch in enumerate(calm + storm):
+                    if i:  # what auto sizes this batch at, from the latencies seen so far
+                        slots = judge._endpoint.state.slots
+                        sized.append(throughput.calls_in_flight(judge.config, slots.latency_s()))
+                        latencies.append(list(slots._latencies))
+                    if i == 1:
+                        spy_on(slots)
                     server.counters.max_in_flight = 0
                     outcomes = await judge.judge_batch([request(caption=c) for c in batch])
                     assert all(isinstance(o, Judgement) for o in outcomes)
                     peaks.append(server.counters.max_in_flight)
+                latencies.append(list(judge._endpoint.state.slots._latencies))
             finally:
                 await judge.aclose()
 
@@ -107,12 +123,19 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     finally:
         server.stop()
     assert server.counters.total == 3 * 48 + 3 * 3 * 48
-    # The first calm batch goes in flight whole (no latency seen yet); from then on auto sizes from
-    # the latency seen. A retry's wait is not the endpoint's latency (counted, auto would grow with
-    # it) and each 429 halves what is in flight: the storm meets no more requests than the calm did
-    # (its first attempts go out at the size the calm batches' latencies set, give or take the two
-    # latest samples; a retry-inclusive latency sent whole batches of 48).
-    assert max(peaks[3:]) <= max(peaks[1:3]) + 2 < 48, peaks
+    # Compared with what the client itself computed, never with another batch's peak (which moves
+    # with the machine's load). A retry's wait is not the endpoint's latency: the storm adds no
+    # latency sample (counted, 0.1 + 0.3 + 0.1 + 0.3 + 0.1 s per call would size auto at 113 calls,
+    # every batch of 48 whole), so each storm batch goes out at the size the calm latencies set...
+    storm_sizes = sized[2:]
+    assert latencies[2] == latencies[3] == latencies[4] == latencies[5], "a storm attempt taken as latency"
+    assert len(set(storm_sizes)) == 1
+    # ...and the server never holds more (it counts a request until its handler returns, before
+    # the client has the answer and frees the slot)...
+    assert max(peaks[3:]) <= storm_sizes[0], (peaks, sized)
+    # ...and each 429 halves what may be in flight: the storm lowers it, to one call at its lowest.
+    assert allowed_after_429 and max(allowed_after_429) < storm_sizes[0]
+    assert min(allowed_after_429) == 1
 
 
 def test_an_endpoint_that_cannot_keep_up_gets_fewer_calls_in_flight():
