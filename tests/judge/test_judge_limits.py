@@ -138,6 +138,52 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     assert min(allowed_after_429) == 1
 
 
+@pytest.mark.parametrize(
+    "faults",
+    [
+        ["slow:4", "rate_limit"],  # the duplicate (sent at 2 s) refused; the first attempt answers
+        # the first attempt refused at 2.5 s while its duplicate goes on, and wins at 3.2 s (before
+        # its own 2 s floor, when a duplicate left alone would get one of its own)
+        ["rate_limit:2.5", "slow:1.2"],
+    ],
+)
+def test_a_429_to_either_copy_of_a_hedged_call_halves_the_calls_in_flight(faults):
+    # 20 fast calls to learn the times to first byte, then a batch of 40 in which one call stalls
+    # for 2 s (the floor) and gets a duplicate: one of its two copies is refused with a 429.
+    warm, batch = _captions("warm", 20), _captions("hedged", 40)
+    server = _server({batch[-1]: faults})
+    allowed_after_429 = []
+    try:
+        judge = OpenAICompatibleJudge(
+            config(server.base_url, concurrency=64, hedge=True, hedge_quantile=0.5, hedge_floor_s=2.0)
+        )
+
+        async def go():
+            try:
+                await judge.judge_batch([request(caption=c) for c in warm])
+                slots = judge._endpoint.state.slots
+                throttled = slots.throttled
+
+                def spy():
+                    throttled()
+                    allowed_after_429.append(slots.allowed)
+
+                slots.throttled = spy
+                return await judge.judge_batch([request(caption=c) for c in batch])
+            finally:
+                await judge.aclose()
+
+        outcomes = asyncio.run(asyncio.wait_for(go(), 60))
+    finally:
+        server.stop()
+    assert all(isinstance(o, Judgement) for o in outcomes)
+    assert server.counters.by_text[batch[-1]] == 2 and judge.stats.hedges == 1
+    # The 429 is the endpoint's word on the load, whichever copy heard it (a duplicate's was lost,
+    # and so was a first attempt's when its duplicate won): half of what is in flight then, the
+    # call's two copies.
+    assert allowed_after_429 == [1]
+
+
 def test_an_endpoint_that_cannot_keep_up_gets_fewer_calls_in_flight():
     # Every answer takes 1 s and every attempt is cut at 0.3 s: each wave of retries must be smaller
     # than the one before, not another 32 attempts the endpoint cannot answer either.

@@ -725,8 +725,6 @@ class Endpoint:
                     bool(body.get("stream")),
                 )
             except AttemptFailed as failed:
-                if failed.status == 429:
-                    slots.throttled()
                 slots.timed_out(
                     failed.answer.failure is not None and failed.answer.failure.reason == "timeout"
                 )
@@ -757,10 +755,20 @@ class Endpoint:
         limits (:meth:`_spare`)."""
 
         async def deadlined(on_first_byte: Callable[[], None]) -> tuple[int, bytes]:
-            async with asyncio.timeout(self.config.timeout_s):
-                return await self.attempt(
-                    runtime.session, payload, max_tokens, on_first_byte=on_first_byte, asks_stream=asks_stream
-                )
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    return await self.attempt(
+                        runtime.session,
+                        payload,
+                        max_tokens,
+                        on_first_byte=on_first_byte,
+                        asks_stream=asks_stream,
+                    )
+            except AttemptFailed as failed:
+                # A 429 to either copy is the endpoint's word on the load (a losing copy's was lost).
+                if failed.status == 429:
+                    runtime.slots.throttled()
+                raise
 
         def hedged(won: bool) -> None:
             stats.record_hedge(won, self.estimate_tokens(messages))
