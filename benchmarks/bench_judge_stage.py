@@ -443,8 +443,6 @@ SECTION = "## The judge stage of a training step"
 FIXED_RESULTS = RESULTS.with_name("judge_stage_c256.json")  # --paper --concurrency 256: the recipe's former
 # --paper --time-scale 1: a hosted judge's own speed, where a 2-core machine's CPU does not bind
 REAL_RESULTS = RESULTS.with_name("judge_stage_real.json")
-# --paper --time-scale 1 --first-step N: steps of the real-speed run measured again after a change
-RECHECK_RESULTS = RESULTS.with_name("judge_stage_real_recheck.json")
 
 
 def _ideal_exposed(record: dict[str, Any], schedule: str) -> str:
@@ -497,7 +495,6 @@ def docs_section(
     quick: dict[str, Any] | None,
     fixed: dict[str, Any] | None = None,
     real: dict[str, Any] | None = None,
-    recheck: dict[str, Any] | None = None,
 ) -> str:
     """The judge-stage section of docs/measurements.md, from the results of a ``--paper`` run (and of a
     quick one): every figure with its definition."""
@@ -588,20 +585,13 @@ def docs_section(
             "",
             _per_step(real),
             "",
-            *(
-                [
-                    "Step 8's draws (the model's, by caption and attempt, the same in every run) hold a call "
-                    "whose first attempt answers past the 30 s first-byte limit and whose second stalls: the "
-                    "client sent the second as a duplicate, and when the first was cut it waited on the stalled "
-                    "duplicate until that one's own limit, then retried. "
-                    "Since then a copy left alone with no first byte is watched by the same rule "
-                    f"([the judge's docs](judge.md)). Measured again with it (`{recheck['command']}`, fresh "
-                    "clients at the first of these steps): " + _per_step(recheck),
-                    "",
-                ]
-                if recheck is not None
-                else []
-            ),
+            "Step 8's draws (the model's, by caption and attempt, the same in every run) hold a call whose "
+            "first attempt answers past the 30 s first-byte limit and whose second stalls. A client that sent "
+            "the second as the duplicate and, when the first was cut, waited on it until its own limit made "
+            "that step slower than no duplicates at all; a copy left alone with no first byte is now watched "
+            "by the same rule as a first attempt ([the judge's docs](judge.md)), and this run is measured "
+            "with it.",
+            "",
             "Reading the ideal's column: the ideal gives every first attempt slower than the hedge floor "
             "(`hedge_floor_s`) plus a second attempt that second attempt, sent at the floor, however many "
             "calls that is; the client sends a duplicate only past the 98th percentile of the times to first "
@@ -642,12 +632,11 @@ def write_docs(path: Path = DOCS) -> None:
     quick = json.loads(QUICK_RESULTS.read_text()) if QUICK_RESULTS.exists() else None
     fixed = json.loads(FIXED_RESULTS.read_text()) if FIXED_RESULTS.exists() else None
     real = json.loads(REAL_RESULTS.read_text()) if REAL_RESULTS.exists() else None
-    recheck = json.loads(RECHECK_RESULTS.read_text()) if RECHECK_RESULTS.exists() else None
     text = path.read_text()
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     rest = "" if end < 0 else text[end:]
-    path.write_text(text[:start] + docs_section(paper, quick, fixed, real, recheck) + rest)
+    path.write_text(text[:start] + docs_section(paper, quick, fixed, real) + rest)
 
 
 def main() -> None:
