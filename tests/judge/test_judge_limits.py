@@ -56,6 +56,18 @@ def _most_in_any_window(times: list[float], window_s: float) -> int:
     return most
 
 
+def _spy_on_throttling(slots, seen: list[tuple[int, int]]) -> None:
+    """Append each 429's (calls in flight then, calls allowed in flight after it) to ``seen``."""
+    throttled = slots.throttled
+
+    def spy():
+        in_use = slots.in_use
+        throttled()
+        seen.append((in_use, slots.allowed))
+
+    slots.throttled = spy
+
+
 # ------------------------------------------------------------------------------ 1. every attempt paced
 
 
@@ -87,20 +99,11 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     rules = {c: ["slow:0.1"] for batch in calm for c in batch}
     rules |= {c: ["rate_limit:0.1", "rate_limit:0.1", "slow:0.1"] for batch in storm for c in batch}
     server = _server(rules, retry_after_s=0.3)
-    peaks, sized, latencies, allowed_after_429 = [], [], [], []
+    peaks, sized, latencies, throttles = [], [], [], []
     try:
         judge = OpenAICompatibleJudge(
             config(server.base_url, concurrency="auto", requests_per_minute=6000, max_retries=4, hedge=False)
         )
-
-        def spy_on(slots):  # the calls allowed in flight after each 429
-            throttled = slots.throttled
-
-            def spy():
-                throttled()
-                allowed_after_429.append(slots.allowed)
-
-            slots.throttled = spy
 
         async def go():
             try:
@@ -110,7 +113,7 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
                         sized.append(throughput.calls_in_flight(judge.config, slots.latency_s()))
                         latencies.append(list(slots._latencies))
                     if i == 1:
-                        spy_on(slots)
+                        _spy_on_throttling(slots, throttles)
                     server.counters.max_in_flight = 0
                     outcomes = await judge.judge_batch([request(caption=c) for c in batch])
                     assert all(isinstance(o, Judgement) for o in outcomes)
@@ -134,6 +137,7 @@ def test_a_429_storm_lowers_the_calls_in_flight_under_auto():
     # the client has the answer and frees the slot)...
     assert max(peaks[3:]) <= storm_sizes[0], (peaks, sized)
     # ...and each 429 halves what may be in flight: the storm lowers it, to one call at its lowest.
+    allowed_after_429 = [allowed for _, allowed in throttles]
     assert allowed_after_429 and max(allowed_after_429) < storm_sizes[0]
     assert min(allowed_after_429) == 1
 
@@ -152,7 +156,7 @@ def test_a_429_to_either_copy_of_a_hedged_call_halves_the_calls_in_flight(faults
     # for 2 s (the floor) and gets a duplicate: one of its two copies is refused with a 429.
     warm, batch = _captions("warm", 20), _captions("hedged", 40)
     server = _server({batch[-1]: faults})
-    allowed_after_429 = []
+    throttles = []
     try:
         judge = OpenAICompatibleJudge(
             config(server.base_url, concurrency=64, hedge=True, hedge_quantile=0.5, hedge_floor_s=2.0)
@@ -161,14 +165,7 @@ def test_a_429_to_either_copy_of_a_hedged_call_halves_the_calls_in_flight(faults
         async def go():
             try:
                 await judge.judge_batch([request(caption=c) for c in warm])
-                slots = judge._endpoint.state.slots
-                throttled = slots.throttled
-
-                def spy():
-                    throttled()
-                    allowed_after_429.append(slots.allowed)
-
-                slots.throttled = spy
+                _spy_on_throttling(judge._endpoint.state.slots, throttles)
                 return await judge.judge_batch([request(caption=c) for c in batch])
             finally:
                 await judge.aclose()
@@ -177,11 +174,12 @@ def test_a_429_to_either_copy_of_a_hedged_call_halves_the_calls_in_flight(faults
     finally:
         server.stop()
     assert all(isinstance(o, Judgement) for o in outcomes)
-    assert server.counters.by_text[batch[-1]] == 2 and judge.stats.hedges == 1
+    assert server.counters.by_text[batch[-1]] == 2  # the first attempt and its duplicate
     # The 429 is the endpoint's word on the load, whichever copy heard it (a duplicate's was lost,
-    # and so was a first attempt's when its duplicate won): half of what is in flight then, the
-    # call's two copies.
-    assert allowed_after_429 == [1]
+    # and so was a first attempt's when its duplicate won): half of what is in flight then, at least
+    # the call's two copies (one each on a quiet machine: allowed 1).
+    ((in_use, allowed),) = throttles
+    assert in_use >= 2 and allowed == max(1, in_use // 2)
 
 
 def test_an_endpoint_that_cannot_keep_up_gets_fewer_calls_in_flight():
